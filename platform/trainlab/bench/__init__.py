@@ -1,0 +1,18 @@
+"""`trainlab bench <name>`: benchmarks that print ratios measured side by side in one run."""
+
+from __future__ import annotations
+
+import sys
+
+BENCHES = ("overhead",)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in BENCHES:
+        print(f"usage: trainlab bench {{{'|'.join(BENCHES)}}} [options]  (--help for options)",
+              file=sys.stderr)
+        sys.exit(2)
+    if argv[0] == "overhead":
+        from trainlab.bench.overhead import main as overhead_main
+
+        overhead_main(argv[1:])

@@ -1,0 +1,37 @@
+"""The `trainlab` command: `train` is the Hydra app; other subcommands are plain argparse."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: trainlab <command> [args]
+
+commands:
+  train [overrides...]   run a trial (Hydra app: `trainlab train model=tiny precision=bf16`,
+                         `trainlab train --help` lists groups and options)
+  bench overhead         engine throughput against a bare PyTorch loop (ratio on the last line)
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from trainlab import train
+
+        sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
+        train.main()
+    elif command == "bench":
+        from trainlab.bench import main as bench_main
+
+        bench_main(rest)
+    else:
+        print(f"trainlab: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

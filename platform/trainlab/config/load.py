@@ -1,0 +1,98 @@
+"""From Hydra's composed DictConfig to a validated, typed RunConfig, and back to flat params."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from trainlab.config.schema import RunConfig, register_configs
+from trainlab.config.validate import check_run
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CONF_DIR = Path(os.environ.get("TRAINLAB_CONF_DIR", REPO_ROOT / "conf"))
+SWEEPS_DIR = REPO_ROOT / "sweeps"
+
+# keys that say where results go, not what was trained: left out of the config hash
+_NOT_HASHED = ("tracking", "output_dir", "cluster.address", "cluster.start_timeout_s")
+
+
+class ConfigError(ValueError):
+    """A user's config is wrong; the message names the field, the value and the fix."""
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Hydra's DictConfig -> RunConfig: runs every __post_init__, then cross-field checks."""
+    try:
+        run = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        # OmegaConf wraps errors raised in __post_init__; surface the user's message alone
+        cause = e.__cause__ if isinstance(e.__cause__, ValueError) else None
+        msg = str(cause) if cause else _omegaconf_message(e)
+        raise ConfigError(msg) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    assert isinstance(run, RunConfig), type(run)
+    try:
+        check_run(run)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return run
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "Missing mandatory value" in first and key:
+        return f"{key} is required but not set (???); set it on the command line: {key}=..."
+    return f"{key}: {first}" if key else first
+
+
+def compose_run_config(overrides: Sequence[str] = (), *, config_name: str = "config") -> RunConfig:
+    """Compose conf/ with Hydra's compose API (as tests and tools do) and validate."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    return to_run_config(cfg)
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A dataclass tree as dotted keys: {'model.dim': 64, ...}. Same key set for every run."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out.update(flatten(value, key + "."))
+        else:
+            out[key] = value
+    return out
+
+
+def config_hash(run: RunConfig) -> str:
+    """A 16-hex fingerprint of what a trial trains (not where it reports): equal configs, equal hash."""
+    flat = {
+        k: v for k, v in flatten(run).items()
+        if not any(k == skip or k.startswith(skip + ".") for skip in _NOT_HASHED)
+    }
+    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def to_yaml(run: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(run))
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Rebuild a RunConfig from `dataclasses.asdict` output (e.g. sent to a Ray worker)."""
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
+    run = OmegaConf.to_object(merged)
+    assert isinstance(run, RunConfig)
+    return run

@@ -1,0 +1,350 @@
+"""Typed config: one dataclass per Hydra group, registered in Hydra's ConfigStore.
+
+Each group option under ``conf/<group>/`` names its schema first in its defaults list
+(``- <group>_schema``), so a typo in a key fails at composition. Field checks that need
+one section live in ``__post_init__`` (Hydra runs it only after ``OmegaConf.to_object``);
+checks across sections live in :mod:`trainlab.config.validate`.
+
+Sentinels: ``0`` for a size means "derive it" where the comment says so; ``""`` for a
+string means "unset / default".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16_pure")
+DEVICES = ("auto", "cpu", "cuda")
+DATASETS = ("text", "markov", "tokens")
+TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
+PARALLEL_STRATEGIES = ("ddp",)
+FP16_IMPLS = ("auto", "emulated", "native")
+
+
+def _positive(section: str, **values: Any) -> None:
+    for name, value in values.items():
+        if value is None or value <= 0:
+            raise ValueError(
+                f"{section}.{name}={value!r} must be a positive number; "
+                f"set {section}.{name} to a value above 0"
+            )
+
+
+def _one_of(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(
+            f"{section}.{name}={value!r} is not known; choose one of {', '.join(choices)}"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, SDPA attention."""
+
+    name: str = MISSING
+    """Preset name (tiny, small, 125m, 350m, 1b, 7b); recorded as the `model` tag."""
+    dim: int = 64
+    """Width of the residual stream."""
+    n_layers: int = 2
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Attention heads; dim must divide by it."""
+    n_kv_heads: int = 0
+    """Key/value heads for grouped-query attention; 0 = n_heads (plain multi-head)."""
+    ffn_dim: int = 0
+    """Hidden width of the SwiGLU MLP; 0 = 8/3 * dim rounded up to `multiple_of`."""
+    multiple_of: int = 32
+    """Round the derived ffn_dim up to a multiple of this (tensor-core friendly)."""
+    vocab_size: int = 0
+    """Vocabulary size; 0 = the corpus's vocabulary (byte-level corpora: 256)."""
+    max_seq_len: int = 256
+    """Longest context the rotary table is built for; train.seq_len may not exceed it."""
+    rope_theta: float = 10000.0
+    """Rotary base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    init_std: float = 0.02
+    """Std of the normal init of linear and embedding weights."""
+
+    def __post_init__(self) -> None:
+        _positive("model", dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+                  max_seq_len=self.max_seq_len, multiple_of=self.multiple_of)
+        if self.n_kv_heads < 0 or self.ffn_dim < 0 or self.vocab_size < 0:
+            raise ValueError(
+                "model.n_kv_heads, model.ffn_dim and model.vocab_size must be >= 0 "
+                "(0 = derive); got "
+                f"{self.n_kv_heads}, {self.ffn_dim}, {self.vocab_size}"
+            )
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}; "
+                "pick a head count that divides the width"
+            )
+        kv = self.n_kv_heads or self.n_heads
+        if self.n_heads % kv:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={kv}; "
+                "grouped-query attention needs whole groups"
+            )
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(
+                f"model head size dim/n_heads={self.dim // self.n_heads} is odd; rotary "
+                "positions need an even head size"
+            )
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from. Nothing is downloaded: every corpus is made or found here."""
+
+    name: str = "text"
+    """text: the Python language reference shipped with CPython (byte-level, real English);
+    markov: a seeded synthetic Markov source whose true entropy is known exactly;
+    tokens: a user's pre-tokenized binary token file (memory-mapped)."""
+    path: str = ""
+    """tokens only: path to the raw token file (no header)."""
+    token_dtype: str = "uint16"
+    """tokens only: element type of the token file."""
+    vocab_size: int = 0
+    """markov: number of states (= vocabulary); tokens: vocabulary of the file (required);
+    text: ignored (256 bytes)."""
+    num_tokens: int = 1_000_000
+    """markov only: length of the generated corpus in tokens."""
+    concentration: float = 0.1
+    """markov only: Dirichlet concentration of each transition row (smaller = more
+    predictable source, lower true entropy)."""
+    seed: int = 1234
+    """markov only: seed of the source, independent of the run seed so every trial of a
+    sweep trains on the same corpus."""
+    val_fraction: float = 0.05
+    """Share of the token stream held out (at its end) for validation."""
+
+    def __post_init__(self) -> None:
+        _one_of("data", "name", self.name, DATASETS)
+        _one_of("data", "token_dtype", self.token_dtype, TOKEN_DTYPES)
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ValueError(
+                f"data.val_fraction={self.val_fraction} must lie in (0, 0.5); "
+                "a typical value is 0.05"
+            )
+        if self.name == "markov":
+            _positive("data", vocab_size=self.vocab_size, num_tokens=self.num_tokens,
+                      concentration=self.concentration)
+        if self.name == "tokens":
+            if not self.path:
+                raise ValueError("data.path is empty; data=tokens needs data.path=/path/to/tokens.bin")
+            _positive("data", vocab_size=self.vocab_size)
+
+
+@dataclass
+class ParallelConfig:
+    """How the world of workers is laid out. dp * tp * pp must equal the world size."""
+
+    name: str = "ddp"
+    """Strategy: ddp (data parallel, a full replica per worker)."""
+    dp: int = 0
+    """Data-parallel degree; 0 = world size / (tp * pp)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB (PyTorch's default is 25)."""
+
+    def __post_init__(self) -> None:
+        _one_of("parallel", "name", self.name, PARALLEL_STRATEGIES)
+        _positive("parallel", tp=self.tp, pp=self.pp, bucket_cap_mb=self.bucket_cap_mb)
+        if self.dp < 0:
+            raise ValueError(f"parallel.dp={self.dp} must be >= 0 (0 = derive from world size)")
+        if self.tp != 1 or self.pp != 1:
+            raise ValueError(
+                f"parallel.tp={self.tp}, parallel.pp={self.pp}: strategy "
+                f"'{self.name}' replicates the whole model; set parallel.tp=1 parallel.pp=1"
+            )
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric format of compute, parameters and loss scaling."""
+
+    name: str = "fp32"
+    """fp32; bf16 (autocast, fp32 master weights); fp16 (autocast + dynamic loss scaling);
+    bf16_pure (bf16 parameters and compute)."""
+    fp16_impl: str = "auto"
+    """fp16 only: native (torch fp16 kernels), emulated (operands rounded through fp16,
+    fp32 accumulation; fast on CPU), auto = emulated on CPU, native on GPU."""
+    loss_scale: str = "dynamic"
+    """fp16 only: 'dynamic' (GradScaler) or 'none' (watch gradients underflow)."""
+    init_scale: float = 65536.0
+    """fp16 dynamic scaling: initial loss scale."""
+    growth_factor: float = 2.0
+    """fp16 dynamic scaling: multiply the scale by this after growth_interval clean steps."""
+    backoff_factor: float = 0.5
+    """fp16 dynamic scaling: multiply the scale by this after a non-finite gradient."""
+    growth_interval: int = 2000
+    """fp16 dynamic scaling: clean steps before the scale grows."""
+
+    def __post_init__(self) -> None:
+        _one_of("precision", "name", self.name, PRECISIONS)
+        _one_of("precision", "fp16_impl", self.fp16_impl, FP16_IMPLS)
+        _one_of("precision", "loss_scale", self.loss_scale, ("dynamic", "none"))
+        _positive("precision", init_scale=self.init_scale, growth_factor=self.growth_factor,
+                  backoff_factor=self.backoff_factor, growth_interval=self.growth_interval)
+        if not self.backoff_factor < 1.0 < self.growth_factor:
+            raise ValueError(
+                f"precision.backoff_factor={self.backoff_factor} must be < 1 and "
+                f"precision.growth_factor={self.growth_factor} > 1"
+            )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to min_lr_ratio * lr."""
+
+    name: str = "adamw"
+    """Optimizer (adamw)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of lr at the end of the cosine."""
+    warmup_steps: int = 10
+    """Optimizer steps of linear warmup from 0."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (not applied to norms and biases)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 = no clipping (norm still measured)."""
+
+    def __post_init__(self) -> None:
+        _one_of("optim", "name", self.name, ("adamw",))
+        _positive("optim", lr=self.lr, eps=self.eps)
+        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError(
+                "optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0; got "
+                f"{self.warmup_steps}, {self.grad_clip}, {self.weight_decay}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
+        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"optim.{name}={beta} must lie in [0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    """The loop: how long, how big, how often to evaluate and report."""
+
+    max_steps: int = 200
+    """Optimizer steps to train."""
+    global_batch_size: int = 16
+    """Sequences per optimizer step, summed over data-parallel ranks and micro-batches."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward on one rank; accumulation = global / (micro * dp)."""
+    seq_len: int = 128
+    """Tokens per sequence; at most model.max_seq_len."""
+    eval_every: int = 50
+    """Validate every N optimizer steps (and after the last); 0 = only at the end."""
+    eval_batches: int = 8
+    """Micro-batches per rank in one validation pass."""
+    log_every: int = 1
+    """Record metrics every N optimizer steps."""
+    spike_factor: float = 3.0
+    """A loss above spike_factor x its running mean (after 10 steps) counts as a spike."""
+    stop_on_nonfinite: bool = True
+    """End the trial as `diverged` once the loss is non-finite (no compute burned after a NaN)."""
+
+    def __post_init__(self) -> None:
+        _positive("train", max_steps=self.max_steps, global_batch_size=self.global_batch_size,
+                  micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
+                  eval_batches=self.eval_batches, log_every=self.log_every,
+                  spike_factor=self.spike_factor)
+        if self.eval_every < 0:
+            raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the gang of workers runs."""
+
+    name: str = "local"
+    """local: start a Ray cluster on this machine; ray: join cluster.address."""
+    address: str = ""
+    """Ray address (host:port of the GCS, or 'auto'); empty = start a local cluster."""
+    num_workers: int = 2
+    """Workers in the trial's gang (= torch.distributed world size)."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when the cluster has GPUs, else cpu)."""
+    cpus_per_worker: int = 1
+    """CPU cores reserved per worker; also its torch thread count."""
+    start_timeout_s: float = 10.0
+    """Seconds to wait for a Ray address to answer before giving up with an error."""
+
+    def __post_init__(self) -> None:
+        _one_of("cluster", "device", self.device, DEVICES)
+        _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
+                  start_timeout_s=self.start_timeout_s)
+
+
+@dataclass
+class TrackingConfig:
+    """Where results go."""
+
+    name: str = "mlflow"
+    """mlflow: an MLflow run per trial; none: no tracking (a JSONL file in the run dir)."""
+    uri: str = ""
+    """MLflow tracking URI; empty = $MLFLOW_TRACKING_URI if set, else sqlite:///mlflow.db
+    in the working directory (MLflow's own default)."""
+    experiment: str = "trainlab"
+    """MLflow experiment name."""
+    run_name: str = ""
+    """MLflow run name; empty = derived from model, precision and layout."""
+    system_metrics: bool = True
+    """Log MLflow system metrics (CPU, memory, GPU) on the trial's run."""
+    flush_every_s: float = 2.0
+    """Background flush interval of batched metrics, seconds."""
+
+    def __post_init__(self) -> None:
+        _one_of("tracking", "name", self.name, ("mlflow", "none"))
+        _positive("tracking", flush_every_s=self.flush_every_s)
+
+
+@dataclass
+class RunConfig:
+    """One training trial, as composed by Hydra from conf/config.yaml."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    seed: int = 0
+    """Seed of model init and data order."""
+    output_dir: str = ""
+    """Where this trial writes files; empty = Hydra's run directory (or the cwd)."""
+
+
+GROUPS = ("model", "data", "parallel", "precision", "optim", "train", "cluster", "tracking")
+
+_SCHEMAS = {
+    "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig,
+    "precision": PrecisionConfig, "optim": OptimConfig, "train": TrainConfig,
+    "cluster": ClusterConfig, "tracking": TrackingConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schemas so YAML options can name `<group>_schema` in their defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, schema in _SCHEMAS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)

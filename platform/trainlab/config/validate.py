@@ -1,0 +1,80 @@
+"""Cross-field checks of a RunConfig: pure functions, no environment, no side effects.
+
+Checks that need the machine (devices, paths, addresses, stores) live in
+trainlab.launch.preflight, which runs before any Ray resource is reserved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlab.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of each parallelism; their product is the world size."""
+
+    dp: int
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+def parallel_dims(run: RunConfig) -> ParallelDims:
+    """Resolve dp=0 and check dp * tp * pp == cluster.num_workers."""
+    world = run.cluster.num_workers
+    p = run.parallel
+    inner = p.tp * p.pp
+    if p.dp == 0:
+        if world % inner:
+            raise ValueError(
+                f"cluster.num_workers={world} is not divisible by parallel.tp * parallel.pp "
+                f"= {inner}; set cluster.num_workers to a multiple of {inner}"
+            )
+        return ParallelDims(dp=world // inner, tp=p.tp, pp=p.pp)
+    dims = ParallelDims(dp=p.dp, tp=p.tp, pp=p.pp)
+    if dims.world_size != world:
+        raise ValueError(
+            f"parallel.dp * parallel.tp * parallel.pp = {p.dp} * {p.tp} * {p.pp} = "
+            f"{dims.world_size} does not equal the world size cluster.num_workers={world}; "
+            f"set cluster.num_workers={dims.world_size} or parallel.dp=0 to derive it"
+        )
+    return dims
+
+
+def grad_accum_steps(run: RunConfig) -> int:
+    """Micro-batches per rank per optimizer step."""
+    dims = parallel_dims(run)
+    t = run.train
+    per_step = t.micro_batch_size * dims.dp
+    if t.global_batch_size % per_step:
+        raise ValueError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size * dp = {t.micro_batch_size} * {dims.dp} = {per_step}; "
+            f"use a multiple of {per_step}, e.g. train.global_batch_size="
+            f"{max(per_step, t.global_batch_size // per_step * per_step)}"
+        )
+    return t.global_batch_size // per_step
+
+
+def check_run(run: RunConfig) -> None:
+    """Every check that needs several sections. Raises ValueError naming field, value and fix."""
+    parallel_dims(run)
+    grad_accum_steps(run)
+    if run.train.seq_len > run.model.max_seq_len:
+        raise ValueError(
+            f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
+            f"(model.max_seq_len={run.model.max_seq_len}); lower train.seq_len or raise "
+            "model.max_seq_len"
+        )
+    if run.precision.name != "fp16" and run.precision.loss_scale == "none":
+        pass  # loss_scale only matters for fp16; 'none' elsewhere is the natural state
+    if run.cluster.name == "ray" and not run.cluster.address:
+        raise ValueError(
+            "cluster=ray needs cluster.address (HEAD:6379, or 'auto' inside a Ray job); "
+            "use cluster=local to start a cluster on this machine"
+        )

@@ -1,0 +1,93 @@
+"""What a person sees: a live progress line (step, loss, tokens/s, ETA) and the final summary.
+
+On a terminal the line is a rich progress bar; in a log (CI, `ray job logs`) it becomes a
+plain line every tenth of the run, so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(stderr=False, highlight=False)
+
+
+def print0(*args, **kwargs) -> None:
+    """Print from rank 0 only (safe to call before a process group exists)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        console.print(*args, **kwargs)
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+class ProgressLine:
+    """Consumes the engine's progress events ({'kind': 'start'|'step', ...})."""
+
+    def __init__(self, *, description: str = "train"):
+        self.description = description
+        self.live = console.is_terminal
+        self._progress: Progress | None = None
+        self._task = None
+        self._max_steps = 0
+        self._every = 1
+        self._t0 = time.perf_counter()
+        self.val_loss: float | None = None
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "start":
+            self._start(event)
+        elif kind == "step":
+            self._step(event)
+
+    def _start(self, event: dict) -> None:
+        self._max_steps = event["max_steps"]
+        self._every = max(1, self._max_steps // 10)
+        self._t0 = time.perf_counter()
+        console.print(f"[bold]{self.description}[/] on {event.get('world_size')} x "
+                      f"{event.get('device')}; unigram entropy {_fmt(event.get('unigram_entropy'))} nats"
+                      + (f", true entropy {_fmt(event['true_entropy'])}" if event.get("true_entropy") else ""))
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+                TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(), console=console, transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self._max_steps, stats="")
+
+    def _step(self, event: dict) -> None:
+        if "val_loss" in event:
+            self.val_loss = event["val_loss"]
+        stats = (f"loss {_fmt(event.get('loss'))}  val {_fmt(self.val_loss)}  "
+                 f"{_fmt(event.get('tokens_per_s'), ',.0f')} tok/s")
+        step = event["step"]
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=stats)
+        elif step % self._every == 0 or step == self._max_steps:
+            elapsed = time.perf_counter() - self._t0
+            eta = elapsed / step * (self._max_steps - step)
+            console.print(f"step {step}/{self._max_steps}  {stats}  ETA {eta:.0f}s")
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def summary_table(title: str, rows: dict[str, str]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    for k, v in rows.items():
+        table.add_row(k, v)
+    return table

@@ -1,0 +1,32 @@
+"""``build_corpus``: turn a :class:`DataConfig` into a :class:`Corpus`."""
+
+from __future__ import annotations
+
+from trainlab.config.schema import DATASETS, DataConfig
+from trainlab.data.corpus import Corpus
+from trainlab.data.markov import markov_corpus
+from trainlab.data.text import text_corpus
+from trainlab.data.token_file import token_file_corpus
+
+
+def build_corpus(cfg: DataConfig) -> Corpus:
+    """Build the corpus ``cfg.name`` names (text and markov are cached per process)."""
+    # Arguments go to the cached builders as plain hashable values, never the config object.
+    if cfg.name == "text":
+        return text_corpus(val_fraction=float(cfg.val_fraction))
+    if cfg.name == "markov":
+        return markov_corpus(
+            vocab_size=int(cfg.vocab_size),
+            num_tokens=int(cfg.num_tokens),
+            concentration=float(cfg.concentration),
+            seed=int(cfg.seed),
+            val_fraction=float(cfg.val_fraction),
+        )
+    if cfg.name == "tokens":
+        return token_file_corpus(
+            path=str(cfg.path),
+            dtype=str(cfg.token_dtype),
+            vocab_size=int(cfg.vocab_size),
+            val_fraction=float(cfg.val_fraction),
+        )
+    raise ValueError(f"data.name={cfg.name!r} is not known; choose one of {', '.join(DATASETS)}")

@@ -1,0 +1,108 @@
+"""The ``tokens`` corpus: a user's raw binary token file, memory-mapped, never read whole.
+
+The file is a flat array of token ids in ``data.token_dtype`` (native byte order, no
+header), as written by :func:`write_token_file` or ``ndarray.tofile``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from trainlab.config.schema import TOKEN_DTYPES
+from trainlab.data.corpus import Corpus, iter_chunks, make_corpus
+
+MIN_TOKENS = 4
+"""Smallest usable file: 2 tokens (one input/target pair) in each of train and val."""
+
+
+def _check_dtype(dtype: str, *, field: str) -> np.dtype:
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{field}={dtype!r} is not known; choose one of {', '.join(TOKEN_DTYPES)}")
+    return np.dtype(dtype)
+
+
+def write_token_file(path, tokens: np.ndarray, dtype: str) -> Path:
+    """Write ``tokens`` to ``path`` as raw ``dtype`` values (no header); returns the path.
+
+    Refuses ids that ``dtype`` cannot hold instead of letting them wrap around.
+    """
+    dt = _check_dtype(dtype, field="dtype")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            f"tokens must be a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}"
+        )
+    info = np.iinfo(dt)
+    if len(tokens) and (tokens.min() < info.min or tokens.max() > info.max):
+        raise ValueError(
+            f"token ids span [{tokens.min()}, {tokens.max()}], outside {dtype}'s range "
+            f"[{info.min}, {info.max}]; pick a wider dtype"
+        )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens.astype(dt, copy=False).tofile(path)
+    return path
+
+
+def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
+    """Memory-map ``path`` read-only after checking it is a well-formed token file.
+
+    Raises ValueError naming data.path / data.token_dtype / data.vocab_size with the fix.
+    """
+    dt = _check_dtype(dtype, field="data.token_dtype")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"data.path={path!r} does not exist or is not a file; point data.path at a raw "
+            "token file (write one with trainlab.data.write_token_file)"
+        )
+    size = os.path.getsize(path)
+    if size % dt.itemsize:
+        raise ValueError(
+            f"data.path={path!r} has {size} bytes, not a multiple of {dt.itemsize} (the item "
+            f"size of data.token_dtype={dtype}); the dtype is probably wrong: set "
+            "data.token_dtype to the type the file was written with"
+        )
+    count = size // dt.itemsize
+    if count < MIN_TOKENS:
+        # np.memmap also cannot map an empty file, so this check must come first.
+        raise ValueError(
+            f"data.path={path!r} holds {count} tokens of {dtype}; at least {MIN_TOKENS} are "
+            "needed (a train and a val split); use a longer token file"
+        )
+    tokens = np.memmap(path, dtype=dt, mode="r", shape=(count,))
+    _check_ids(tokens, path=path, vocab_size=vocab_size)
+    return tokens
+
+
+def _check_ids(tokens: np.ndarray, *, path: str, vocab_size: int) -> None:
+    """Every id in [0, vocab_size), scanned chunk by chunk (bounded memory)."""
+    lo, hi = 0, 0
+    for chunk in iter_chunks(tokens):
+        lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
+    if lo < 0:
+        raise ValueError(
+            f"data.path={path!r} holds a negative token id ({lo}); token ids start at 0: "
+            "check data.token_dtype (a signed type may be misreading the file)"
+        )
+    if hi >= vocab_size:
+        raise ValueError(
+            f"data.path={path!r} holds token id {hi}, but data.vocab_size={vocab_size} allows "
+            f"ids up to {vocab_size - 1}; set data.vocab_size={hi + 1} (or larger), or check "
+            "data.token_dtype"
+        )
+
+
+def token_file_corpus(*, path: str, dtype: str, vocab_size: int, val_fraction: float) -> Corpus:
+    """Corpus over a memory-mapped token file (checked; not cached: the file may change)."""
+    tokens = open_token_file(path, dtype=dtype, vocab_size=vocab_size)
+    return make_corpus(
+        tokens,
+        name="tokens",
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        source=f"data.path={path!r}",
+        description=f"token file {path} ({dtype}, vocab {vocab_size}, {len(tokens):,} tokens)",
+    )

@@ -1,0 +1,68 @@
+"""Process-group setup that works the same under Ray Train, torchrun, or a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(preference: str) -> str:
+    """'auto' -> 'cuda' when this process sees a GPU, else 'cpu'."""
+    if preference == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return preference
+
+
+def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo:
+    """Join the process group this process was started in.
+
+    Ray Train has already initialised it; torchrun leaves WORLD_SIZE/RANK in the
+    environment for us to initialise (NCCL on GPU, gloo on CPU); otherwise one process.
+    """
+    device = resolve_device(device)
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def all_reduce_mean(values: list[float], *, device: torch.device) -> list[float]:
+    """Mean of each value over all ranks (identity in a single process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return (t / dist.get_world_size()).tolist()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.machine()})"

@@ -1,0 +1,126 @@
+"""One worker's whole trial: build everything from a RunConfig, train, report.
+
+Called identically by a Ray Train worker and by a torchrun process. No Ray, no MLflow:
+the caller hands in a tracker factory and a progress callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import Callable
+
+import numpy as np
+import torch
+
+from trainlab import names
+from trainlab.config import RunConfig, grad_accum_steps, parallel_dims
+from trainlab.data import TokenBatches, build_corpus, val_batches
+from trainlab.engine.distributed import DistInfo, device_name, setup_distributed
+from trainlab.engine.schedule import build_optimizer
+from trainlab.engine.trainer import Trainer, TrialResult
+from trainlab.models import build_model, flops_per_token, resolve_dims
+from trainlab.parallel import parallelize
+from trainlab.precision import build_recipe
+from trainlab.telemetry import Throughput, device_peak
+from trainlab.tracking import NullTracker, Tracker
+
+TrackerFactory = Callable[[DistInfo], Tracker]
+Progress = Callable[[dict], None]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None) -> Trainer:
+    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer."""
+    dims = parallel_dims(run)
+    assert dims.world_size == dist_info.world_size, (
+        f"config world size {dims.world_size} != process group size {dist_info.world_size}"
+    )
+    corpus = build_corpus(run.data)
+    seed_everything(run.seed)  # same init on every rank (DDP also broadcasts rank 0's)
+    model = build_model(run.model, vocab_size=corpus.vocab_size).to(dist_info.device)
+    recipe = build_recipe(run.precision, device_type=dist_info.device.type)
+    model = recipe.prepare(model)
+    model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device)
+    optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps)
+
+    t = run.train
+    dp_rank = dist_info.rank  # pure data parallel: the dp rank is the global rank
+    batches = TokenBatches(corpus.train, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
+                           micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dims.dp,
+                           seed=run.seed)
+    val = val_batches(corpus.val, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                      num_batches=t.eval_batches, dp_rank=dp_rank, dp_size=dims.dp)
+    model_args = resolve_dims(run.model, vocab_size=corpus.vocab_size)
+    throughput = Throughput(
+        tokens_per_step=batches.tokens_per_step,
+        flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
+        peak=device_peak(dist_info.device, run.precision.name),
+        world_size=dist_info.world_size,
+    )
+    trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
+                      batches=batches, val=val, run=run, dist_info=dist_info,
+                      throughput=throughput, tracker=tracker)
+    trainer.corpus = corpus  # read by run_trial for reference lines and tags
+    trainer.accum_steps = grad_accum_steps(run)
+    return trainer
+
+
+def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
+              progress: Progress | None = None, local_rank: int | None = None) -> TrialResult:
+    """Set up the process group, train, close the tracker; returns the same result on every rank."""
+    dist_info = setup_distributed(run.cluster.device, local_rank=local_rank)
+    if dist_info.device.type == "cpu":
+        torch.set_num_threads(run.cluster.cpus_per_worker)
+    tracker = tracker_factory(dist_info) if tracker_factory and dist_info.is_rank0 else NullTracker()
+    try:
+        trainer = build_trainer(run, dist_info, tracker=tracker)
+        corpus = trainer.corpus
+        tracker.set_tags({
+            names.TAG_DEVICE_NAME: device_name(dist_info.device),
+            names.TAG_DEVICE_COUNT: dist_info.world_size,
+            names.TAG_WORLD_SIZE: dist_info.world_size,
+            names.TAG_CORPUS: corpus.name,
+            names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
+            names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
+            names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
+        })
+        refs = {names.REF_UNIGRAM_ENTROPY: corpus.unigram_entropy}
+        if corpus.true_entropy is not None:
+            refs[names.REF_TRUE_ENTROPY] = corpus.true_entropy
+        tracker.log_metrics(refs, step=0)
+        if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
+            print(f"warning: no MFU for this run ({trainer.throughput.peak.source})", flush=True)
+        if progress is not None and dist_info.is_rank0:
+            start = {"kind": "start", "max_steps": run.train.max_steps,
+                     "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
+                     "device": device_name(dist_info.device), "world_size": dist_info.world_size}
+            progress(start)
+            trainer.add_hook(_progress_hook(progress), every=run.train.log_every)
+        result = trainer.train()
+        result.extra.update(corpus=corpus.name, unigram_entropy=corpus.unigram_entropy,
+                            true_entropy=corpus.true_entropy, device=device_name(dist_info.device),
+                            world_size=dist_info.world_size)
+        return result
+    finally:
+        tracker.close()
+
+
+def _progress_hook(progress: Progress):
+    def hook(trainer: Trainer, step: int, metrics: dict) -> None:
+        event = {"kind": "step", "step": step, "max_steps": trainer.run.train.max_steps,
+                 "loss": metrics.get(names.LOSS), "tokens_per_s": metrics.get(names.TOKENS_PER_S)}
+        if names.VAL_LOSS in metrics:
+            event["val_loss"] = metrics[names.VAL_LOSS]
+        progress(event)
+    return hook
+
+
+def result_dict(result: TrialResult) -> dict:
+    return dataclasses.asdict(result)

@@ -1,0 +1,211 @@
+"""The training loop, in three levels (as torchtitan splits it):
+
+forward_backward_step  one micro-batch: forward under the precision recipe, scaled backward
+train_step             one optimizer step: accumulation, unscale, clip, step, LR, counters
+train                  the loop: metrics, validation, hooks, early stop on divergence
+
+The Trainer knows nothing of Ray or MLflow: it logs through a Tracker and calls hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab import names
+from trainlab.config.schema import RunConfig
+from trainlab.engine.distributed import DistInfo, all_reduce_mean
+from trainlab.parallel import no_sync
+from trainlab.precision import PrecisionRecipe
+from trainlab.telemetry import SpikeDetector, StabilityCounters, Throughput, peak_memory_gb
+from trainlab.tracking import NullTracker, Tracker
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Hook = Callable[["Trainer", int, dict], None]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Mean loss of the step's global batch (all ranks)."""
+    grad_norm: float
+    """Global gradient norm before clipping (inf/NaN if gradients overflowed)."""
+    applied: bool
+    """False when the update was skipped (non-finite gradients, loss-scale overflow)."""
+
+
+@dataclass
+class TrialResult:
+    """What a finished (or stopped) trial reports back; identical on every rank."""
+
+    status: str
+    steps: int
+    tokens_seen: int
+    final_loss: float
+    final_val_loss: float
+    tokens_per_s: float
+    """Median over steps after the first (which pays for warm-up)."""
+    mfu: float | None
+    peak_mem_gb: float
+    skipped_steps: int
+    nonfinite_steps: int
+    loss_spikes: int
+    elapsed_s: float
+    diverged_step: int | None = None
+    first_nonfinite: str = ""
+    loss_scale: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                 recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
+                 dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.recipe, self.batches, self.val = recipe, batches, val
+        self.run, self.dist = run, dist_info
+        self.throughput = throughput
+        self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
+        self.step = 0
+        self.tokens_seen = 0
+        self.counters = StabilityCounters()
+        self.spikes = SpikeDetector(factor=run.train.spike_factor)
+        self._hooks: list[tuple[Hook, int]] = []
+        self._step_rates: list[float] = []
+        self._mfus: list[float] = []
+
+    def add_hook(self, fn: Hook, *, every: int = 1) -> None:
+        """Call fn(trainer, step, metrics) after every `every`-th optimizer step."""
+        self._hooks.append((fn, every))
+
+    # -- one micro-batch -------------------------------------------------------------------
+    def forward_backward_step(self, inputs: torch.Tensor, targets: torch.Tensor,
+                              *, accum_steps: int) -> torch.Tensor:
+        """Forward and scaled backward of one micro-batch; returns its detached loss."""
+        with self.recipe.autocast():
+            logits = self.model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        self.recipe.scale(loss / accum_steps).backward()
+        return loss.detach()
+
+    # -- one optimizer step ----------------------------------------------------------------
+    def train_step(self, micro_batches: list[Batch]) -> StepResult:
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.dist.device)
+        for i, (x, y) in enumerate(micro_batches):
+            x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+            # all-reduce gradients only once per optimizer step, on the last micro-batch
+            with no_sync(self.model, last_micro_batch=i == n - 1):
+                loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+        self.recipe.unscale(self.optimizer)
+        clip = self.run.optim.grad_clip or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
+        self.scheduler.step()
+        (loss,) = all_reduce_mean([float(loss_sum) / n], device=self.dist.device)
+        return StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the held-out batches of all ranks."""
+        self.model.eval()
+        total = 0.0
+        for x, y in self.val:
+            with self.recipe.autocast():
+                logits = self.model(x.to(self.dist.device))
+            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(self.dist.device).flatten()))
+        self.model.train()
+        (mean,) = all_reduce_mean([total / max(1, len(self.val))], device=self.dist.device)
+        return mean
+
+    # -- the loop --------------------------------------------------------------------------
+    def train(self) -> TrialResult:
+        t = self.run.train
+        status = names.STATUS_FINISHED
+        last = StepResult(float("nan"), float("nan"), True)
+        val_loss = float("nan")
+        t_start = time.perf_counter()
+        self.model.train()
+        self.throughput.restart()
+        while self.step < t.max_steps:
+            micro_batches = self.batches.next_step()
+            lr = self.scheduler.get_last_lr()[0]
+            last = self.train_step(micro_batches)
+            self.step += 1
+            self.tokens_seen += self.batches.tokens_per_step
+            perf = self.throughput.step()
+            if self.step > 1:  # the first step pays for warm-up and allocation
+                self._step_rates.append(perf["tokens_per_s"])
+                if "mfu" in perf:
+                    self._mfus.append(perf["mfu"])
+
+            # ---- stability bookkeeping (every step, cheap) ----
+            self.counters.record(step=self.step, loss=last.loss, grad_norm=last.grad_norm,
+                                 applied=last.applied)
+            self.spikes.update(last.loss)
+            diverged = not math.isfinite(last.loss) and t.stop_on_nonfinite
+
+            # ---- metrics, validation, hooks ----
+            metrics: dict[str, float] = {}
+            if self.step % t.log_every == 0 or diverged or self.step == t.max_steps:
+                metrics = self._step_metrics(last, lr, perf)
+            if not diverged and (self.step == t.max_steps or (t.eval_every and self.step % t.eval_every == 0)):
+                val_loss = self.evaluate()
+                metrics[names.VAL_LOSS] = val_loss
+                self.tracker.log_metrics({names.by_tokens(names.VAL_LOSS): val_loss}, step=self.tokens_seen)
+            if metrics:
+                self.tracker.log_metrics(metrics, step=self.step)
+                self.tracker.log_metrics({names.by_tokens(names.LOSS): last.loss}, step=self.tokens_seen)
+            for fn, every in self._hooks:
+                if self.step % every == 0 or diverged or self.step == t.max_steps:
+                    fn(self, self.step, metrics)
+            if diverged:
+                status = names.STATUS_DIVERGED
+                break
+            self.throughput.restart()  # logging and validation are not training time
+
+        return TrialResult(
+            status=status, steps=self.step, tokens_seen=self.tokens_seen,
+            final_loss=last.loss, final_val_loss=val_loss,
+            tokens_per_s=_median(self._step_rates), mfu=_median(self._mfus) if self._mfus else None,
+            peak_mem_gb=peak_memory_gb(self.dist.device),
+            skipped_steps=self.counters.skipped_steps, nonfinite_steps=self.counters.nonfinite_steps,
+            loss_spikes=self.spikes.spikes, elapsed_s=time.perf_counter() - t_start,
+            diverged_step=self.counters.first_nonfinite_step if status == names.STATUS_DIVERGED else None,
+            first_nonfinite=self.counters.first_nonfinite, loss_scale=self.recipe.loss_scale,
+        )
+
+    def _step_metrics(self, last: StepResult, lr: float, perf: dict[str, float]) -> dict[str, float]:
+        m = {
+            names.LOSS: last.loss,
+            names.LR: lr,
+            names.GRAD_NORM: last.grad_norm,
+            names.TOKENS_PER_S: perf["tokens_per_s"],
+            names.STEP_TIME_S: perf["step_time_s"],
+            names.MODEL_TFLOPS: perf["model_tflops"],
+            names.SKIPPED_STEPS: self.counters.skipped_steps,
+            names.NONFINITE_STEPS: self.counters.nonfinite_steps,
+            names.LOSS_SPIKES: self.spikes.spikes,
+            names.TOKENS_SEEN: self.tokens_seen,
+            names.PEAK_MEM_GB: peak_memory_gb(self.dist.device),
+        }
+        if "mfu" in perf:
+            m[names.MFU] = perf["mfu"]
+        if self.recipe.loss_scale is not None:
+            m[names.LOSS_SCALE] = self.recipe.loss_scale
+        # MLflow stores floats; NaN/inf are kept as such so divergence is visible in the UI
+        return m
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[len(s) // 2]

@@ -1,0 +1,1 @@
+"""Launching trials: preflight checks, Ray Train gangs, the driver."""

@@ -1,0 +1,142 @@
+"""Checks that need the machine, run on the driver before any Ray resource is reserved.
+
+Each raises ConfigError naming the field, the value and the fix, so a bad run fails in a
+second instead of after workers have started (or hanging on an unreachable address).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from trainlab.config import ConfigError, RunConfig
+from trainlab.precision import check_precision_supported
+from trainlab.tracking.runs import local_store_path
+
+DEFAULT_GCS_PORT = 6379
+DEFAULT_CLIENT_PORT = 10001
+
+
+def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
+    """Run every environment check; returns the resolved device ('cpu' or 'cuda')."""
+    try:
+        check_data(run)
+        if run.cluster.address:
+            check_ray_address(run.cluster.address, timeout_s=run.cluster.start_timeout_s)
+        device = check_device(run)
+        if tracking_uri is not None:
+            check_tracking_uri(tracking_uri)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return device
+
+
+def check_data(run: RunConfig) -> None:
+    d = run.data
+    if d.name != "tokens":
+        return
+    path = Path(d.path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"data.path={d.path!r} does not exist or is not a file; "
+                         "point data.path at a raw token file (see data=tokens)")
+    itemsize = np.dtype(d.token_dtype).itemsize
+    if path.stat().st_size % itemsize:
+        raise ValueError(
+            f"data.path={d.path!r} has {path.stat().st_size} bytes, not a multiple of "
+            f"{itemsize} (data.token_dtype={d.token_dtype}); the dtype is probably wrong"
+        )
+
+
+def check_device(run: RunConfig) -> str:
+    """Resolve cluster.device for a local cluster and check the precision runs on it.
+
+    For a remote cluster the GPUs are not visible here; the check runs on the workers.
+    """
+    want = run.cluster.device
+    local = not run.cluster.address
+    has_cuda = torch.cuda.is_available()
+    if want == "auto" and not local:
+        return "auto"  # resolved against the cluster's resources once connected
+    device = ("cuda" if has_cuda else "cpu") if want == "auto" else want
+    if device == "cuda" and local and not has_cuda:
+        raise ValueError("cluster.device=cuda but this machine has no CUDA GPU visible to torch; "
+                         "use cluster.device=cpu (or auto)")
+    if device == "cuda" and local:
+        cap = torch.cuda.get_device_capability(0)
+        check_precision_supported(run.precision.name, device="cuda", capability=cap,
+                                  device_name=torch.cuda.get_device_name(0))
+        if run.cluster.num_workers > torch.cuda.device_count():
+            raise ValueError(
+                f"cluster.num_workers={run.cluster.num_workers} but this machine has "
+                f"{torch.cuda.device_count()} GPU(s); lower cluster.num_workers or join a cluster"
+            )
+    else:
+        check_precision_supported(run.precision.name, device=device)
+    return device
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    if address == "auto":
+        return None
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    if parsed.scheme in ("http", "https"):
+        raise ValueError(
+            f"cluster.address={address!r} is a dashboard/Jobs API URL; trainlab train joins "
+            f"the cluster's GCS: use HEAD:{DEFAULT_GCS_PORT} (or submit with `ray job submit "
+            f"--address {address} -- trainlab train cluster=ray`)"
+        )
+    port = parsed.port or (DEFAULT_CLIENT_PORT if parsed.scheme == "ray" else DEFAULT_GCS_PORT)
+    return parsed.hostname or "127.0.0.1", port
+
+
+def check_ray_address(address: str, *, timeout_s: float) -> None:
+    """Fail fast (not hang) when nothing listens at the Ray address."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    host, port = hp
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"cluster.address={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); "
+            "start the head with `ray start --head`, fix the address, or leave cluster.address "
+            "empty (cluster=local) to start a cluster on this machine"
+        ) from None
+
+
+def check_tracking_uri(uri: str) -> None:
+    """The MLflow store must be writable (local) or answer (server) before workers start."""
+    path = local_store_path(uri)
+    scheme = urlparse(uri).scheme
+    if path is not None:
+        folder = path.parent if scheme == "sqlite" else path
+        probe = folder
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir() or not os.access(probe, os.W_OK):
+            raise ValueError(
+                f"tracking.uri={uri!r} cannot be written: {probe} is not a writable folder; "
+                "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or "
+                "tracking=none"
+            )
+        if path.exists() and scheme == "sqlite" and not os.access(path, os.W_OK):
+            raise ValueError(f"tracking.uri={uri!r}: {path} is read-only; choose another store")
+        return
+    if scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
+                r.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise ValueError(
+                f"tracking.uri={uri!r}: the MLflow server does not answer ({e}); start it with "
+                "`mlflow server --host 127.0.0.1 --port 5000` or fix the URI"
+            ) from None

@@ -1,0 +1,113 @@
+"""The driver's view of one trial: check, open the MLflow run, run the gang, close, summarise."""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainlab import names
+from trainlab.config import RunConfig
+from trainlab.console import ProgressLine, console, summary_table
+from trainlab.launch.preflight import preflight
+from trainlab.tracking.runs import (
+    TrialRun, close_trial_run, default_run_name, open_trial_run, resolve_tracking_uri,
+    trial_tags, ui_command,
+)
+
+
+@dataclass
+class TrialOutcome:
+    status: str
+    result: dict | None
+    """Rank 0's TrialResult as a dict (None when the trial failed before reporting)."""
+    run_id: str | None
+    tracking_uri: str | None
+    error: str = ""
+
+
+def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
+          show_progress: bool = True) -> TrialOutcome:
+    """Run one trial on Ray (local cluster unless cluster.address is set) and record it."""
+    uses_mlflow = run.tracking.name == "mlflow"
+    uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
+    device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
+    out_dir = Path(run.output_dir or ".").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    trial: TrialRun | None = None
+    if uses_mlflow:
+        emulated = run.precision.name == "fp16" and (
+            run.precision.fp16_impl == "emulated" or (run.precision.fp16_impl == "auto" and device == "cpu"))
+        tags = trial_tags(run, corpus_name=run.data.name, corpus_fingerprint="",
+                          precision_emulated=emulated)
+        tags.pop(names.TAG_CORPUS_FINGERPRINT)  # rank 0 sets it once the corpus is built
+        trial = open_trial_run(run, tracking_uri=uri, tags={**tags, **(extra_tags or {})},
+                               parent_run_id=parent_run_id)
+    mlflow_payload = None if trial is None else {
+        "run_id": trial.run_id, "tracking_uri": trial.tracking_uri,
+        "flush_every_s": run.tracking.flush_every_s, "system_metrics": run.tracking.system_metrics,
+    }
+
+    from trainlab.launch.ray_trial import run_on_ray
+
+    progress = ProgressLine(description=default_run_name(run)) if show_progress else (lambda e: None)
+    result, error = None, ""
+    try:
+        result = run_on_ray(run, device=device, storage_path=str(out_dir / "ray"),
+                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=progress)
+        status = result["status"] if result else names.STATUS_FAILED
+        if result is None:
+            error = "the workers ended without reporting a result"
+    except Exception as e:  # a worker failed: record it, never lose the run
+        status = names.STATUS_FAILED
+        error = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        if show_progress:
+            progress.close()
+
+    if trial is not None:
+        close_trial_run(trial, status=status, tags=_closing_tags(result, error))
+    outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
+                           tracking_uri=uri, error=error)
+    if show_progress:
+        print_summary(run, outcome, out_dir)
+    return outcome
+
+
+def _closing_tags(result: dict | None, error: str) -> dict:
+    tags = {}
+    if error:
+        tags[names.TAG_ERROR] = error
+    if result and result.get("diverged_step") is not None:
+        tags[names.TAG_DIVERGED_STEP] = result["diverged_step"]
+        tags[names.TAG_FIRST_NONFINITE] = result["first_nonfinite"]
+    return tags
+
+
+def _num(x, spec=".4f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
+    r = outcome.result or {}
+    extra = r.get("extra", {})
+    rows = {
+        "status": outcome.status + (f" ({outcome.error})" if outcome.error else ""),
+        "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
+        "train loss": _num(r.get("final_loss")),
+        "val loss": _num(r.get("final_val_loss")),
+        "unigram entropy": _num(extra.get("unigram_entropy")),
+        "tokens/s": _num(r.get("tokens_per_s"), ",.0f"),
+        "MFU": _num(r.get("mfu"), ".2%"),
+        "skipped / non-finite steps": f"{r.get('skipped_steps', '-')} / {r.get('nonfinite_steps', '-')}",
+        "output dir": str(out_dir),
+    }
+    if extra.get("true_entropy"):
+        rows["true entropy"] = _num(extra["true_entropy"])
+    if outcome.run_id:
+        rows["MLflow run"] = f"{outcome.run_id} in {outcome.tracking_uri}"
+        rows["view it"] = ui_command(outcome.tracking_uri)
+    console.print(summary_table(f"trial {default_run_name(run)}", rows))

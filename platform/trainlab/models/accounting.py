@@ -1,0 +1,58 @@
+"""Parameter and FLOP counts, for sizing presets and for MFU.
+
+Counts are analytic (from `ModelArgs`, no tensors) so the sizes of models too large for
+this machine are still exact; `num_params` counts a live (or meta-device) module and the
+tests check that the two agree.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from trainlab.models.args import ModelArgs
+
+
+def count_params(args: ModelArgs, *, exclude_embedding: bool = False) -> int:
+    """Parameters of a `Transformer` built from `args`, counted from its dimensions.
+
+    exclude_embedding drops the input token embedding (V * D) only: a lookup costs no
+    FLOPs. The output head (D * V) stays: it is a matmul like any other.
+    """
+    d, hd = args.dim, args.head_dim
+    attention = d * args.n_heads * hd + 2 * d * args.n_kv_heads * hd + args.n_heads * hd * d
+    mlp = 3 * d * args.ffn_dim
+    norms = 2 * d
+    per_layer = attention + mlp + norms
+    embedding = 0 if exclude_embedding else args.vocab_size * d
+    return embedding + args.n_layers * per_layer + d + d * args.vocab_size  # + final norm, head
+
+
+def num_params(model: nn.Module, *, exclude_embedding: bool = False) -> int:
+    """Parameters of `model` (shared tensors once); works through a DDP wrapper.
+
+    exclude_embedding drops the weights of every `nn.Embedding` (the token embedding).
+    """
+    total = sum(p.numel() for p in model.parameters())
+    if exclude_embedding:
+        total -= sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
+    return total
+
+
+def flops_per_token(args: ModelArgs, *, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token, for MFU.
+
+        6 * N + 12 * n_layers * dim * seq_len
+
+    N is the parameter count without the token embedding. Every weight does one
+    multiply-add (2 FLOPs) per token forward and two backward (input and weight
+    gradients): 6 * N. Attention's QK^T and AV matmuls add 2 * 2 * T * D per layer per
+    token forward, 3x that for training: 12 * L * D * T. This is the PaLM (Chowdhery et
+    al. 2022, app. B) / torchtitan convention: it counts the full T x T score matrix,
+    although causal attention needs only half, and ignores norms, softmax and rotary
+    (elementwise, negligible). Hardware FLOPs with activation recomputation would be
+    higher; this is model FLOPs, as MFU defines it.
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len={seq_len} must be positive (train.seq_len)")
+    n = count_params(args, exclude_embedding=True)
+    return float(6 * n + 12 * args.n_layers * args.dim * seq_len)

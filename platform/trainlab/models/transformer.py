@@ -1,0 +1,230 @@
+"""A Llama-style decoder-only transformer.
+
+Pre-norm blocks (RMSNorm), rotary position embeddings, grouped-query attention through
+``F.scaled_dot_product_attention`` and a SwiGLU MLP; untied output head, no biases.
+
+Shape legend: B batch, T sequence length, D model width (``dim``), H query heads,
+K key/value heads, Dh head width, F MLP hidden width, V vocabulary.
+
+The model is a plain ``nn.Module`` with no distributed code: the engine wraps it (DDP).
+Nothing in ``forward`` mutates module state, so it is safe under ``torch.compile`` and
+DDP; dtype handling is local (RMSNorm and rotary run in float32, then cast back), so the
+same code serves fp32, autocast (bf16/fp16) and a model cast to bf16 entirely.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab.models.args import ModelArgs
+
+
+# ---------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned per-channel gain (no bias, no mean removal).
+
+    Computes in float32 and returns the input dtype: the mean of squares of bf16/fp16
+    activations loses too much precision (and can overflow in fp16) otherwise.
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., D] -> [..., D], same dtype as x."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+# ---------------------------------------------------------------------------------------
+def rope_tables(*, head_dim: int, max_seq_len: int, theta: float,
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and sine tables of the rotary embedding, float32, each [max_seq_len, Dh].
+
+    Channel i of the first half and channel i of the second half form one rotation pair
+    (the "rotate half" / GPT-NeoX layout), turned by angle pos * theta^(-2i/Dh). Real
+    tables instead of complex ``freqs_cis``: complex tensors do not survive bf16/fp16
+    autocast, ``model.to(bf16)`` or DDP buffer broadcast cleanly.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device,
+                                             dtype=torch.float32) / head_dim))
+    pos = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(pos, inv_freq)            # [T, Dh/2]
+    angles = torch.cat((angles, angles), dim=-1)   # [T, Dh]: the same angle for both halves
+    return angles.cos(), angles.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the last dim's two halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys by position.
+
+    x: [B, heads, T, Dh]; cos, sin: [T, Dh]. Returns x's shape and dtype. Computed in
+    float32 so the rotation stays accurate when x is bf16/fp16.
+    """
+    xf = x.float()
+    out = xf * cos.float() + _rotate_half(xf) * sin.float()
+    return out.to(x.dtype)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, K, T, Dh] -> [B, K * n_rep, T, Dh]; query head h reads kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, k, t, d = x.shape
+    return x[:, :, None].expand(b, k, n_rep, t, d).reshape(b, k * n_rep, t, d)
+
+
+# ---------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped key/value heads and rotary positions."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, D]; cos, sin: [T, Dh] -> [B, T, D]."""
+        b, t, _ = x.shape
+        # [B, T, heads * Dh] -> [B, heads, T, Dh], the layout SDPA expects.
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
+        return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+    def init_weights(self, *, init_std: float, out_std: float) -> None:
+        for lin in (self.wq, self.wk, self.wv):
+            nn.init.normal_(lin.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, *, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down projection
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up projection
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, D] -> [B, T, D]."""
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, *, init_std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.w3.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(dim=args.dim, hidden_dim=args.ffn_dim)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, D]; cos, sin: [T, Dh] -> [B, T, D]."""
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self, *, init_std: float, out_std: float) -> None:
+        self.attention.init_weights(init_std=init_std, out_std=out_std)
+        self.feed_forward.init_weights(init_std=init_std, out_std=out_std)
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+
+
+# ---------------------------------------------------------------------------------------
+class Transformer(nn.Module):
+    """Decoder-only language model: tokens [B, T] -> next-token logits [B, T, V].
+
+    Build with :func:`trainlab.models.build_model` from a config, or directly from
+    resolved `ModelArgs`. The constructor initializes the weights (see `init_weights`),
+    so a model built after ``torch.manual_seed(s)`` is a deterministic function of s.
+    For large models, construct under ``torch.device("meta")``, then ``to_empty(device=...)``
+    and call `init_weights()` on the real device.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Non-persistent: derived from args, so checkpoints stay free of them and loading
+        # one never overwrites the tables with stale values. They are float32 unless the
+        # whole model is cast (model.to(bf16) rounds them to bf16: fine for training,
+        # the rotation error is then on the order of bf16 rounding of q and k themselves).
+        cos, sin = self._rope_tables(device=None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def _rope_tables(self, *, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(head_dim=self.args.head_dim, max_seq_len=self.args.max_seq_len,
+                           theta=self.args.rope_theta, device=device)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialize every parameter and the rotary tables.
+
+        Linear and embedding weights ~ N(0, init_std); the projections that write into
+        the residual stream (attention ``wo``, MLP ``w2``) ~ N(0, init_std / sqrt(2 *
+        n_layers)) so the residual's variance stays O(1) however deep the model (GPT-2).
+        RMSNorm gains = 1. The rotary tables are recomputed in place on their current
+        device, which makes meta-device construction + ``to_empty`` + this call work.
+        """
+        std = self.args.init_std
+        out_std = std / math.sqrt(2 * self.args.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for layer in self.layers:
+            layer.init_weights(init_std=std, out_std=out_std)
+        self.norm.reset_parameters()
+        nn.init.normal_(self.output.weight, mean=0.0, std=std)
+        cos, sin = self._rope_tables(device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: int64 [B, T] with T <= max_seq_len -> logits [B, T, V].
+
+        Logits are in the compute dtype (bf16 under bf16 autocast); upcast before the loss.
+        """
+        t = tokens.shape[1]
+        assert t <= self.args.max_seq_len, (
+            f"sequence length {t} exceeds model.max_seq_len={self.args.max_seq_len}")
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))

@@ -1,0 +1,67 @@
+"""One vocabulary for results: every metric, tag and artifact name, defined once.
+
+compare, the MLflow UI, the tests and the trackers all read these constants, so a name
+changes here or nowhere. Metrics are stepped by optimizer step; each also has a twin
+under ``by_tokens/`` stepped by tokens seen, so runs of different batch sizes line up.
+"""
+
+from __future__ import annotations
+
+# -- metrics (MLflow metric keys) ------------------------------------------------------
+LOSS = "train/loss"
+LR = "train/lr"
+GRAD_NORM = "train/grad_norm"
+TOKENS_PER_S = "train/tokens_per_s"
+STEP_TIME_S = "train/step_time_s"
+MFU = "train/mfu"
+MODEL_TFLOPS = "train/model_tflops"
+LOSS_SCALE = "train/loss_scale"
+SKIPPED_STEPS = "train/skipped_steps"
+NONFINITE_STEPS = "train/nonfinite_steps"
+LOSS_SPIKES = "train/loss_spikes"
+TOKENS_SEEN = "train/tokens_seen"
+VAL_LOSS = "val/loss"
+PEAK_MEM_GB = "sys/peak_mem_gb"
+# reference lines: constant over a run, logged once at step 0
+REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
+REF_TRUE_ENTROPY = "ref/true_entropy"
+# prefix for numerics (amax, scales, under/overflow fractions)
+NUM_PREFIX = "num/"
+
+BY_TOKENS_PREFIX = "by_tokens/"
+
+
+def by_tokens(metric: str) -> str:
+    """The twin of `metric` whose MLflow step is the number of tokens seen."""
+    return BY_TOKENS_PREFIX + metric
+
+
+# metrics that also get a by-tokens twin (the ones compared across batch sizes)
+TOKEN_STEPPED = (LOSS, VAL_LOSS)
+
+# -- tags --------------------------------------------------------------------------------
+TAG_PRECISION = "precision"
+TAG_PRECISION_EMULATED = "precision_emulated"
+TAG_PARALLEL = "parallel"
+TAG_MODEL = "model"
+TAG_DEVICE_NAME = "device_name"
+TAG_DEVICE_COUNT = "device_count"
+TAG_WORLD_SIZE = "world_size"
+TAG_SEED = "seed"
+TAG_CONFIG_HASH = "config_hash"
+TAG_CORPUS = "corpus"
+TAG_CORPUS_FINGERPRINT = "corpus_fingerprint"
+TAG_SWEEP = "sweep"
+TAG_STATUS = "status"
+TAG_DIVERGED_STEP = "diverged_step"
+TAG_FIRST_NONFINITE = "first_nonfinite"
+TAG_ERROR = "error"
+TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
+
+STATUS_RUNNING = "running"
+STATUS_FINISHED = "finished"
+STATUS_DIVERGED = "diverged"
+STATUS_FAILED = "failed"
+
+# -- artifacts ---------------------------------------------------------------------------
+ARTIFACT_CONFIG = "config.yaml"

@@ -1,0 +1,73 @@
+"""Peak FLOP/s for MFU: a table of known GPUs per dtype, a measured probe on CPU.
+
+An unknown GPU gets no MFU (and a warning), never a guessed peak: a wrong denominator is
+worse than a missing number when comparing runs across devices.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+# dense (no sparsity) peak TFLOP/s from the vendors' datasheets, by substring of the
+# device name; first match wins, so more specific names come first.
+GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0, "fp8": 1979.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0, "fp8": 1513.0}),
+    ("H100", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0, "fp8": 1979.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
+    ("L40S", {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0, "fp8": 733.0}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0, "fp8": 242.0}),
+    ("A10G", {"bf16": 70.0, "fp16": 70.0, "fp32": 35.0}),
+    ("RTX 4090", {"bf16": 165.0, "fp16": 165.0, "fp32": 83.0, "fp8": 330.0}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+    ("T4", {"fp16": 65.0, "fp32": 8.1}),
+)
+
+# which peak a precision mode's matmuls run at
+COMPUTE_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bf16_pure": "bf16"}
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops_per_s: float | None
+    """Peak FLOP/s of one device for the mode's compute dtype; None = unknown (no MFU)."""
+    source: str
+    """Where it came from: 'table:<GPU>', 'probe:cpu:<dtype>', or 'unknown:<reason>'."""
+
+
+def gpu_peak(device_name: str, compute_dtype: str) -> Peak:
+    for key, peaks in GPU_PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            if compute_dtype in peaks:
+                return Peak(peaks[compute_dtype] * 1e12, f"table:{key}:{compute_dtype}")
+            return Peak(None, f"unknown:{key} has no {compute_dtype} peak in the table")
+    return Peak(None, f"unknown:{device_name} is not in the peak table")
+
+
+def cpu_probe_peak(compute_dtype: str, *, size: int = 512, seconds: float = 0.3) -> Peak:
+    """Best matmul FLOP/s this process reaches with its threads, in the mode's dtype.
+
+    fp16 on CPU runs emulated in fp32 (see precision.emulate), so it is probed as fp32.
+    """
+    dtype = torch.bfloat16 if compute_dtype == "bf16" else torch.float32
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.mm(a, b)  # warm up the kernel selection
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - t0))
+    return Peak(best, f"probe:cpu:{'bf16' if dtype == torch.bfloat16 else 'fp32'}")
+
+
+def device_peak(device: torch.device, precision: str) -> Peak:
+    compute = COMPUTE_DTYPE.get(precision, "fp32")
+    if device.type == "cuda":
+        return gpu_peak(torch.cuda.get_device_name(device), compute)
+    return cpu_probe_peak(compute)

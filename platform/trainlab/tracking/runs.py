@@ -1,0 +1,118 @@
+"""The driver's side of MLflow: resolve the store, open a trial's run, close it with a status.
+
+The driver creates the run (so it knows the run id before any worker starts, and can mark
+the run failed even if every worker dies); rank 0 then logs metrics into it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from trainlab import names
+from trainlab.config import RunConfig, config_hash, flatten, to_yaml
+
+MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd.
+
+    Relative sqlite/file locations are made absolute, because Ray workers run elsewhere.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "") or MLFLOW_DEFAULT_URI
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        db = uri[len("sqlite:///"):]
+        if not os.path.isabs(db):
+            return "sqlite:///" + str(Path(db).resolve())
+        return uri
+    if parsed.scheme in ("", "file"):
+        path = parsed.path if parsed.scheme == "file" else uri
+        return Path(path).resolve().as_uri()
+    return uri
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The file a sqlite store lives in, or the folder of a file store; None for servers."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        return Path(uri[len("sqlite:///"):])
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return None
+
+
+def ui_command(uri: str) -> str:
+    """How to look at the runs: `mlflow ui` for a local store, the server's URL otherwise."""
+    if local_store_path(uri) is None:
+        return f"open {uri} in a browser"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    run_id: str
+    experiment_id: str
+    tracking_uri: str
+
+
+def trial_tags(run: RunConfig, *, corpus_name: str, corpus_fingerprint: str,
+               precision_emulated: bool) -> dict[str, str]:
+    """Tags the driver knows before the workers start (device tags come from rank 0)."""
+    return {
+        names.TAG_PRECISION: run.precision.name,
+        names.TAG_PRECISION_EMULATED: str(precision_emulated).lower(),
+        names.TAG_PARALLEL: run.parallel.name,
+        names.TAG_MODEL: run.model.name,
+        names.TAG_WORLD_SIZE: str(run.cluster.num_workers),
+        names.TAG_SEED: str(run.seed),
+        names.TAG_CONFIG_HASH: config_hash(run),
+        names.TAG_CORPUS: corpus_name,
+        names.TAG_CORPUS_FINGERPRINT: corpus_fingerprint,
+        names.TAG_STATUS: names.STATUS_RUNNING,
+    }
+
+
+def default_run_name(run: RunConfig) -> str:
+    return run.tracking.run_name or (
+        f"{run.model.name}-{run.precision.name}-{run.parallel.name}{run.cluster.num_workers}-s{run.seed}"
+    )
+
+
+def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
+                   parent_run_id: str | None = None) -> TrialRun:
+    """Create the trial's MLflow run with params (flattened config), tags and config.yaml."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(run.tracking.experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(run.tracking.experiment)
+    all_tags = dict(tags)
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    created = client.create_run(exp_id, run_name=default_run_name(run), tags=all_tags)
+    run_id = created.info.run_id
+    params = [Param(k, str(v)) for k, v in sorted(flatten(run).items())]
+    for i in range(0, len(params), 100):  # MLflow's limit of params per batch
+        client.log_batch(run_id, params=params[i:i + 100])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / names.ARTIFACT_CONFIG
+        path.write_text(to_yaml(run))
+        client.log_artifact(run_id, str(path))
+    return TrialRun(run_id=run_id, experiment_id=exp_id, tracking_uri=tracking_uri)
+
+
+def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None) -> None:
+    """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=trial.tracking_uri)
+    all_tags = {**(tags or {}), names.TAG_STATUS: status}
+    client.log_batch(trial.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in all_tags.items()])
+    client.set_terminated(trial.run_id, status="FAILED" if status == names.STATUS_FAILED else "FINISHED")

@@ -1,0 +1,83 @@
+"""`trainlab train` / `python -m trainlab.train`: the Hydra app of one trial.
+
+Started by torchrun (WORLD_SIZE in the environment) it runs the engine in-process, no Ray;
+otherwise it launches the trial as a Ray gang. Everything below takes a typed RunConfig.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from trainlab import names
+from trainlab.config import CONF_DIR, ConfigError, RunConfig, register_configs, to_run_config
+
+register_configs()
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def run_engine_here(run: RunConfig):
+    """torchrun path: every process runs the engine; rank 0 tracks and prints progress."""
+    from trainlab.console import ProgressLine, print0
+    from trainlab.engine.run import run_trial
+    from trainlab.tracking import JsonlTracker
+
+    def tracker_factory(dist_info):
+        if run.tracking.name == "mlflow":
+            return _open_local_mlflow(run)
+        return JsonlTracker(os.path.join(run.output_dir, "metrics.jsonl"))
+
+    progress = ProgressLine(description="train")
+    result = run_trial(run, tracker_factory=tracker_factory, progress=progress)
+    progress.close()
+    print0(f"status {result.status}: {result.steps} steps, loss {result.final_loss:.4f}, "
+           f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s")
+    return result
+
+
+def _open_local_mlflow(run: RunConfig):
+    from trainlab.tracking.mlflow_tracker import MlflowTracker
+    from trainlab.tracking.runs import open_trial_run, resolve_tracking_uri, trial_tags
+
+    uri = resolve_tracking_uri(run.tracking.uri)
+    tags = trial_tags(run, corpus_name=run.data.name, corpus_fingerprint="", precision_emulated=False)
+    trial = open_trial_run(run, tracking_uri=uri, tags=tags)
+    return MlflowTracker(run_id=trial.run_id, tracking_uri=uri, flush_every_s=run.tracking.flush_every_s,
+                         system_metrics=run.tracking.system_metrics)
+
+
+def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
+    run = to_run_config(cfg)
+    if not run.output_dir:
+        from hydra.core.hydra_config import HydraConfig
+
+        run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
+    return run
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        run = run_config_from_hydra(cfg)
+        if under_torchrun():
+            result = run_engine_here(run)
+            return result.final_val_loss
+        from trainlab.launch.trial import train
+
+        outcome = train(run)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if outcome.status == names.STATUS_FAILED:
+        sys.exit(1)
+    return outcome.result["final_val_loss"] if outcome.result else None
+
+
+if __name__ == "__main__":
+    main()
