@@ -252,7 +252,8 @@ class TrainConfig:
     eval_every: int = 50
     """Validate every N optimizer steps (and after the last); 0 = only at the end."""
     eval_batches: int = 8
-    """Micro-batches per rank in one validation pass."""
+    """Micro-batches in one validation pass, summed over data-parallel ranks (each rank takes
+    eval_batches // dp, at least 1), so the held-out set is the same whatever the layout."""
     log_every: int = 1
     """Record metrics every N optimizer steps."""
     spike_factor: float = 3.0

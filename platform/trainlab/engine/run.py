@@ -56,7 +56,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                            micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dims.dp,
                            seed=run.seed)
     val = val_batches(corpus.val, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                      num_batches=t.eval_batches, dp_rank=dp_rank, dp_size=dims.dp)
+                      num_batches=max(1, t.eval_batches // dims.dp), dp_rank=dp_rank, dp_size=dims.dp)
     model_args = resolve_dims(run.model, vocab_size=corpus.vocab_size)
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,

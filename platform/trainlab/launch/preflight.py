@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -119,17 +120,19 @@ def check_tracking_uri(uri: str) -> None:
     scheme = urlparse(uri).scheme
     if path is not None:
         folder = path.parent if scheme == "sqlite" else path
-        probe = folder
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not probe.is_dir() or not os.access(probe, os.W_OK):
+        try:  # create it as MLflow would, then prove a file can be written there
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
+                pass
+            if path.exists() and scheme == "sqlite":
+                with path.open("r+b"):
+                    pass
+        except OSError as e:
             raise ValueError(
-                f"tracking.uri={uri!r} cannot be written: {probe} is not a writable folder; "
+                f"tracking.uri={uri!r} cannot be written ({e.strerror or e}: {e.filename or folder}); "
                 "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or "
                 "tracking=none"
-            )
-        if path.exists() and scheme == "sqlite" and not os.access(path, os.W_OK):
-            raise ValueError(f"tracking.uri={uri!r}: {path} is read-only; choose another store")
+            ) from None
         return
     if scheme in ("http", "https"):
         try:

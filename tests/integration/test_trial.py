@@ -1,0 +1,120 @@
+"""A 2-worker DDP trial through local Ray on the tiny model, recorded in a real MLflow store."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import trainlab_cmd
+from trainlab import names
+from trainlab.config import compose_run_config, flatten
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STEPS = 20
+TRIAL = ["model=tiny", f"train.max_steps={STEPS}", "train.global_batch_size=8",
+         "train.micro_batch_size=4", "train.seq_len=64", "train.eval_every=10",
+         "cluster.num_workers=2", "tracking.experiment=itest"]
+
+
+def _history(client, run_id, key):
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
+    from trainlab.launch.trial import train
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = compose_run_config([*TRIAL, f"output_dir={tmp_path / 'out'}"])
+    outcome = train(run, show_progress=False)
+    assert outcome.status == names.STATUS_FINISHED, outcome.error
+
+    # the default store is MLflow's own default, under the working directory
+    assert outcome.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=outcome.tracking_uri)
+    mrun = client.get_run(outcome.run_id)
+    assert mrun.info.status == "FINISHED"
+    assert mrun.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+    assert mrun.data.tags[names.TAG_WORLD_SIZE] == "2"
+    assert mrun.data.tags[names.TAG_PRECISION] == "fp32"
+    assert mrun.data.tags[names.TAG_CORPUS] == "text"
+    assert len(mrun.data.tags[names.TAG_CORPUS_FINGERPRINT]) == 16
+    assert mrun.data.tags[names.TAG_DEVICE_NAME].startswith("cpu")
+    # params: the resolved config, flattened
+    assert mrun.data.params["train.max_steps"] == str(STEPS)
+    assert set(mrun.data.params) == set(flatten(run))
+    # the resolved config as an artifact
+    assert names.ARTIFACT_CONFIG in [a.path for a in client.list_artifacts(outcome.run_id)]
+
+    # every per-step metric, at every step
+    per_step = [names.LOSS, names.LR, names.GRAD_NORM, names.TOKENS_PER_S, names.STEP_TIME_S,
+                names.MFU, names.PEAK_MEM_GB, names.SKIPPED_STEPS, names.NONFINITE_STEPS,
+                names.LOSS_SPIKES, names.TOKENS_SEEN]
+    for key in per_step:
+        steps = [s for s, _ in _history(client, outcome.run_id, key)]
+        assert steps == list(range(1, STEPS + 1)), key
+    loss = [v for _, v in _history(client, outcome.run_id, names.LOSS)]
+    assert loss[-1] < loss[0] - 0.5, loss
+    val = _history(client, outcome.run_id, names.VAL_LOSS)
+    assert [s for s, _ in val] == [10, 20]
+    assert val[-1][1] < val[0][1]
+    assert all(0 < v < 1 for _, v in _history(client, outcome.run_id, names.MFU))
+    # the same losses stepped by tokens seen (8 sequences x 64 tokens a step)
+    by_tok = _history(client, outcome.run_id, names.by_tokens(names.LOSS))
+    assert [s for s, _ in by_tok] == [512 * i for i in range(1, STEPS + 1)]
+    # reference line and MLflow's own system metrics on the same run
+    (ref,) = _history(client, outcome.run_id, names.REF_UNIGRAM_ENTROPY)
+    assert 2.0 < ref[1] < 5.6  # bytes of English: a few nats, below log(256)
+    assert any(k.startswith("system/") for k in mrun.data.metrics), sorted(mrun.data.metrics)
+
+
+def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
+    """A worker that crashes (here: a token file whose ids exceed the vocabulary is only
+    discovered when the corpus is scanned) ends the run 'failed' with the error, not lost."""
+    from trainlab.data import write_token_file
+    from trainlab.launch.trial import train
+
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    tokens = tmp_path / "tokens.bin"
+    write_token_file(tokens, np.arange(5000) % 300, "uint16")
+    run = compose_run_config([*TRIAL, "data=tokens", f"data.path={tokens}", "data.vocab_size=256",
+                              f"output_dir={tmp_path / 'out'}"])
+    outcome = train(run, show_progress=False)
+    assert outcome.status == names.STATUS_FAILED
+    client = MlflowClient(tracking_uri=outcome.tracking_uri)
+    mrun = client.get_run(outcome.run_id)
+    assert mrun.info.status == "FAILED"
+    assert mrun.data.tags[names.TAG_STATUS] == names.STATUS_FAILED
+    assert "vocab_size" in mrun.data.tags[names.TAG_ERROR]
+
+
+def test_mlflow_tracking_uri_env_wins_over_default(tmp_path, cli_env):
+    """The real CLI, as a user runs it: MLFLOW_TRACKING_URI picks the store."""
+    store = tmp_path / "elsewhere" / "runs.db"
+    store.parent.mkdir()
+    env = {**cli_env, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    proc = subprocess.run(trainlab_cmd("train", *TRIAL, "train.max_steps=3", "train.eval_every=0",
+                                       "cluster.num_workers=1", "tracking.system_metrics=false"),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not (tmp_path / "mlflow.db").exists()
+    runs = MlflowClient(tracking_uri=f"sqlite:///{store}").search_runs(
+        [MlflowClient(tracking_uri=f"sqlite:///{store}").get_experiment_by_name("itest").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+    assert "mlflow ui --backend-store-uri" in proc.stdout
+
+
+def test_bad_input_fails_before_any_worker_starts(tmp_path, cli_env):
+    proc = subprocess.run(trainlab_cmd("train", *TRIAL, "train.micro_batch_size=3"),
+                          cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "train.global_batch_size=8 is not divisible" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "mlflow.db").exists()  # nothing recorded, nothing started

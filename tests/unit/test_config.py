@@ -1,0 +1,237 @@
+"""trainlab.config: every conf/ option composes, bad input fails with a useful message, and
+the flat params / config hash / dict round trip behave as the tracker and Ray workers need."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from trainlab.config import (
+    CONF_DIR,
+    GROUPS,
+    ConfigError,
+    RunConfig,
+    compose_run_config,
+    config_hash,
+    flatten,
+    from_dict,
+)
+from trainlab.data import write_token_file
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+GROUP_OPTIONS = [(g, o) for g in GROUPS for o in _options(g)]
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tokens") / "tokens.bin"
+    write_token_file(path, np.arange(4096) % 100, "uint16")
+    return str(path)
+
+
+def _bad(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        compose_run_config(overrides)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------- every option
+def test_every_group_has_options_on_disk():
+    # guards the discovery below: a renamed conf/ folder must not silently test nothing
+    for group in GROUPS:
+        assert _options(group), f"conf/{group}/ has no options"
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
+def test_every_option_composes_and_validates(group, option, token_file):
+    overrides = [f"{group}={option}"]
+    if group == "data" and option == "tokens":
+        overrides += [f"data.path={token_file}", "data.vocab_size=100"]
+    run = compose_run_config(overrides)
+    assert isinstance(run, RunConfig)
+    section = getattr(run, group)
+    if hasattr(section, "name"):
+        assert section.name == option
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_world_size_must_equal_dp_tp_pp():
+    msg = _bad(["parallel.dp=3", "cluster.num_workers=2"])
+    assert "parallel.dp" in msg and "cluster.num_workers=2" in msg
+    assert "3" in msg and "parallel.dp=0" in msg  # the fix: derive dp
+
+
+def test_global_batch_must_divide_by_micro_times_dp():
+    msg = _bad(["train.global_batch_size=10", "train.micro_batch_size=4", "cluster.num_workers=2"])
+    assert "train.global_batch_size=10" in msg and "train.micro_batch_size" in msg
+    assert "multiple of 8" in msg
+
+
+def test_seq_len_above_model_context():
+    msg = _bad(["model=tiny", "train.seq_len=512"])
+    assert "train.seq_len=512" in msg and "model.max_seq_len=256" in msg
+    assert "lower train.seq_len" in msg
+
+
+def test_unknown_precision_name():
+    msg = _bad(["precision.name=fp9"])
+    assert "precision.name" in msg and "fp9" in msg
+    assert "fp32" in msg and "bf16" in msg  # lists the choices
+
+
+def test_unknown_device():
+    msg = _bad(["cluster.device=tpu"])
+    assert "cluster.device" in msg and "tpu" in msg and "cpu" in msg and "cuda" in msg
+
+
+@pytest.mark.parametrize("override", [
+    "train.max_steps=0",
+    "train.max_steps=-5",
+    "train.micro_batch_size=0",
+    "train.global_batch_size=-8",
+    "train.seq_len=0",
+    "model.dim=0",
+    "model.n_layers=0",
+    "model.n_heads=-4",
+    "cluster.num_workers=0",
+    "cluster.cpus_per_worker=-1",
+    "cluster.start_timeout_s=0",
+    "optim.lr=0",
+    "optim.eps=-1e-8",
+    "precision.init_scale=0",
+    "precision.growth_interval=-1",
+    "parallel.bucket_cap_mb=0",
+    "tracking.flush_every_s=-1",
+])
+def test_zero_and_negative_sizes(override):
+    field, value = override.split("=")
+    msg = _bad([override])
+    assert field in msg
+    assert str(float(value)) in msg or value in msg
+    assert "positive" in msg and f"set {field}" in msg
+
+
+def test_negative_dp_is_rejected():
+    msg = _bad(["parallel.dp=-1"])
+    assert "parallel.dp=-1" in msg and "0 = derive" in msg
+
+
+def test_markov_needs_a_vocabulary():
+    msg = _bad(["data=markov", "data.vocab_size=0"])
+    assert "data.vocab_size=0" in msg
+
+
+def test_tokens_without_path():
+    msg = _bad(["data=tokens", "data.vocab_size=100"])
+    assert "data.path" in msg and "data=tokens" in msg and "data.path=/path" in msg
+
+
+def test_tokens_without_vocab_size(token_file):
+    msg = _bad(["data=tokens", f"data.path={token_file}"])
+    assert "data.vocab_size" in msg
+
+
+def test_dim_not_divisible_by_heads():
+    msg = _bad(["model=tiny", "model.dim=65"])
+    assert "model.dim=65" in msg and "model.n_heads=4" in msg
+
+
+def test_odd_head_size():
+    msg = _bad(["model=tiny", "model.dim=36", "model.n_heads=4", "model.n_kv_heads=0"])
+    assert "head size" in msg and "9" in msg and "even" in msg
+
+
+def test_kv_heads_must_divide_heads():
+    msg = _bad(["model=tiny", "model.dim=96", "model.n_heads=6", "model.n_kv_heads=4"])
+    assert "model.n_heads=6" in msg and "model.n_kv_heads=4" in msg
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("optim.beta1=1.0", "optim.beta1"),
+    ("optim.beta2=-0.1", "optim.beta2"),
+    ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio"),
+    ("optim.grad_clip=-1", "optim.grad_clip"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps"),
+    ("precision.backoff_factor=1.5", "precision.backoff_factor"),
+    ("precision.growth_factor=0.5", "precision.growth_factor"),
+    ("precision.fp16_impl=fast", "precision.fp16_impl"),
+    ("precision.loss_scale=static", "precision.loss_scale"),
+    ("data.val_fraction=0", "data.val_fraction"),
+    ("data.token_dtype=int8", "data.token_dtype"),
+])
+def test_bad_values(override, field):
+    value = override.split("=")[1]
+    msg = _bad([override])
+    assert field in msg
+    assert value in msg or str(float(value)) in msg
+
+
+def test_ray_cluster_without_address():
+    msg = _bad(["cluster=ray", "cluster.address="])
+    assert "cluster.address" in msg and "cluster=local" in msg
+
+
+def test_unknown_group_option_lists_available_options():
+    from hydra.errors import HydraException
+
+    with pytest.raises(HydraException) as info:
+        compose_run_config(["precision=fp8"])
+    msg = str(info.value)
+    assert "fp8" in msg
+    for option in _options("precision"):
+        assert option in msg
+
+
+# ---------------------------------------------------------------------------- flat params, hash
+def test_flatten_has_the_same_keys_for_every_config():
+    a = flatten(compose_run_config(["precision=fp32"]))
+    b = flatten(compose_run_config(["precision=fp16", "model=small"]))
+    assert set(a) == set(b)
+    assert a["precision.name"] == "fp32" and b["precision.name"] == "fp16"
+    assert "model.dim" in a and "train.max_steps" in a and "seed" in a
+    assert not any(dataclasses.is_dataclass(v) for v in a.values())
+
+
+def test_config_hash_equal_for_equal_configs():
+    a = compose_run_config(["model=tiny", "precision=bf16"])
+    b = compose_run_config(["precision=bf16", "model=tiny"])
+    assert a == b and config_hash(a) == config_hash(b)
+
+
+@pytest.mark.parametrize("override", ["train.max_steps=201", "seed=1", "precision=fp16", "model.dim=128"])
+def test_config_hash_changes_with_what_is_trained(override):
+    assert config_hash(compose_run_config([])) != config_hash(compose_run_config([override]))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["tracking.uri=sqlite:////tmp/elsewhere.db", "tracking.experiment=other"],
+    ["tracking=none"],
+    ["output_dir=/tmp/some/where"],
+])
+def test_config_hash_ignores_where_results_go(overrides):
+    assert config_hash(compose_run_config([])) == config_hash(compose_run_config(overrides))
+
+
+# ---------------------------------------------------------------------------- dict round trip
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["model=1b", "data=markov", "precision=fp16", "cluster=ray", "tracking=none", "seed=3",
+     "output_dir=/tmp/out", "precision.init_scale=1024"],
+])
+def test_from_dict_round_trips(overrides):
+    run = compose_run_config(overrides)
+    back = from_dict(dataclasses.asdict(run))
+    assert isinstance(back, RunConfig)
+    assert back == run
+    assert config_hash(back) == config_hash(run)
