@@ -48,6 +48,8 @@ class ProgressLine:
             self._start(event)
         elif kind == "step":
             self._step(event)
+        elif kind == "warning":
+            console.print(f"[yellow]warning:[/] {event['message']}")
 
     def _start(self, event: dict) -> None:
         self._max_steps = event["max_steps"]

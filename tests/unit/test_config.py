@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from trainlab.config import (
     CONF_DIR,
@@ -33,6 +34,11 @@ def token_file(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tokens") / "tokens.bin"
     write_token_file(path, np.arange(4096) % 100, "uint16")
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def default_run() -> RunConfig:
+    return compose_run_config([])
 
 
 def _bad(overrides: list[str]) -> str:
@@ -78,8 +84,9 @@ def test_global_batch_must_divide_by_micro_times_dp():
 
 
 def test_seq_len_above_model_context():
-    msg = _bad(["model=tiny", "train.seq_len=512"])
-    assert "train.seq_len=512" in msg and "model.max_seq_len=256" in msg
+    context = OmegaConf.load(CONF_DIR / "model" / "tiny.yaml").max_seq_len
+    msg = _bad(["model=tiny", f"train.seq_len={context + 1}"])
+    assert f"train.seq_len={context + 1}" in msg and f"model.max_seq_len={context}" in msg
     assert "lower train.seq_len" in msg
 
 
@@ -96,20 +103,12 @@ def test_unknown_device():
 
 @pytest.mark.parametrize("override", [
     "train.max_steps=0",
-    "train.max_steps=-5",
-    "train.micro_batch_size=0",
-    "train.global_batch_size=-8",
-    "train.seq_len=0",
-    "model.dim=0",
+    "train.micro_batch_size=-2",
     "model.n_layers=0",
     "model.n_heads=-4",
     "cluster.num_workers=0",
-    "cluster.cpus_per_worker=-1",
-    "cluster.start_timeout_s=0",
     "optim.lr=0",
-    "optim.eps=-1e-8",
-    "precision.init_scale=0",
-    "precision.growth_interval=-1",
+    "precision.init_scale=-1",
     "parallel.bucket_cap_mb=0",
     "tracking.flush_every_s=-1",
 ])
@@ -142,7 +141,7 @@ def test_tokens_without_vocab_size(token_file):
 
 
 def test_dim_not_divisible_by_heads():
-    msg = _bad(["model=tiny", "model.dim=65"])
+    msg = _bad(["model=tiny", "model.dim=65", "model.n_heads=4", "model.n_kv_heads=0"])
     assert "model.dim=65" in msg and "model.n_heads=4" in msg
 
 
@@ -158,17 +157,12 @@ def test_kv_heads_must_divide_heads():
 
 @pytest.mark.parametrize(("override", "field"), [
     ("optim.beta1=1.0", "optim.beta1"),
-    ("optim.beta2=-0.1", "optim.beta2"),
     ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio"),
     ("optim.grad_clip=-1", "optim.grad_clip"),
     ("optim.weight_decay=-0.1", "optim.weight_decay"),
-    ("optim.warmup_steps=-1", "optim.warmup_steps"),
     ("precision.backoff_factor=1.5", "precision.backoff_factor"),
-    ("precision.growth_factor=0.5", "precision.growth_factor"),
     ("precision.fp16_impl=fast", "precision.fp16_impl"),
-    ("precision.loss_scale=static", "precision.loss_scale"),
     ("data.val_fraction=0", "data.val_fraction"),
-    ("data.token_dtype=int8", "data.token_dtype"),
 ])
 def test_bad_values(override, field):
     value = override.split("=")[1]
@@ -209,9 +203,9 @@ def test_config_hash_equal_for_equal_configs():
     assert a == b and config_hash(a) == config_hash(b)
 
 
-@pytest.mark.parametrize("override", ["train.max_steps=201", "seed=1", "precision=fp16", "model.dim=128"])
-def test_config_hash_changes_with_what_is_trained(override):
-    assert config_hash(compose_run_config([])) != config_hash(compose_run_config([override]))
+@pytest.mark.parametrize("override", ["train.max_steps=201", "seed=1", "precision=fp16"])
+def test_config_hash_changes_with_what_is_trained(override, default_run):
+    assert config_hash(default_run) != config_hash(compose_run_config([override]))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -219,8 +213,10 @@ def test_config_hash_changes_with_what_is_trained(override):
     ["tracking=none"],
     ["output_dir=/tmp/some/where"],
 ])
-def test_config_hash_ignores_where_results_go(overrides):
-    assert config_hash(compose_run_config([])) == config_hash(compose_run_config(overrides))
+def test_config_hash_ignores_where_results_go(overrides, default_run):
+    other = compose_run_config(overrides)
+    assert other != default_run  # the configs differ, only in where results go
+    assert config_hash(other) == config_hash(default_run)
 
 
 # ---------------------------------------------------------------------------- dict round trip

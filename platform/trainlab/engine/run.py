@@ -95,8 +95,9 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         if corpus.true_entropy is not None:
             refs[names.REF_TRUE_ENTROPY] = corpus.true_entropy
         tracker.log_metrics(refs, step=0)
+        warn = progress if progress is not None and dist_info.is_rank0 else _print_event
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
-            print(f"warning: no MFU for this run ({trainer.throughput.peak.source})", flush=True)
+            warn({"kind": "warning", "message": f"no MFU for this run ({trainer.throughput.peak.source})"})
         if progress is not None and dist_info.is_rank0:
             start = {"kind": "start", "max_steps": run.train.max_steps,
                      "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
@@ -110,6 +111,10 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         return result
     finally:
         tracker.close()
+
+
+def _print_event(event: dict) -> None:
+    print(f"{event['kind']}: {event['message']}", flush=True)
 
 
 def _progress_hook(progress: Progress):

@@ -178,8 +178,11 @@ class Trainer:
             peak_mem_gb=peak_memory_gb(self.dist.device),
             skipped_steps=self.counters.skipped_steps, nonfinite_steps=self.counters.nonfinite_steps,
             loss_spikes=self.spikes.spikes, elapsed_s=time.perf_counter() - t_start,
-            diverged_step=self.counters.first_nonfinite_step if status == names.STATUS_DIVERGED else None,
-            first_nonfinite=self.counters.first_nonfinite, loss_scale=self.recipe.loss_scale,
+            # the loop stops on the step whose loss went non-finite; earlier non-finite
+            # gradients (fp16 overflows the scaler skipped) are not the divergence
+            diverged_step=self.step if status == names.STATUS_DIVERGED else None,
+            first_nonfinite="loss" if status == names.STATUS_DIVERGED else self.counters.first_nonfinite,
+            loss_scale=self.recipe.loss_scale,
         )
 
     def _step_metrics(self, last: StepResult, lr: float, perf: dict[str, float]) -> dict[str, float]:

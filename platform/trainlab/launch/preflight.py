@@ -100,7 +100,13 @@ def _host_port(address: str) -> tuple[str, int] | None:
 def check_ray_address(address: str, *, timeout_s: float) -> None:
     """Fail fast (not hang) when nothing listens at the Ray address."""
     hp = _host_port(address)
-    if hp is None:
+    if hp is None:  # 'auto': RAY_ADDRESS, or the cluster `ray start` recorded on this node
+        if not os.environ.get("RAY_ADDRESS") and not Path("/tmp/ray/ray_current_cluster").exists():
+            raise ValueError(
+                "cluster.address='auto' but no Ray cluster runs on this node (no RAY_ADDRESS, "
+                "no `ray start`); start one with `ray start --head`, give cluster.address=HEAD:6379, "
+                "or use cluster=local"
+            )
         return
     host, port = hp
     try:

@@ -31,14 +31,16 @@ def connect(run: RunConfig) -> None:
     for k, v in _LOCAL_RAY_ENV.items():
         os.environ.setdefault(k, v)
     runtime_env = {"env_vars": {k: os.environ[k] for k in _LOCAL_RAY_ENV}}
+    # worker stdout is Ray's internal chatter; what a person needs (progress, warnings,
+    # errors with tracebacks) comes back through the event queue and Ray Train's exception
     if run.cluster.address:
-        ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=True)
+        ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=False)
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
     ray.init(
         num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
         include_dashboard=True, dashboard_host="127.0.0.1",
-        runtime_env=runtime_env, log_to_driver=True,
+        runtime_env=runtime_env, log_to_driver=False,
     )
 
 

@@ -1,0 +1,255 @@
+"""trainlab.precision through the real Trainer: fp16 loss scaling skips an overflowing step and
+backs off, fp16 emulation rounds like fp16, each recipe prepares and steps as named, and a
+non-finite loss ends the trial as diverged."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainlab import names
+from trainlab.config import compose_run_config
+from trainlab.config.schema import PrecisionConfig
+from trainlab.engine.distributed import setup_distributed
+from trainlab.engine.run import build_trainer
+from trainlab.precision import build_recipe
+from trainlab.precision.emulate import emulate_fp16_linears, round_fp16
+
+FP16 = torch.finfo(torch.float16)
+FP16_MIN_SUBNORMAL = FP16.smallest_normal * 2.0 ** -10  # 2**-24
+
+TINY_RUN = [
+    "model=tiny", "data=markov", "train.max_steps=12", "train.global_batch_size=4",
+    "train.micro_batch_size=4", "train.seq_len=32", "cluster.num_workers=1",
+    "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu",
+]
+
+
+class ListTracker:
+    """Records every call, like a tracker that writes to memory."""
+
+    def __init__(self):
+        self.metrics: list[tuple[int, dict]] = []
+        self.tags: dict = {}
+        self.artifacts: list[str] = []
+        self.closed = False
+
+    def log_metrics(self, metrics, *, step):
+        self.metrics.append((step, dict(metrics)))
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_artifact(self, path):
+        self.artifacts.append(path)
+
+    def close(self):
+        self.closed = True
+
+    def series(self, key: str) -> dict[int, float]:
+        """Optimizer-step series of one metric (by_tokens twins are stepped differently)."""
+        return {step: m[key] for step, m in self.metrics if key in m}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # the trials here are tiny; one thread avoids oversubscribing a busy 2-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def dist_info():
+    return setup_distributed("cpu")
+
+
+def _snapshot(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _changed(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return any(not torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------------------- fp16 loss scaling
+def test_fp16_overflow_skips_one_step_and_backs_off_the_scale(dist_info):
+    run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.growth_interval=1000"])
+    tracker = ListTracker()
+    trainer = build_trainer(run, dist_info, tracker=tracker)
+    assert trainer.recipe.emulated  # fp16_impl=auto on cpu
+    init_scale = trainer.recipe.loss_scale
+    assert init_scale == run.precision.init_scale
+
+    armed_at = 4  # trainer.step during the 5th optimizer step
+    bad_step = armed_at + 1
+    param = next(trainer.model.parameters())
+    param.register_hook(lambda g: g * float("inf") if trainer.step == armed_at else g)
+
+    snaps = {0: _snapshot(trainer.model)}
+    trainer.add_hook(lambda tr, step, metrics: snaps.__setitem__(step, _snapshot(tr.model)))
+    result = trainer.train()
+
+    assert result.status == names.STATUS_FINISHED
+    assert result.steps == run.train.max_steps
+    assert result.skipped_steps == 1
+    assert result.loss_scale == trainer.recipe.loss_scale == init_scale * run.precision.backoff_factor
+    assert math.isfinite(result.final_loss)
+
+    # the skipped step left every parameter alone; every other step updated them
+    assert sorted(snaps) == list(range(run.train.max_steps + 1))
+    for step in range(1, run.train.max_steps + 1):
+        changed = _changed(snaps[step - 1], snaps[step])
+        assert changed == (step != bad_step), f"step {step}: changed={changed}"
+
+    # what the tracker saw
+    skipped = tracker.series(names.SKIPPED_STEPS)
+    scale = tracker.series(names.LOSS_SCALE)
+    assert skipped[bad_step - 1] == 0 and skipped[bad_step] == 1 and skipped[run.train.max_steps] == 1
+    assert scale[bad_step - 1] == init_scale
+    assert scale[bad_step] == init_scale * run.precision.backoff_factor
+    assert all(scale[s] == scale[bad_step] for s in range(bad_step, run.train.max_steps + 1))
+    assert not math.isfinite(tracker.series(names.GRAD_NORM)[bad_step])  # inf * 0 = NaN
+
+
+def test_fp16_without_loss_scaling_reports_no_scale(dist_info):
+    run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.loss_scale=none",
+                                         "train.max_steps=2"])
+    tracker = ListTracker()
+    result = build_trainer(run, dist_info, tracker=tracker).train()
+    assert result.status == names.STATUS_FINISHED and result.loss_scale is None
+    assert tracker.series(names.LOSS_SCALE) == {}
+    assert len(tracker.series(names.LOSS)) == 2
+
+
+# ---------------------------------------------------------------------------- fp16 emulation
+def test_round_fp16_overflows_to_inf():
+    x = torch.tensor([FP16.max * 1.01, 1e5, 1e10, -1e5])
+    y = round_fp16(x)
+    assert y.dtype == torch.float32
+    assert torch.isinf(y).all() and (torch.sign(y) == torch.sign(x)).all()
+    assert round_fp16(torch.tensor([FP16.max])).item() == FP16.max  # largest finite stays
+
+
+def test_round_fp16_underflows_to_zero():
+    tiny = torch.tensor([FP16_MIN_SUBNORMAL * 0.4, 1e-9, -1e-9, 1e-20])
+    assert (round_fp16(tiny) == 0).all()
+    # the smallest subnormal itself survives
+    assert round_fp16(torch.tensor([FP16_MIN_SUBNORMAL])).item() == FP16_MIN_SUBNORMAL
+
+
+def test_round_fp16_matches_a_half_cast():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.logspace(-9, 5, 4096)
+    y = round_fp16(x)
+    assert torch.equal(y, x.half().float())
+    assert not torch.equal(y, x)  # rounding did happen
+
+
+def test_round_fp16_rounds_the_gradient_on_the_way_back():
+    x = torch.ones(3, requires_grad=True)
+    round_fp16(x).backward(torch.tensor([1e-9, 1e5, 0.1]))
+    assert x.grad[0] == 0  # underflow: the signal fp16 loss scaling exists to save
+    assert math.isinf(x.grad[1])
+    assert x.grad[2] == torch.tensor(0.1).half().float()
+
+
+def test_emulated_linear_equals_linear_on_rounded_operands():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 8)
+    model = nn.Sequential(layer, nn.ReLU(), nn.Linear(8, 4))
+    keys = list(model.state_dict())
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(5, 16)
+    plain = layer(x)
+
+    assert emulate_fp16_linears(model) == 2
+    out = layer(x)
+
+    h = lambda t: t.half().float()  # noqa: E731
+    expected = h(F.linear(h(x), h(layer.weight), h(layer.bias)))
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, plain)
+    assert list(model.state_dict()) == keys
+    assert all(torch.equal(v, weights[k]) and v.dtype == torch.float32
+               for k, v in model.state_dict().items())
+
+
+# ---------------------------------------------------------------------------- build_recipe
+def test_fp16_auto_is_emulated_on_cpu_and_native_is_not():
+    auto = build_recipe(PrecisionConfig(name="fp16", fp16_impl="auto"), device_type="cpu")
+    native = build_recipe(PrecisionConfig(name="fp16", fp16_impl="native"), device_type="cpu")
+    assert auto.emulated and not native.emulated
+    lin = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with auto.autocast():
+        assert lin(x).dtype == torch.float32  # emulated: fp32 tensors, fp16 rounding
+    with native.autocast():
+        assert lin(x).dtype == torch.float16
+
+
+def test_fp16_auto_is_native_on_cuda():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GradScaler warns when CUDA is absent
+        recipe = build_recipe(PrecisionConfig(name="fp16", fp16_impl="auto"), device_type="cuda")
+    assert not recipe.emulated
+
+
+def test_bf16_autocasts_and_bf16_pure_casts_parameters():
+    lin = nn.Linear(4, 4)
+    with build_recipe(PrecisionConfig(name="bf16"), device_type="cpu").autocast():
+        assert lin(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert lin.weight.dtype == torch.float32  # bf16 autocast keeps fp32 master weights
+
+    model = build_recipe(PrecisionConfig(name="bf16_pure"), device_type="cpu").prepare(
+        nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_fp32_recipe_skips_the_update_when_grads_are_not_finite():
+    recipe = build_recipe(PrecisionConfig(name="fp32"), device_type="cpu")
+    assert recipe.loss_scale is None and not recipe.emulated
+    lin = nn.Linear(4, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    recipe.scale(lin(torch.randn(3, 4)).sum()).backward()
+    before = _snapshot(lin)
+    assert recipe.step(opt, grads_finite=False) is False
+    assert not _changed(before, _snapshot(lin))
+    assert recipe.step(opt, grads_finite=True) is True
+    assert _changed(before, _snapshot(lin))
+
+
+# ---------------------------------------------------------------------------- divergence
+def test_nonfinite_loss_stops_the_trial_as_diverged(dist_info):
+    run = compose_run_config(TINY_RUN + ["precision=fp32"])
+    tracker = ListTracker()
+    trainer = build_trainer(run, dist_info, tracker=tracker)
+    # NaN logits during the 3rd optimizer step (trainer.step counts completed steps)
+    trainer.model.register_forward_hook(lambda m, i, out: out * float("nan") if trainer.step == 2 else out)
+    result = trainer.train()
+    assert result.status == names.STATUS_DIVERGED
+    assert result.diverged_step == 3 and result.steps == 3
+    assert result.first_nonfinite == "loss"
+    assert math.isnan(result.final_loss)
+    losses = tracker.series(names.LOSS)
+    assert max(losses) == 3 and math.isnan(losses[3])  # the NaN step was logged, then nothing
+
+
+def test_diverged_step_is_where_the_loss_went_nonfinite_after_an_fp16_overflow(dist_info):
+    run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.growth_interval=1000"])
+    trainer = build_trainer(run, dist_info)
+    # a routine fp16 overflow at step 2 (skipped, training goes on) ...
+    next(trainer.model.parameters()).register_hook(
+        lambda g: g * float("inf") if trainer.step == 1 else g)
+    # ... and a real divergence (NaN loss) at step 6
+    trainer.model.register_forward_hook(lambda m, i, out: out * float("nan") if trainer.step == 5 else out)
+    result = trainer.train()
+    assert result.status == names.STATUS_DIVERGED and result.steps == 6
+    assert result.skipped_steps >= 1
+    assert result.diverged_step == 6

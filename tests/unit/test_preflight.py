@@ -1,0 +1,232 @@
+"""trainlab.launch.preflight: environment checks fail fast, before any worker starts, with a
+message that names the field, the value and the fix. Only 127.0.0.1 is ever contacted."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from trainlab.config import ConfigError, compose_run_config
+from trainlab.config.schema import PRECISIONS
+from trainlab.data import write_token_file
+from trainlab.launch.preflight import (
+    check_data,
+    check_device,
+    check_ray_address,
+    check_tracking_uri,
+    preflight,
+)
+from trainlab.precision import check_precision_supported
+from trainlab.precision.capability import MIN_CUDA_CAPABILITY
+from trainlab.tracking.runs import resolve_tracking_uri
+
+BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, read, released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_proxy(monkeypatch):
+    """urllib honours *_proxy variables: make sure loopback URLs stay on loopback."""
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setenv("NO_PROXY", "*")
+
+
+def _tokens_run(path, vocab: int = 100, dtype: str = "uint16"):
+    return compose_run_config(BASE + ["data=tokens", f"data.path={path}", f"data.vocab_size={vocab}",
+                                      f"data.token_dtype={dtype}"])
+
+
+# ---------------------------------------------------------------------------- data
+def test_a_good_token_file_passes(tmp_path):
+    path = write_token_file(tmp_path / "t.bin", np.arange(1000) % 100, "uint16")
+    assert preflight(_tokens_run(path), tracking_uri=None) == "cpu"
+
+
+def test_missing_token_file_names_data_path(tmp_path):
+    missing = tmp_path / "nope.bin"
+    with pytest.raises(ConfigError) as info:
+        preflight(_tokens_run(missing), tracking_uri=None)
+    assert "data.path" in str(info.value) and str(missing) in str(info.value)
+
+
+def test_token_directory_is_not_a_file(tmp_path):
+    with pytest.raises(ValueError, match="data.path"):
+        check_data(_tokens_run(tmp_path))
+
+
+def test_token_file_size_not_a_multiple_of_dtype(tmp_path):
+    path = write_token_file(tmp_path / "t.bin", np.arange(1000) % 100, "uint16")
+    with path.open("ab") as f:
+        f.write(b"\x00")
+    with pytest.raises(ConfigError) as info:
+        preflight(_tokens_run(path), tracking_uri=None)
+    msg = str(info.value)
+    assert "data.token_dtype=uint16" in msg and str(path.stat().st_size) in msg
+
+
+def test_same_file_read_with_the_wrong_dtype_is_caught(tmp_path):
+    # 3 uint8 tokens = 3 bytes: fine as uint8, not as int32
+    path = write_token_file(tmp_path / "t.bin", np.array([1, 2, 3]), "uint8")
+    check_data(_tokens_run(path, dtype="uint8"))
+    with pytest.raises(ValueError, match="int32"):
+        check_data(_tokens_run(path, dtype="int32"))
+
+
+# ---------------------------------------------------------------------------- ray address
+def test_unreachable_ray_address_fails_fast():
+    address = f"127.0.0.1:{_closed_port()}"
+    run = compose_run_config(BASE + [f"cluster.address={address}", "cluster.start_timeout_s=10"])
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        preflight(run, tracking_uri=None)
+    assert time.perf_counter() - start < 5
+    msg = str(info.value)
+    assert "cluster.address" in msg and address in msg and "ray start --head" in msg
+
+
+def test_unreachable_ray_client_address_uses_its_port():
+    port = _closed_port()
+    with pytest.raises(ValueError, match=f"127.0.0.1:{port}"):
+        check_ray_address(f"ray://127.0.0.1:{port}", timeout_s=2)
+
+
+def test_dashboard_url_suggests_ray_job_submit():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(ValueError) as info:
+        check_ray_address(url, timeout_s=2)
+    msg = str(info.value)
+    assert "cluster.address" in msg and "ray job submit" in msg and url in msg
+
+
+def test_auto_address_is_not_probed():
+    check_ray_address("auto", timeout_s=0.01)
+
+
+def test_a_listening_ray_address_passes():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        check_ray_address(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+
+
+# ---------------------------------------------------------------------------- tracking store
+@pytest.mark.parametrize("uri", [
+    "sqlite:////proc/nonexistent/mlflow.db",  # cannot be created, even by root
+    "sqlite:////proc/self/mlflow.db",          # exists, but no file can be written there
+    "file:///proc/nonexistent/mlruns",
+])
+def test_unwritable_tracking_store(uri):
+    run = compose_run_config(BASE)
+    with pytest.raises(ConfigError) as info:
+        preflight(run, tracking_uri=uri)
+    msg = str(info.value)
+    assert "tracking.uri" in msg and uri in msg and "tracking=none" in msg
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root writes through directory permissions")
+def test_read_only_tracking_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="tracking.uri"):
+            check_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+    finally:
+        folder.chmod(0o700)
+
+
+def test_unreachable_tracking_server(no_proxy):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(ConfigError) as info:
+        preflight(compose_run_config(BASE), tracking_uri=uri)
+    msg = str(info.value)
+    assert "tracking.uri" in msg and uri in msg and "mlflow server" in msg
+
+
+def test_writable_sqlite_store_passes_and_leaves_no_probe(tmp_path):
+    db = tmp_path / "mlflow.db"
+    assert preflight(compose_run_config(BASE), tracking_uri=f"sqlite:///{db}") == "cpu"
+    assert list(tmp_path.iterdir()) == []  # the check wrote nothing it did not clean up
+
+
+# ---------------------------------------------------------------------------- device, precision
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_cpu_only_machine():
+    with pytest.raises(ConfigError) as info:
+        preflight(compose_run_config(["model=tiny", "cluster.device=cuda"]), tracking_uri=None)
+    assert "cluster.device=cuda" in str(info.value) and "cluster.device=cpu" in str(info.value)
+
+
+def test_auto_device_resolves_to_what_torch_sees():
+    run = compose_run_config(["model=tiny", "cluster.device=auto", "cluster.num_workers=1"])
+    assert check_device(run) == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_bf16_on_a_pre_ampere_gpu():
+    with pytest.raises(ValueError) as info:
+        check_precision_supported("bf16", device="cuda", capability=(7, 0), device_name="Tesla V100")
+    msg = str(info.value)
+    assert "precision=bf16" in msg and "7.0" in msg and "8.0" in msg
+    assert "Tesla V100" in msg and "precision=fp16" in msg
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16_pure", "fp16", "fp32"])
+def test_ampere_runs_every_precision(precision):
+    check_precision_supported(precision, device="cuda", capability=(8, 0), device_name="A100")
+
+
+@pytest.mark.parametrize("precision", sorted(MIN_CUDA_CAPABILITY))
+def test_every_precision_runs_on_cpu(precision):
+    check_precision_supported(precision, device="cpu")
+
+
+def test_unknown_precision_is_refused_on_both_devices():
+    with pytest.raises(ValueError, match="fp9"):
+        check_precision_supported("fp9", device="cpu")
+    with pytest.raises(ValueError, match="fp9"):
+        check_precision_supported("fp9", device="cuda", capability=(9, 0))
+
+
+def test_capability_table_covers_every_precision():
+    assert set(PRECISIONS) <= set(MIN_CUDA_CAPABILITY)
+    for precision, need in MIN_CUDA_CAPABILITY.items():
+        assert len(need) == 2 and all(isinstance(v, int) for v in need), precision
+
+
+# ---------------------------------------------------------------------------- tracking uri
+def test_explicit_tracking_uri_wins(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert resolve_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
+def test_env_tracking_uri_wins_over_the_default(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri("") == "http://127.0.0.1:5000"
+
+
+def test_default_tracking_uri_is_an_absolute_sqlite_db_in_the_cwd(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    uri = resolve_tracking_uri("")
+    assert uri == "sqlite:///" + str(tmp_path.resolve() / "mlflow.db")
+    assert os.path.isabs(uri[len("sqlite:///"):])
+
+
+def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri("sqlite:///runs/m.db") == "sqlite:///" + str(tmp_path.resolve() / "runs" / "m.db")
