@@ -111,7 +111,20 @@ def test_dashboard_url_suggests_ray_job_submit():
     assert "cluster.address" in msg and "ray job submit" in msg and url in msg
 
 
-def test_auto_address_is_not_probed():
+def test_auto_address_without_a_cluster_on_this_node_fails_fast(monkeypatch, tmp_path):
+    from trainlab.launch import preflight as pf
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(pf, "RAY_CURRENT_CLUSTER", tmp_path / "absent")
+    with pytest.raises(ValueError, match=r"cluster.address='auto'.*ray start --head"):
+        check_ray_address("auto", timeout_s=0.01)
+
+
+def test_auto_address_with_ray_address_set_is_left_to_ray(monkeypatch, tmp_path):
+    from trainlab.launch import preflight as pf
+
+    monkeypatch.setattr(pf, "RAY_CURRENT_CLUSTER", tmp_path / "absent")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     check_ray_address("auto", timeout_s=0.01)
 
 

@@ -23,6 +23,8 @@ from trainlab.tracking.runs import local_store_path
 
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
+# written by `ray start` on a node while its cluster runs; how address="auto" finds it
+RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
 def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
@@ -101,7 +103,7 @@ def check_ray_address(address: str, *, timeout_s: float) -> None:
     """Fail fast (not hang) when nothing listens at the Ray address."""
     hp = _host_port(address)
     if hp is None:  # 'auto': RAY_ADDRESS, or the cluster `ray start` recorded on this node
-        if not os.environ.get("RAY_ADDRESS") and not Path("/tmp/ray/ray_current_cluster").exists():
+        if not os.environ.get("RAY_ADDRESS") and not RAY_CURRENT_CLUSTER.exists():
             raise ValueError(
                 "cluster.address='auto' but no Ray cluster runs on this node (no RAY_ADDRESS, "
                 "no `ray start`); start one with `ray start --head`, give cluster.address=HEAD:6379, "
