@@ -13,7 +13,13 @@ import hydra
 from omegaconf import DictConfig
 
 from trainlab import names
-from trainlab.config import CONF_DIR, ConfigError, RunConfig, register_configs, to_run_config
+from trainlab.config import (
+    CONF_DIR,
+    ConfigError,
+    RunConfig,
+    register_configs,
+    to_run_config,
+)
 
 register_configs()
 
@@ -46,8 +52,7 @@ def _open_local_mlflow(run: RunConfig):
     from trainlab.tracking.runs import open_trial_run, resolve_tracking_uri, trial_tags
 
     uri = resolve_tracking_uri(run.tracking.uri)
-    tags = trial_tags(run, corpus_name=run.data.name, corpus_fingerprint="", precision_emulated=False)
-    trial = open_trial_run(run, tracking_uri=uri, tags=tags)
+    trial = open_trial_run(run, tracking_uri=uri, tags=trial_tags(run))
     return MlflowTracker(run_id=trial.run_id, tracking_uri=uri, flush_every_s=run.tracking.flush_every_s,
                          system_metrics=run.tracking.system_metrics)
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch.multiprocessing as mp
 
-from conftest import REPO, free_port, trainlab_cmd
+from conftest import free_port
 from trainlab import names
 from trainlab.config import compose_run_config
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import os
 import subprocess
 
 import pytest
@@ -76,10 +74,10 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
 def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
     """A worker that crashes (here: a token file whose ids exceed the vocabulary is only
     discovered when the corpus is scanned) ends the run 'failed' with the error, not lost."""
+    import numpy as np
+
     from trainlab.data import write_token_file
     from trainlab.launch.trial import train
-
-    import numpy as np
 
     monkeypatch.chdir(tmp_path)
     tokens = tmp_path / "tokens.bin"

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from trainlab.config import compose_run_config
+from trainlab.config import compose_run_config, parallel_dims
 from trainlab.console import print0
 from trainlab.data import TokenBatches
 from trainlab.engine.distributed import setup_distributed
@@ -24,7 +24,6 @@ from trainlab.engine.run import build_trainer, seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
-from trainlab.config import parallel_dims
 from trainlab.precision import build_recipe
 
 
@@ -66,9 +65,7 @@ def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
 
     tracker = None
     if dist_info.is_rank0:
-        trial = open_trial_run(run, tracking_uri=tracking_uri,
-                               tags=trial_tags(run, corpus_name=run.data.name, corpus_fingerprint="",
-                                               precision_emulated=False))
+        trial = open_trial_run(run, tracking_uri=tracking_uri, tags=trial_tags(run))
         tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri,
                                 flush_every_s=run.tracking.flush_every_s,
                                 system_metrics=run.tracking.system_metrics)

@@ -71,8 +71,6 @@ def check_run(run: RunConfig) -> None:
             f"(model.max_seq_len={run.model.max_seq_len}); lower train.seq_len or raise "
             "model.max_seq_len"
         )
-    if run.precision.name != "fp16" and run.precision.loss_scale == "none":
-        pass  # loss_scale only matters for fp16; 'none' elsewhere is the natural state
     if run.cluster.name == "ray" and not run.cluster.address:
         raise ValueError(
             "cluster=ray needs cluster.address (HEAD:6379, or 'auto' inside a Ray job); "

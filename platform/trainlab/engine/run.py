@@ -7,7 +7,6 @@ the caller hands in a tracker factory and a progress callback.
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 from typing import Callable
 

@@ -23,7 +23,12 @@ from trainlab.config.schema import RunConfig
 from trainlab.engine.distributed import DistInfo, all_reduce_mean
 from trainlab.parallel import no_sync
 from trainlab.precision import PrecisionRecipe
-from trainlab.telemetry import SpikeDetector, StabilityCounters, Throughput, peak_memory_gb
+from trainlab.telemetry import (
+    SpikeDetector,
+    StabilityCounters,
+    Throughput,
+    peak_memory_gb,
+)
 from trainlab.tracking import NullTracker, Tracker
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -89,9 +89,11 @@ def run_on_ray(run: RunConfig, *, device: str, storage_path: str, name: str,
     Raises the Ray Train error if a worker failed.
     """
     import ray
-    from ray.train import FailureConfig, RunConfig as RayRunConfig, ScalingConfig
+    from ray.train import FailureConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.queue import Empty as QueueEmpty, Queue
+    from ray.util.queue import Empty as QueueEmpty
+    from ray.util.queue import Queue
 
     connect(run)
     if device == "auto":

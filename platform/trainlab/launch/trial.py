@@ -12,8 +12,13 @@ from trainlab.config import RunConfig
 from trainlab.console import ProgressLine, console, summary_table
 from trainlab.launch.preflight import preflight
 from trainlab.tracking.runs import (
-    TrialRun, close_trial_run, default_run_name, open_trial_run, resolve_tracking_uri,
-    trial_tags, ui_command,
+    TrialRun,
+    close_trial_run,
+    default_run_name,
+    open_trial_run,
+    resolve_tracking_uri,
+    trial_tags,
+    ui_command,
 )
 
 
@@ -38,12 +43,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     trial: TrialRun | None = None
     if uses_mlflow:
-        emulated = run.precision.name == "fp16" and (
-            run.precision.fp16_impl == "emulated" or (run.precision.fp16_impl == "auto" and device == "cpu"))
-        tags = trial_tags(run, corpus_name=run.data.name, corpus_fingerprint="",
-                          precision_emulated=emulated)
-        tags.pop(names.TAG_CORPUS_FINGERPRINT)  # rank 0 sets it once the corpus is built
-        trial = open_trial_run(run, tracking_uri=uri, tags={**tags, **(extra_tags or {})},
+        trial = open_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
                                parent_run_id=parent_run_id)
     mlflow_payload = None if trial is None else {
         "run_id": trial.run_id, "tracking_uri": trial.tracking_uri,

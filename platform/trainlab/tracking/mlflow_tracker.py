@@ -74,7 +74,7 @@ class MlflowTracker:
         except (BrokenPipeError, OSError, ValueError):
             self._broken = True
             warnings.warn(f"the MLflow writer for run {self.run_id} exited "
-                          f"(code {self._proc.poll()}); training goes on without tracking")
+                          f"(code {self._proc.poll()}); training goes on without tracking", stacklevel=2)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._flush_every_s):

@@ -60,19 +60,16 @@ class TrialRun:
     tracking_uri: str
 
 
-def trial_tags(run: RunConfig, *, corpus_name: str, corpus_fingerprint: str,
-               precision_emulated: bool) -> dict[str, str]:
-    """Tags the driver knows before the workers start (device tags come from rank 0)."""
+def trial_tags(run: RunConfig) -> dict[str, str]:
+    """Tags known from the config alone; rank 0 adds device, corpus and emulation tags."""
     return {
         names.TAG_PRECISION: run.precision.name,
-        names.TAG_PRECISION_EMULATED: str(precision_emulated).lower(),
         names.TAG_PARALLEL: run.parallel.name,
         names.TAG_MODEL: run.model.name,
         names.TAG_WORLD_SIZE: str(run.cluster.num_workers),
         names.TAG_SEED: str(run.seed),
         names.TAG_CONFIG_HASH: config_hash(run),
-        names.TAG_CORPUS: corpus_name,
-        names.TAG_CORPUS_FINGERPRINT: corpus_fingerprint,
+        names.TAG_CORPUS: run.data.name,
         names.TAG_STATUS: names.STATUS_RUNNING,
     }
 
@@ -86,7 +83,7 @@ def default_run_name(run: RunConfig) -> str:
 def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
                    parent_run_id: str | None = None) -> TrialRun:
     """Create the trial's MLflow run with params (flattened config), tags and config.yaml."""
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
