@@ -9,7 +9,10 @@ USAGE = """usage: trainlab <command> [args]
 commands:
   train [overrides...]   run a trial (Hydra app: `trainlab train model=tiny precision=bf16`,
                          `trainlab train --help` lists groups and options)
-  bench overhead         engine throughput against a bare PyTorch loop (ratio on the last line)
+  train -m [sweeps...]   a Hydra multirun: every job a Ray trial, a parent MLflow run
+                         (`trainlab train -m precision=fp32,fp16 seed=0,1`, `-m +sweep=NAME`)
+  compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
+  bench overhead|sweep   benchmarks; each prints a ratio on its last line
 """
 
 
@@ -24,6 +27,10 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
         train.main()
+    elif command == "compare":
+        from trainlab.compare import main as compare_main
+
+        compare_main(rest)
     elif command == "bench":
         from trainlab.bench import main as bench_main
 

@@ -58,6 +58,19 @@ TAG_FIRST_NONFINITE = "first_nonfinite"
 TAG_ERROR = "error"
 TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
 
+TAG_PARENT_RUN_ID = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children
+TAG_ROLE = "trainlab.role"
+ROLE_SWEEP = "sweep"  # the parent run of a multirun
+ROLE_TRIAL = "trial"
+TAG_SWEEP_ID = "sweep_id"
+"""On a parent: hash of the sweep's definition (name + every job's overrides); a rerun of
+the same sweep finds its parent by it instead of creating another."""
+TAG_CONFIG_LABEL = "config_label"
+"""On a child: the swept overrides except the seed, e.g. 'precision=fp16'; the unit compare
+aggregates seeds over."""
+TAG_OVERRIDES = "overrides"
+"""On a child: all of its swept overrides, e.g. 'precision=fp16 seed=1'."""
+
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"
 STATUS_DIVERGED = "diverged"
@@ -65,3 +78,8 @@ STATUS_FAILED = "failed"
 
 # -- artifacts ---------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"
+ARTIFACT_SWEEP_DIR = "sweep"      # on a parent: the sweep definition and the trial summary
+ARTIFACT_COMPARE_DIR = "compare"  # on a parent: `trainlab compare` tables, plots, report.html
+
+# precision modes from most to least precise: compare's default baseline is the first present
+PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure")

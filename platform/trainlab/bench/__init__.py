@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead",)
+BENCHES = ("overhead", "sweep")
 
 
 def main(argv: list[str]) -> None:
@@ -16,3 +16,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.overhead import main as overhead_main
 
         overhead_main(argv[1:])
+    elif argv[0] == "sweep":
+        from trainlab.bench.sweep import main as sweep_main
+
+        sweep_main(argv[1:])

@@ -330,6 +330,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 0
     """Seed of model init and data order."""
+    sweep_name: str = ""
+    """Name of the sweep this trial belongs to (set by sweeps/sweep/<name>.yaml); in a multirun
+    the parent MLflow run is named after it. Empty = tracking.experiment."""
     output_dir: str = ""
     """Where this trial writes files; empty = Hydra's run directory (or the cwd)."""
 

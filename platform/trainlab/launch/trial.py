@@ -6,6 +6,7 @@ import math
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from trainlab import names
 from trainlab.config import RunConfig
@@ -33,7 +34,7 @@ class TrialOutcome:
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
-          show_progress: bool = True) -> TrialOutcome:
+          show_progress: bool = True, on_event: Callable[[dict], None] | None = None) -> TrialOutcome:
     """Run one trial on Ray (local cluster unless cluster.address is set) and record it."""
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
@@ -52,11 +53,18 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     from trainlab.launch.ray_trial import run_on_ray
 
-    progress = ProgressLine(description=default_run_name(run)) if show_progress else (lambda e: None)
+    progress = ProgressLine(description=default_run_name(run)) if show_progress else None
+
+    def events(event: dict) -> None:
+        if progress is not None:
+            progress(event)
+        if on_event is not None:
+            on_event(event)
+
     result, error = None, ""
     try:
         result = run_on_ray(run, device=device, storage_path=str(out_dir / "ray"),
-                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=progress)
+                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
         status = result["status"] if result else names.STATUS_FAILED
         if result is None:
             error = "the workers ended without reporting a result"
@@ -65,7 +73,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         error = f"{type(e).__name__}: {e}"
         traceback.print_exc()
     finally:
-        if show_progress:
+        if progress is not None:
             progress.close()
 
     if trial is not None:

@@ -1,0 +1,88 @@
+"""`trainlab compare`: argument parsing, the terminal table, and user errors as `error: ...`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from trainlab import names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainlab compare",
+        description="Compare the configurations of a sweep: a summary table (seeds aggregated), "
+                    "plots and a self-contained report.html, logged to the sweep's parent run.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sweep", metavar="NAME", help="the sweep's name (its experiment, or the "
+                       f"parent runs tagged {names.TAG_SWEEP}=NAME); the most recent parent run")
+    which.add_argument("--experiment", metavar="NAME", help="the most recent sweep in this experiment")
+    which.add_argument("--parent", metavar="RUN_ID", help="the sweep's parent run id")
+    p.add_argument("--tracking-uri", metavar="URI", default="",
+                   help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd)")
+    p.add_argument("--baseline", metavar="LABEL", help="configuration label to compare against "
+                   "(default: the most precise precision with a finished trial)")
+    p.add_argument("--target-loss", metavar="X", type=float,
+                   help="val loss for 'tokens to target' (default: baseline's final val loss x 1.05)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: ./compare/<sweep name>/)")
+    p.add_argument("--no-log", action="store_true",
+                   help=f"do not log the files to the parent run (under {names.ARTIFACT_COMPARE_DIR}/)")
+    return p
+
+
+def _console():
+    from rich.console import Console
+
+    # a log or a pipe has no width; rich would assume 80 and fold the columns into mush
+    probe = Console()
+    return Console(highlight=False, width=None if probe.is_terminal else 200)
+
+
+def _print_result(result) -> None:
+    from rich.markup import escape
+
+    from trainlab.compare import tables
+    from trainlab.compare.compare_sweep import title_of
+
+    console = _console()
+    if result.sweep.note:
+        console.print(f"[yellow]note:[/] {escape(result.sweep.note)}")
+    for table in tables.rich_tables(result.summary, title=title_of(result.sweep)):
+        console.print(table)
+    for line in tables.headline(result.summary):
+        console.print(line, markup=False)
+    for t in result.sweep.trials:
+        if t.status in (names.STATUS_FAILED, names.STATUS_DIVERGED):
+            why = t.error.strip().splitlines()[-1][:200] if t.error.strip() else (
+                f"at step {t.diverged_step}" if t.diverged_step is not None else "")
+            what = f"{t.label} seed {t.seed or '?'} ({t.run_id}) {why}"
+            console.print(f"[red]{t.status}:[/] {escape(what)}")
+    console.print(f"outputs: {result.out_dir}", markup=False)
+    console.print(f"report: {result.report}", markup=False)
+    if result.logged_to_run:
+        console.print(f"logged to parent run {result.logged_to_run} under {names.ARTIFACT_COMPARE_DIR}/",
+                      markup=False)
+
+
+def main(argv: list[str]) -> None:
+    """Run `trainlab compare` with argv (without the subcommand); exit 2 on a user error."""
+    args = build_parser().parse_args(argv)
+    from mlflow.exceptions import MlflowException
+
+    from trainlab.compare.compare_sweep import compare_sweep
+    from trainlab.tracking.runs import resolve_tracking_uri
+
+    try:
+        if args.target_loss is not None and not math.isfinite(args.target_loss):
+            raise ValueError(f"--target-loss must be a finite number, got {args.target_loss}")
+        result = compare_sweep(
+            tracking_uri=resolve_tracking_uri(args.tracking_uri), sweep=args.sweep,
+            experiment=args.experiment, parent_run_id=args.parent, baseline=args.baseline,
+            target_loss=args.target_loss, out_dir=args.out, log=not args.no_log)
+    except (ValueError, MlflowException) as e:
+        # user errors (bad selector, missing store, unknown baseline): a message, not a traceback
+        message = e.message if isinstance(e, MlflowException) else str(e)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    _print_result(result)

@@ -1,0 +1,100 @@
+"""The whole comparison: load a sweep, summarize it, write the files, log them to the parent."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainlab import names
+from trainlab.compare import plots, tables
+from trainlab.compare.html_report import write_report
+from trainlab.compare.load import load_sweep
+from trainlab.compare.records import ConfigRow, Summary, SweepData
+from trainlab.compare.summarize import summarize
+
+SUMMARY_MD = "summary.md"
+SUMMARY_CSV = "summary.csv"
+REPORT_HTML = "report.html"
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """What `compare_sweep` computed and wrote."""
+
+    sweep: SweepData
+    summary: Summary
+    out_dir: Path
+    files: tuple[Path, ...]  # every file written, report last
+    report: Path
+    logged_to_run: str | None  # the parent run the files were logged to; None with log=False
+
+    @property
+    def rows(self) -> tuple[ConfigRow, ...]:
+        return self.summary.rows
+
+
+def default_out_dir(sweep_name: str) -> Path:
+    """./compare/<sweep name>/, with characters a folder name cannot hold replaced."""
+    safe = re.sub(r"[^\w.=+-]+", "_", sweep_name).strip("._") or "sweep"
+    return Path.cwd() / "compare" / safe
+
+
+def title_of(data: SweepData) -> str:
+    return f"trainlab compare: {data.name}"
+
+
+def context_lines(data: SweepData) -> list[str]:
+    """Where the numbers come from, for the reader of summary.md / report.html."""
+    lines = [f"tracking URI: {data.tracking_uri}",
+             f"experiment: {data.experiment_name} (id {data.experiment_id})",
+             f"parent run: {data.parent_run_id}",
+             f"trials: {len(data.trials)}"]
+    return lines + ([data.note] if data.note else [])
+
+
+def write_outputs(data: SweepData, summary: Summary, *, out_dir: Path) -> tuple[Path, ...]:
+    """summary.md, summary.csv, the PNGs and report.html into out_dir (created if needed)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create output folder {out_dir} ({e.strerror}); pass --out DIR "
+                         f"somewhere writable") from None
+    title, context = title_of(data), context_lines(data)
+    md = out_dir / SUMMARY_MD
+    md.write_text(tables.markdown_document(summary, title=title, context=context), encoding="utf-8")
+    csv_path = tables.write_csv(summary, out_dir / SUMMARY_CSV)
+    images = plots.write_all(summary, data.trials, sweep=data.name, out_dir=out_dir)
+    report = write_report(summary, data.trials, title=title, context=context, images=images,
+                          path=out_dir / REPORT_HTML)
+    return (md, csv_path, *images, report)
+
+
+def log_to_parent(data: SweepData, files: tuple[Path, ...]) -> None:
+    """Each file onto the parent run under names.ARTIFACT_COMPARE_DIR (files, not the folder:
+    a user's --out may hold other things)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=data.tracking_uri)
+    for f in files:
+        client.log_artifact(data.parent_run_id, str(f), artifact_path=names.ARTIFACT_COMPARE_DIR)
+
+
+def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: str | None = None,
+                  parent_run_id: str | None = None, baseline: str | None = None,
+                  target_loss: float | None = None, out_dir: Path | str | None = None,
+                  log: bool = True) -> CompareResult:
+    """Load the sweep chosen by one selector, summarize it, write and (by default) log the files.
+
+    See load.load_sweep for the selectors and summarize.summarize for baseline / target_loss.
+    out_dir defaults to ./compare/<sweep name>/.
+    """
+    data = load_sweep(tracking_uri=tracking_uri, sweep=sweep, experiment=experiment,
+                      parent_run_id=parent_run_id)
+    summary = summarize(data.trials, baseline=baseline, target_loss=target_loss)
+    out = Path(out_dir).resolve() if out_dir else default_out_dir(data.name)
+    files = write_outputs(data, summary, out_dir=out)
+    if log:
+        log_to_parent(data, files)
+    return CompareResult(sweep=data, summary=summary, out_dir=out, files=files, report=files[-1],
+                         logged_to_run=data.parent_run_id if log else None)

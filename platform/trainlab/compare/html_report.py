@@ -1,0 +1,70 @@
+"""report.html: one self-contained page (inline CSS, PNGs as base64) that opens anywhere."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainlab.compare import tables
+from trainlab.compare.records import Summary, Trial
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #f2f2f2; }
+tr.baseline td { font-weight: bold; }
+tr.nonumbers td { color: #b00; }
+img { max-width: 100%; display: block; margin: 1em 0; }
+.meta, .defs { color: #555; font-size: 0.9em; }
+"""
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _trials_table(trials: Sequence[Trial]) -> str:
+    """Per-trial status with the error of failed ones, so a failure is explained on the page."""
+    rows = []
+    for t in trials:
+        err = t.error.strip().splitlines()[-1][:300] if t.error.strip() else ""
+        step = "" if t.diverged_step is None else str(t.diverged_step)
+        cells = (t.label, t.seed, t.status, step, t.run_id, err)
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("config", "seed", "status", "diverged step", "run id", "error"))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, context: list[str],
+                 images: Sequence[Path], path: Path) -> Path:
+    """Title, what the table was computed against, the summary table, the plots, the trials."""
+    meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
+    defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
+    imgs = "\n".join(_img(p) for p in images)
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<ul class="meta">{meta}</ul>
+<h2>Summary</h2>
+{tables.html_table(summary)}
+<ul class="defs">{defs}</ul>
+<h2>Plots</h2>
+{imgs}
+<h2>Trials</h2>
+{_trials_table(trials)}
+</body>
+</html>
+"""
+    path.write_text(page, encoding="utf-8")
+    return path

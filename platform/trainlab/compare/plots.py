@@ -1,0 +1,140 @@
+"""The comparison plots as PNG files (matplotlib, Agg canvas; no pyplot, so no global state)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from trainlab import names
+from trainlab.compare import curves
+from trainlab.compare.records import Summary, Trial
+
+DPI = 110
+VAL_LOSS_PNG = "val_loss_vs_tokens.png"
+TRAIN_LOSS_PNG = "train_loss_vs_tokens.png"
+THROUGHPUT_PNG = "throughput.png"
+LOSS_SCALE_PNG = "loss_scale.png"
+
+
+def _figure() -> tuple[Figure, object]:
+    fig = Figure(figsize=(8, 4.8), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def _colors(summary: Summary) -> dict[str, object]:
+    """One color per configuration, the same in every plot."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {r.label: cmap(i % 10) for i, r in enumerate(summary.rows)}
+
+
+def _by_label(trials: Sequence[Trial]) -> dict[str, list[Trial]]:
+    out: dict[str, list[Trial]] = {}
+    for t in trials:
+        out.setdefault(t.label, []).append(t)
+    return out
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes)
+
+
+def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, ylabel: str,
+                   title: str, path: Path, target: float | None = None) -> Path:
+    """Mean over finished seeds with a min–max band; diverged trials as thin dotted lines."""
+    fig, ax = _figure()
+    colors, groups, drawn = _colors(summary), _by_label(trials), False
+    key = names.by_tokens(metric)
+    for r in summary.rows:
+        ts = groups.get(r.label, [])
+        done = [t.series(key) for t in ts if t.status == names.STATUS_FINISHED and t.series(key)]
+        x, mean, lo, hi = curves.seed_band(done)
+        if x.size:
+            n = len(done)
+            ax.plot(x, mean, color=colors[r.label], marker="." if x.size < 30 else None,
+                    label=f"{r.label} (n={n})")
+            if n > 1:
+                ax.fill_between(x, lo, hi, color=colors[r.label], alpha=0.2, linewidth=0)
+            drawn = True
+        for t in ts:
+            pts = curves.finite_points(t.series(key))
+            if t.status == names.STATUS_DIVERGED and pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[r.label], marker="x",
+                        markevery=[len(pts) - 1], linestyle=":", linewidth=1, label=f"{r.label} seed {t.seed or '?'} (diverged)")
+                drawn = True
+    if target is not None and drawn:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+    if not drawn:
+        _no_data(ax, ylabel)
+    else:
+        ax.legend(fontsize="small")
+    ax.set(xlabel="tokens seen", ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    fig.savefig(path)
+    return path
+
+
+def throughput(summary: Summary, *, title: str, path: Path) -> Path:
+    """Mean tokens/s per configuration with sample-std error bars, speedup written on top."""
+    fig, ax = _figure()
+    colors = _colors(summary)
+    rows = [r for r in summary.rows if r.tokens_per_s_mean is not None]
+    if rows:
+        xs = range(len(rows))
+        bars = ax.bar(xs, [r.tokens_per_s_mean for r in rows], yerr=[r.tokens_per_s_std or 0 for r in rows],
+                      capsize=4, color=[colors[r.label] for r in rows])
+        ax.bar_label(bars, labels=[f"{r.speedup:.2f}x" if r.speedup is not None else "" for r in rows],
+                     padding=3)
+        ax.set_xticks(list(xs), [r.label for r in rows], rotation=20, ha="right")
+    else:
+        _no_data(ax, "tokens/s")
+    ax.set(ylabel="tokens/s (median per trial, mean ± std over seeds)", title=title)
+    ax.grid(alpha=0.3, axis="y")
+    fig.savefig(path)
+    return path
+
+
+def loss_scale(summary: Summary, trials: Sequence[Trial], *, title: str, path: Path) -> Path | None:
+    """The fp16 loss scale over steps, one line per trial; None (no file) if no trial has one."""
+    with_scale = [t for t in trials if curves.finite_points(t.series(names.LOSS_SCALE))]
+    if not with_scale:
+        path.unlink(missing_ok=True)  # a stale plot from an earlier compare would mislead
+        return None
+    fig, ax = _figure()
+    colors = _colors(summary)
+    seen: dict[str, int] = {}
+    for t in with_scale:
+        pts = curves.finite_points(t.series(names.LOSS_SCALE))
+        # seeds of one configuration share a color; dashes tell them apart where they overlap
+        k = seen[t.label] = seen.get(t.label, -1) + 1
+        style = ("-", "--", "-.")[k % 3] if t.status == names.STATUS_FINISHED else ":"
+        ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color=colors.get(t.label),
+                linestyle=style, label=f"{t.label} seed {t.seed or '?'} ({t.status})")
+    if all(v > 0 for t in with_scale for _, v in curves.finite_points(t.series(names.LOSS_SCALE))):
+        ax.set_yscale("log", base=2)  # the scaler halves and doubles: powers of two line up
+    ax.set(xlabel="optimizer step", ylabel="loss scale", title=title)
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.savefig(path)
+    return path
+
+
+def write_all(summary: Summary, trials: Sequence[Trial], *, sweep: str, out_dir: Path) -> list[Path]:
+    """Every plot into out_dir; loss_scale.png only when some configuration has a loss scale."""
+    target = summary.target_loss if summary.target_loss is not None and math.isfinite(
+        summary.target_loss) else None
+    paths = [
+        loss_vs_tokens(summary, trials, metric=names.VAL_LOSS, ylabel="validation loss",
+                       title=f"{sweep}: validation loss", path=out_dir / VAL_LOSS_PNG, target=target),
+        loss_vs_tokens(summary, trials, metric=names.LOSS, ylabel="training loss",
+                       title=f"{sweep}: training loss", path=out_dir / TRAIN_LOSS_PNG),
+        throughput(summary, title=f"{sweep}: throughput", path=out_dir / THROUGHPUT_PNG),
+    ]
+    scale = loss_scale(summary, trials, title=f"{sweep}: loss scale", path=out_dir / LOSS_SCALE_PNG)
+    return paths + ([scale] if scale else [])

@@ -1,0 +1,110 @@
+"""Plain data that compare works on: trials as read from MLflow, and the summary rows.
+
+Nothing here touches MLflow, so the summary can be computed (and tested) from hand-built
+trials; `load.py` is the only module that turns MLflow runs into these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Series = tuple[tuple[int, float], ...]
+"""A metric history as (step, value) pairs, sorted by step, one value per step."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One child run of a sweep: its identifying tags and the metric histories compare needs."""
+
+    run_id: str
+    label: str  # names.TAG_CONFIG_LABEL: the unit seeds are aggregated over
+    status: str  # names.STATUS_*
+    seed: str = ""
+    precision: str = ""
+    run_name: str = ""
+    diverged_step: int | None = None
+    error: str = ""
+    # which job this run is an attempt of (config hash): a sweep rerun retries failed jobs
+    # under the same parent, and only the latest attempt counts
+    attempt_key: str = ""
+    metrics: Mapping[str, Series] = field(default_factory=dict)
+
+    def series(self, key: str) -> Series:
+        """The history of metric `key`; empty when the trial never logged it."""
+        return self.metrics.get(key, ())
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """A sweep's parent run and all of its trials."""
+
+    name: str  # the sweep's name (parent's names.TAG_SWEEP, else the experiment's name)
+    experiment_name: str
+    experiment_id: str
+    parent_run_id: str
+    tracking_uri: str
+    trials: tuple[Trial, ...]
+    n_parents: int = 1  # parent runs that matched the selector; the most recent was taken
+    note: str = ""  # said to the user, e.g. which of several parent runs was taken
+
+
+@dataclass(frozen=True)
+class ConfigRow:
+    """One configuration (label) with its seeds aggregated; None where there is no number.
+
+    Numbers (throughput, memory, losses) come from finished trials only: a diverged run's
+    last val loss or a failed run's partial throughput would mislead. Stability columns
+    (counters, divergence steps, max grad norm) cover every trial, since that is their point.
+    """
+
+    label: str
+    precision: str
+    is_baseline: bool
+    n_trials: int
+    n_finished: int
+    n_diverged: int
+    n_failed: int
+    n_running: int
+    tokens_per_s_mean: float | None = None
+    tokens_per_s_std: float | None = None
+    speedup: float | None = None  # tokens_per_s_mean / the baseline's
+    mfu_mean: float | None = None  # a fraction of peak (0.41 = 41 %)
+    mfu_std: float | None = None
+    peak_mem_gb: float | None = None  # max over trials and steps
+    final_val_loss_mean: float | None = None
+    final_val_loss_std: float | None = None
+    final_tokens_mean: float | None = None  # tokens seen at the last validation
+    delta_val_loss: float | None = None  # see summarize.delta_at_equal_tokens
+    tokens_to_target_mean: float | None = None  # over the trials that reached the target
+    n_reached_target: int = 0
+    n_target_measured: int = 0  # finished trials with a by-tokens val loss curve
+    skipped_steps: int | None = None
+    nonfinite_steps: int | None = None
+    loss_spikes: int | None = None
+    diverged_steps: tuple[int, ...] = ()
+    max_grad_norm: float | None = None
+
+    @property
+    def has_numbers(self) -> bool:
+        """False for configurations where every trial failed, diverged or is still running."""
+        return self.n_finished > 0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The table: rows in display order, with the baseline and target they were computed for."""
+
+    rows: tuple[ConfigRow, ...]
+    baseline: str | None  # None when no configuration has a finished trial
+    target_loss: float | None
+    target_source: str  # how target_loss was chosen, for the reader of the report
+    notes: tuple[str, ...] = ()
+
+    def row(self, label: str) -> ConfigRow:
+        """The row of configuration `label`."""
+        for r in self.rows:
+            if r.label == label:
+                return r
+        known = ", ".join(r.label for r in self.rows)
+        raise ValueError(f"no configuration {label!r} in this summary; configurations: {known}")

@@ -1,0 +1,270 @@
+"""A Hydra multirun on Ray: validate every job, one parent run, trials concurrently, a summary.
+
+1. compose and validate every job (run_job writes its .hydra/ folder as Hydra always does);
+   one invalid job refuses the whole sweep before anything starts;
+2. find or create the sweep's parent MLflow run (by a hash of its definition);
+3. skip jobs whose config already finished under that parent (unless rerun);
+4. run the rest as Ray trials, at most `max_concurrent_trials` at once; Ray Train's placement
+   groups queue a trial until its whole gang fits; one trial's failure never stops another;
+5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from trainlab import names
+from trainlab.config import ConfigError, RunConfig, config_hash
+from trainlab.console import console
+
+
+@dataclass
+class Trial:
+    idx: int
+    overrides: list[str]
+    run: RunConfig
+    job_return: JobReturn | None = None
+    label: str = ""
+    status: str = "pending"
+    run_id: str | None = None
+    result: dict | None = None
+    error: str = ""
+    skipped: bool = False
+    submitted_at: float = 0.0
+    first_step_at: float | None = None
+    ended_at: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def start_latency_s(self) -> float | None:
+        return None if self.first_step_at is None else self.first_step_at - self.submitted_at
+
+
+def varied_keys(job_overrides: Sequence[Sequence[str]]) -> list[str]:
+    """Override keys whose value differs between jobs: the dimensions of the sweep."""
+    values: dict[str, set[str]] = {}
+    for overrides in job_overrides:
+        for o in overrides:
+            key, _, value = o.partition("=")
+            values.setdefault(key.lstrip("+~"), set()).add(value)
+    n = len(job_overrides)
+    return sorted(k for k, v in values.items() if len(v) > 1 or (n > 1 and any(
+        not any(o.lstrip("+~").startswith(k + "=") for o in ov) for ov in job_overrides)))
+
+
+def _pick(overrides: Sequence[str], keys: list[str], *, skip: tuple[str, ...] = ()) -> str:
+    out = [o.lstrip("+~") for o in overrides if o.lstrip("+~").partition("=")[0] in keys]
+    return " ".join(o for o in out if o.partition("=")[0] not in skip) or "default"
+
+
+def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx) -> list[Trial]:
+    from trainlab.train import run_config_from_hydra
+
+    trials, errors = [], []
+    for i, overrides in enumerate(job_overrides):
+        idx = initial_job_idx + i
+        cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(cfg):
+            cfg.hydra.job.id = idx
+            cfg.hydra.job.num = idx
+        ret = run_job(hydra_context=hydra_context, task_function=run_config_from_hydra, config=cfg,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        if ret.status != JobStatus.COMPLETED:
+            errors.append(f"job #{idx} ({' '.join(filter_overrides(overrides))}): {ret._return_value}")
+            continue
+        trials.append(Trial(idx=idx, overrides=list(filter_overrides(overrides)), run=ret.return_value,
+                            job_return=ret))
+    if errors:
+        raise ConfigError("the sweep has invalid jobs; nothing was started:\n  " + "\n  ".join(errors))
+    return trials
+
+
+def _max_concurrent(trials: list[Trial], requested: int) -> int:
+    import ray
+
+    if requested > 0:
+        return requested
+    res = ray.cluster_resources()
+    need_cpu = max(t.run.cluster.num_workers * t.run.cluster.cpus_per_worker for t in trials)
+    fits = int(res.get("CPU", 1) // need_cpu)
+    if res.get("GPU", 0) > 0:
+        fits = min(fits, int(res["GPU"] // max(t.run.cluster.num_workers for t in trials)))
+    return max(1, fits)
+
+
+def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
+              max_concurrent_trials: int = 0, rerun: bool = False) -> list[JobReturn]:
+    try:
+        trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun,
+                            sweeper_params=OmegaConf.to_container(
+                                config.hydra.sweeper.get("params") or OmegaConf.create()))
+    _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
+    for t in trials:
+        t.job_return.return_value = (t.result or {}).get("final_val_loss", t.extra.get("val_loss"))
+    failed = [t for t in trials if t.status == names.STATUS_FAILED]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(trials)} trials failed[/]")
+        sys.exit(1)
+    return [t.job_return for t in trials]
+
+
+@dataclass
+class SweepOutcome:
+    wall_s: float
+    """Wall time of running the trials that ran (skipped ones excluded)."""
+    concurrency: int
+    parent_run_id: str | None
+    ran: list[Trial]
+
+
+def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun: bool = False,
+                  sweeper_params: dict | None = None) -> SweepOutcome:
+    """Everything after composition: parent run, skipping, running, reporting. No Hydra here."""
+    keys = varied_keys([t.overrides for t in trials])
+    for t in trials:
+        t.label = _pick(t.overrides, keys, skip=("seed",))
+    first = trials[0].run
+    sweep_name = first.sweep_name or first.tracking.experiment
+    parent_id, uri = None, None
+    if first.tracking.name == "mlflow":
+        from trainlab.tracking.runs import resolve_tracking_uri
+        from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, sweep_id
+
+        uri = resolve_tracking_uri(first.tracking.uri)
+        sid = sweep_id(sweep_name=sweep_name, experiment=first.tracking.experiment,
+                       job_overrides=[t.overrides for t in trials])
+        definition = {"sweep": sweep_name, "varied": keys, "sweeper_params": sweeper_params or {},
+                      "jobs": [t.overrides for t in trials]}
+        parent_id, reused = open_sweep_parent(tracking_uri=uri, experiment=first.tracking.experiment,
+                                              sweep_name=sweep_name, sid=sid, definition=definition)
+        done = {} if rerun else done_children(tracking_uri=uri, parent_run_id=parent_id)
+        for t in trials:
+            prior = done.get(config_hash(t.run))
+            if prior is not None:
+                t.skipped, t.run_id, t.status = True, prior.info.run_id, prior.data.tags[names.TAG_STATUS]
+                t.extra["val_loss"] = prior.data.metrics.get(names.VAL_LOSS)
+                t.extra["tokens_per_s"] = prior.data.metrics.get(names.TOKENS_PER_S)
+        console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
+                      f"parent run {parent_id}{' (resumed)' if reused else ''} in {uri}")
+
+    todo = [t for t in trials if not t.skipped]
+    if len(todo) < len(trials):
+        console.print(f"{len(trials) - len(todo)} trials already finished in this sweep: skipped "
+                      "(hydra.launcher.rerun=true runs them again)")
+    sweep_t0 = time.perf_counter()
+    limit = 0
+    if todo:
+        limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
+                            max_concurrent=max_concurrent_trials)
+    wall = time.perf_counter() - sweep_t0
+
+    table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
+    if parent_id is not None:
+        from trainlab.tracking.sweep_runs import close_sweep_parent
+
+        failed = any(t.status == names.STATUS_FAILED for t in trials)
+        close_sweep_parent(tracking_uri=uri, parent_run_id=parent_id, summary_md=table_md,
+                           status=names.STATUS_FAILED if failed else names.STATUS_FINISHED)
+    return SweepOutcome(wall_s=wall, concurrency=limit, parent_run_id=parent_id, ran=todo)
+
+
+def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -> None:
+    """sweep_timing.json in the multirun folder: how long trials waited, trained and took."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"idx": t.idx, "overrides": t.overrides, "status": t.status, "skipped": t.skipped,
+             "start_latency_s": t.start_latency_s, "train_s": (t.result or {}).get("elapsed_s"),
+             "wall_s": (t.ended_at - t.submitted_at) if t.submitted_at else None} for t in trials]
+    (sweep_dir / "sweep_timing.json").write_text(json.dumps(
+        {"wall_s": outcome.wall_s, "concurrency": outcome.concurrency, "trials": rows}, indent=2))
+
+
+def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int) -> int:
+    from trainlab.launch.ray_trial import connect
+    from trainlab.launch.trial import train
+
+    # one cluster for every trial, sized for the largest gang
+    biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
+    connect(biggest.run)
+    limit = _max_concurrent(todo, max_concurrent)
+    console.print(f"running {len(todo)} trials, at most {limit} at once")
+    lock = threading.Lock()
+    finished = [0]
+
+    def one(t: Trial) -> None:
+        def on_event(event: dict) -> None:
+            if event.get("kind") == "step" and t.first_step_at is None:
+                t.first_step_at = time.perf_counter()
+
+        t.submitted_at = time.perf_counter()
+        tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
+                names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
+        tags.update({k: v for k, _, v in (o.partition("=") for o in _pick(t.overrides, keys).split())
+                     if k not in (names.TAG_SEED,)})
+        try:
+            outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
+                            on_event=on_event)
+            t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
+        except Exception as e:  # anything unexpected: this trial failed, the others go on
+            t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
+        t.ended_at = time.perf_counter()
+        with lock:
+            finished[0] += 1
+            r = t.result or {}
+            console.print(f"[{finished[0]}/{len(todo)}] #{t.idx} {_pick(t.overrides, keys)}: "
+                          f"{_status_markup(t.status)}  val {_f(r.get('final_val_loss'))}  "
+                          f"{_f(r.get('tokens_per_s'), ',.0f')} tok/s  "
+                          f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
+
+    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial") as pool:
+        list(pool.map(one, todo))
+    return limit
+
+
+def _status_markup(status: str) -> str:
+    color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow"}.get(status, "red")
+    return f"[{color}]{status}[/]"
+
+
+def _f(x, spec=".4f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Trial]) -> str:
+    """Print the per-trial table; return it as Markdown for the parent run."""
+    from rich.table import Table
+
+    table = Table(title="sweep summary", title_justify="left")
+    header = ["#", "trial", "status", "val loss", "tokens/s", "start s", "train s", "run id"]
+    for h in header:
+        table.add_column(h)
+    rows = []
+    for t in trials:
+        r = t.result or {}
+        row = [str(t.idx), _pick(t.overrides, keys),
+               t.status + (" (skipped: done before)" if t.skipped else ""),
+               _f(r.get("final_val_loss", t.extra.get("val_loss"))),
+               _f(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
+               _f(t.start_latency_s, ".1f"), _f(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
+        rows.append(row)
+        table.add_row(*row[:2], _status_markup(t.status) + row[2][len(t.status):], *row[3:])
+    console.print(table)
+    if ran:
+        console.print(f"sweep wall time {wall_s:.1f}s for {len(ran)} trials")
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(md) + "\n"

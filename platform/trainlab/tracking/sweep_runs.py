@@ -1,0 +1,75 @@
+"""A sweep's parent MLflow run: found again by its definition hash, so a rerun never duplicates it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from trainlab import names
+
+
+def sweep_id(*, sweep_name: str, experiment: str, job_overrides: list[list[str]]) -> str:
+    """Same name, experiment and set of jobs -> same id (job order does not matter)."""
+    jobs = sorted(" ".join(sorted(o)) for o in job_overrides)
+    blob = json.dumps({"sweep": sweep_name, "experiment": experiment, "jobs": jobs})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, sid: str,
+                      definition: dict) -> tuple[str, bool]:
+    """The parent run of this sweep: the existing one (set running again) or a new one.
+
+    Returns (run_id, reused)."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    found = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.{names.TAG_SWEEP_ID} = '{sid}' and tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'",
+        max_results=1, order_by=["attributes.start_time ASC"],
+    )
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id, True
+    run = client.create_run(exp_id, run_name=sweep_name, tags={
+        names.TAG_ROLE: names.ROLE_SWEEP, names.TAG_SWEEP: sweep_name, names.TAG_SWEEP_ID: sid,
+        names.TAG_STATUS: names.STATUS_RUNNING,
+    })
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "definition.json"
+        path.write_text(json.dumps(definition, indent=2))
+        client.log_artifact(run.info.run_id, str(path), artifact_path=names.ARTIFACT_SWEEP_DIR)
+    return run.info.run_id, False
+
+
+def done_children(*, tracking_uri: str, parent_run_id: str) -> dict[str, object]:
+    """Children that need no rerun (finished or diverged), by config hash."""
+    client = _client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              max_results=10_000)
+    done = {}
+    for r in runs:
+        if r.data.tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED, names.STATUS_DIVERGED):
+            done.setdefault(r.data.tags.get(names.TAG_CONFIG_HASH, ""), r)
+    return done
+
+
+def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, summary_md: str) -> None:
+    client = _client(tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trials.md"
+        path.write_text(summary_md)
+        client.log_artifact(parent_run_id, str(path), artifact_path=names.ARTIFACT_SWEEP_DIR)
+    client.set_tag(parent_run_id, names.TAG_STATUS, status)
+    client.set_terminated(parent_run_id, status="FAILED" if status == names.STATUS_FAILED else "FINISHED")

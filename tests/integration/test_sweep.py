@@ -1,0 +1,142 @@
+"""`trainlab train -m` on local Ray against a real `mlflow server` process: one parent, four
+children, a rerun that runs nothing, a failing trial that stops nothing, and compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import free_port, trainlab_cmd
+from trainlab import names
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TRIAL = ["model=tiny", "train.max_steps=12", "train.eval_every=6", "train.global_batch_size=8",
+         "train.micro_batch_size=8", "train.seq_len=64", "cluster.num_workers=1",
+         "tracking.system_metrics=false"]
+SWEEP = [*TRIAL, "precision=fp32,fp16", "seed=0,1", "sweep_name=itest_sweep", "tracking.experiment=itest_sweep"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback, as a user would start it."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+    proc = subprocess.Popen(
+        [mlflow_bin, "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'store.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        cwd=root, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError((root / "server.log").read_text()[-3000:]) from None
+            time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _trainlab(args, *, cwd, uri, timeout=600):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", COLUMNS="200")
+    return subprocess.run(trainlab_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _rest(uri, path, body):
+    req = urllib.request.Request(f"{uri}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path):
+    uri = mlflow_server
+    proc = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # ---- the server's REST API lists one parent and four children with their params ----
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.get_experiment_by_name("itest_sweep").experiment_id
+    parents = _rest(uri, "runs/search", {
+        "experiment_ids": [exp_id], "filter": f"tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'"})["runs"]
+    assert len(parents) == 1
+    parent_id = parents[0]["info"]["run_id"]
+    children = _rest(uri, "runs/search", {
+        "experiment_ids": [exp_id], "filter": f"tags.mlflow.parentRunId = '{parent_id}'"})["runs"]
+    assert len(children) == 4
+    param_keys = [frozenset(p["key"] for p in c["data"]["params"]) for c in children]
+    assert len(set(param_keys)) == 1 and "precision.name" in param_keys[0]
+    tags = [{t["key"]: t["value"] for t in c["data"]["tags"]} for c in children]
+    assert sorted((t[names.TAG_CONFIG_LABEL], t[names.TAG_SEED]) for t in tags) == [
+        ("precision=fp16", "0"), ("precision=fp16", "1"), ("precision=fp32", "0"), ("precision=fp32", "1")]
+    assert all(t[names.TAG_STATUS] == names.STATUS_FINISHED for t in tags)
+    assert client.get_run(parent_id).data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+    assert "sweep/trials.md" in [a.path for a in client.list_artifacts(parent_id, "sweep")]
+
+    # ---- the same sweep again: nothing new runs, no second parent ----
+    again = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "4 trials already finished" in again.stdout
+    runs = client.search_runs([exp_id])
+    assert len(runs) == 5
+
+    # ---- compare: its numbers are the MLflow runs' numbers ----
+    out = tmp_path / "cmp"
+    cmp = _trainlab(["compare", "--sweep", "itest_sweep", "--out", str(out)], cwd=tmp_path, uri=uri)
+    assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-3000:]
+    csv = (out / "summary.csv").read_text()
+    for label in ("precision=fp32", "precision=fp16"):
+        finals = [client.get_metric_history(c["info"]["run_id"], names.VAL_LOSS)[-1].value
+                  for c, t in zip(children, tags) if t[names.TAG_CONFIG_LABEL] == label]
+        expected = f"{np.mean(finals):.4f}"
+        line = next(row for row in csv.splitlines() if label in row)
+        assert expected in line or str(round(float(np.mean(finals)), 4)) in line, (expected, line)
+        assert label in cmp.stdout
+    for name in ("summary.md", "val_loss_vs_tokens.png", "throughput.png", "report.html"):
+        assert (out / name).exists(), name
+    logged = [a.path for a in client.list_artifacts(parent_id, names.ARTIFACT_COMPARE_DIR)]
+    assert f"{names.ARTIFACT_COMPARE_DIR}/report.html" in logged
+
+
+def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
+    """One job's worker crashes (token ids above its vocabulary); the other finishes; exit 1."""
+    from trainlab.data import write_token_file
+
+    tokens = tmp_path / "tokens.bin"
+    write_token_file(tokens, np.arange(20000) % 200, "uint16")
+    proc = _trainlab(["train", "-m", *TRIAL, "data=tokens", f"data.path={tokens}",
+                      "data.vocab_size=256,128", "tracking.experiment=itest_fail"], cwd=tmp_path, uri=mlflow_server)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 of 2 trials failed" in proc.stdout
+    client = MlflowClient(tracking_uri=mlflow_server)
+    runs = client.search_runs([client.get_experiment_by_name("itest_fail").experiment_id],
+                              filter_string=f"tags.`{names.TAG_ROLE}` = '{names.ROLE_TRIAL}'")
+    status = {r.data.params["data.vocab_size"]: r.data.tags[names.TAG_STATUS] for r in runs}
+    assert status == {"256": names.STATUS_FINISHED, "128": names.STATUS_FAILED}
+    failed = next(r for r in runs if r.data.params["data.vocab_size"] == "128")
+    assert "vocab_size" in failed.data.tags[names.TAG_ERROR]
+
+
+def test_invalid_job_refuses_the_whole_sweep(tmp_path):
+    proc = _trainlab(["train", "-m", *TRIAL, "train.micro_batch_size=8,3"], cwd=tmp_path,
+                     uri=f"sqlite:///{tmp_path / 'm.db'}", timeout=120)
+    assert proc.returncode == 2
+    assert "nothing was started" in proc.stderr and "train.micro_batch_size=3" in proc.stderr
+    assert not (tmp_path / "m.db").exists()
