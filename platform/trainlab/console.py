@@ -7,6 +7,7 @@ plain line every tenth of the run, so logs stay readable.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -20,7 +21,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-console = Console(stderr=False, highlight=False)
+# in a log (not a terminal) rich would wrap tables at 80 columns; logs can be wide
+console = Console(stderr=False, highlight=False,
+                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def print0(*args, **kwargs) -> None:

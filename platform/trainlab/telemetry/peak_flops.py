@@ -48,11 +48,20 @@ def gpu_peak(device_name: str, compute_dtype: str) -> Peak:
 
 
 def cpu_probe_peak(compute_dtype: str, *, size: int = 512, seconds: float = 0.3) -> Peak:
-    """Best matmul FLOP/s this process reaches with its threads, in the mode's dtype.
+    """Best matmul FLOP/s this process reaches with its threads, for the mode's dtype.
 
-    fp16 on CPU runs emulated in fp32 (see precision.emulate), so it is probed as fp32.
+    fp16 on CPU runs emulated in fp32 (see precision.emulate), so it is probed as fp32. A CPU
+    without bf16 instructions runs large bf16 matmuls far slower than fp32 while small ones
+    go through fp32 anyway, so the bf16 peak is the better of the bf16 and fp32 probes: MFU
+    must never exceed what the hardware can do by any path.
     """
-    dtype = torch.bfloat16 if compute_dtype == "bf16" else torch.float32
+    if compute_dtype == "bf16":
+        return max(_probe(torch.bfloat16, size=size, seconds=seconds),
+                   _probe(torch.float32, size=size, seconds=seconds), key=lambda p: p.flops_per_s)
+    return _probe(torch.float32, size=size, seconds=seconds)
+
+
+def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     torch.mm(a, b)  # warm up the kernel selection

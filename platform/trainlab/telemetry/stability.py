@@ -10,13 +10,13 @@ from dataclasses import dataclass
 class SpikeDetector:
     """Counts losses above `factor` x the running mean of earlier losses.
 
-    The mean is an exponential moving average (half-life ~ 1/(1-decay) steps) and only
-    judges after `warmup` steps, so the steep start of training is not a spike. Spikes and
+    The mean is an exponential moving average (decay 0.9: half-life ~7 steps, so it follows a
+    falling loss closely) and only judges after `warmup` steps, so the steep start of training is not a spike. Spikes and
     non-finite losses do not update the mean.
     """
 
     factor: float = 3.0
-    decay: float = 0.95
+    decay: float = 0.9
     warmup: int = 10
     mean: float | None = None
     seen: int = 0

@@ -1,0 +1,53 @@
+"""Telemetry a user reads in MLflow: MFU that never exceeds 100%, spikes, peaks from data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainlab.config import compose_run_config
+from trainlab.engine.run import run_trial
+from trainlab.telemetry import SpikeDetector, StabilityCounters
+from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS, gpu_peak
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cpu_mfu_is_a_fraction(precision):
+    run = compose_run_config(["model=tiny", f"precision={precision}", "data=markov", "cluster.num_workers=1",
+                              "train.max_steps=4", "train.global_batch_size=4", "train.micro_batch_size=4",
+                              "train.seq_len=32", "train.eval_every=0", "train.eval_batches=1"])
+    result = run_trial(run)
+    assert result.mfu is not None and 0 < result.mfu < 1, result.mfu
+
+
+def test_unknown_gpu_gets_no_peak_and_says_why():
+    peak = gpu_peak("NVIDIA Imaginary X9", "bf16")
+    assert peak.flops_per_s is None and "not in the peak table" in peak.source
+    no_bf16 = gpu_peak("Tesla V100-SXM2-16GB", "bf16")
+    assert no_bf16.flops_per_s is None and "V100" in no_bf16.source
+
+
+def test_known_gpus_resolve_by_name():
+    assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
+    assert gpu_peak("NVIDIA H100 PCIe", "bf16").flops_per_s == 756e12  # the PCIe part is slower
+    assert all(p > 0 for _, peaks in GPU_PEAK_TFLOPS for p in peaks.values())
+
+
+def test_spike_detector_counts_jumps_not_the_steep_start():
+    d = SpikeDetector(factor=3.0, warmup=5)
+    for loss in [10.0, 8.0, 6.0, 5.0, 4.0, 3.0] + [2.9] * 10:  # a steep fall, then a plateau
+        d.update(loss)
+    assert d.spikes == 0
+    assert d.update(16.0) is True and d.spikes == 1   # 5x the plateau it jumped from
+    assert d.update(float("nan")) is False             # non-finite is counted elsewhere
+    assert d.update(3.0) is False and d.spikes == 1
+
+
+def test_stability_counters_name_the_first_nonfinite_value():
+    c = StabilityCounters()
+    c.record(step=1, loss=2.0, grad_norm=1.0, applied=True)
+    c.record(step=2, loss=2.0, grad_norm=math.inf, applied=False)
+    c.record(step=3, loss=math.nan, grad_norm=math.nan, applied=False)
+    assert (c.skipped_steps, c.nonfinite_steps) == (2, 2)
+    assert (c.first_nonfinite_step, c.first_nonfinite) == (2, "grad_norm")
