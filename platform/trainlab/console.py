@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 
 from rich.console import Console
@@ -102,3 +103,46 @@ def summary_table(title: str, rows: dict[str, str]) -> Table:
     for k, v in rows.items():
         table.add_row(k, v)
     return table
+
+
+class SweepProgress:
+    """Progress of concurrent trials: a bar per running trial on a terminal; in a log, one
+    status line every `every_s` seconds naming each running trial's step."""
+
+    def __init__(self, *, total: int, every_s: float = 30.0):
+        self.total, self.every_s = total, every_s
+        self.done = 0
+        self._steps: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self._last_print = time.perf_counter()
+        self._progress: Progress | None = None
+        self._tasks: dict[str, int] = {}
+        if console.is_terminal:
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                      TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+                                      TimeElapsedColumn(), console=console, transient=True)
+            self._progress.start()
+
+    def step(self, name: str, step: int, max_steps: int) -> None:
+        with self._lock:
+            self._steps[name] = (step, max_steps)
+            if self._progress is not None:
+                if name not in self._tasks:
+                    self._tasks[name] = self._progress.add_task(name, total=max_steps)
+                self._progress.update(self._tasks[name], completed=step)
+            elif time.perf_counter() - self._last_print >= self.every_s:
+                self._last_print = time.perf_counter()
+                running = ", ".join(f"{n} {s}/{m}" for n, (s, m) in sorted(self._steps.items()))
+                console.print(f"{self.done}/{self.total} trials done; running: {running}")
+
+    def finished(self, name: str, line: str) -> None:
+        with self._lock:
+            self.done += 1
+            self._steps.pop(name, None)
+            if self._progress is not None and name in self._tasks:
+                self._progress.remove_task(self._tasks.pop(name))
+            console.print(line)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from trainlab.config import RunConfig
 
-_LOCAL_RAY_ENV = {
+_RAY_TRAIN_ENV = {
     # Ray Train's health checks poll every 2 s by default; a trial's end is noticed sooner
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 }
@@ -28,9 +28,9 @@ def connect(run: RunConfig) -> None:
 
     if ray.is_initialized():
         return
-    for k, v in _LOCAL_RAY_ENV.items():
+    for k, v in _RAY_TRAIN_ENV.items():
         os.environ.setdefault(k, v)
-    runtime_env = {"env_vars": {k: os.environ[k] for k in _LOCAL_RAY_ENV}}
+    runtime_env = {"env_vars": {k: os.environ[k] for k in _RAY_TRAIN_ENV}}
     # worker stdout is Ray's internal chatter; what a person needs (progress, warnings,
     # errors with tracebacks) comes back through the event queue and Ray Train's exception
     if run.cluster.address:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
-from trainlab.console import console
+from trainlab.console import SweepProgress, console
 
 
 @dataclass
@@ -202,13 +201,16 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     connect(biggest.run)
     limit = _max_concurrent(todo, max_concurrent)
     console.print(f"running {len(todo)} trials, at most {limit} at once")
-    lock = threading.Lock()
-    finished = [0]
+    progress = SweepProgress(total=len(todo))
 
     def one(t: Trial) -> None:
+        name = f"#{t.idx} {_pick(t.overrides, keys)}"
+
         def on_event(event: dict) -> None:
-            if event.get("kind") == "step" and t.first_step_at is None:
-                t.first_step_at = time.perf_counter()
+            if event.get("kind") == "step":
+                if t.first_step_at is None:
+                    t.first_step_at = time.perf_counter()
+                progress.step(name, event["step"], event["max_steps"])
 
         t.submitted_at = time.perf_counter()
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
@@ -222,16 +224,17 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         except Exception as e:  # anything unexpected: this trial failed, the others go on
             t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
         t.ended_at = time.perf_counter()
-        with lock:
-            finished[0] += 1
-            r = t.result or {}
-            console.print(f"[{finished[0]}/{len(todo)}] #{t.idx} {_pick(t.overrides, keys)}: "
-                          f"{_status_markup(t.status)}  val {_f(r.get('final_val_loss'))}  "
-                          f"{_f(r.get('tokens_per_s'), ',.0f')} tok/s  "
-                          f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
+        r = t.result or {}
+        progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
+                                f"{_status_markup(t.status)}  val {_f(r.get('final_val_loss'))}  "
+                                f"{_f(r.get('tokens_per_s'), ',.0f')} tok/s  "
+                                f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
 
-    with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial") as pool:
-        list(pool.map(one, todo))
+    try:
+        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial") as pool:
+            list(pool.map(one, todo))
+    finally:
+        progress.close()
     return limit
 
 
