@@ -66,8 +66,9 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
     by_tok = _history(client, outcome.run_id, names.by_tokens(names.LOSS))
     assert [s for s, _ in by_tok] == [512 * i for i in range(1, STEPS + 1)]
     # reference line and MLflow's own system metrics on the same run
-    (ref,) = _history(client, outcome.run_id, names.REF_UNIGRAM_ENTROPY)
-    assert 2.0 < ref[1] < 5.6  # bytes of English: a few nats, below log(256)
+    ref = _history(client, outcome.run_id, names.REF_UNIGRAM_ENTROPY)
+    assert [s for s, _ in ref] == [0, 10, 20]  # a line beside every val/loss point
+    assert len({v for _, v in ref}) == 1 and 2.0 < ref[0][1] < 5.6  # English bytes: below log(256)
     assert any(k.startswith("system/") for k in mrun.data.metrics), sorted(mrun.data.metrics)
 
 

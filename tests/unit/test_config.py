@@ -231,3 +231,14 @@ def test_from_dict_round_trips(overrides):
     assert isinstance(back, RunConfig)
     assert back == run
     assert config_hash(back) == config_hash(run)
+
+
+def test_options_the_chosen_modes_ignore_are_named():
+    from trainlab.config import ignored_options
+
+    assert ignored_options(compose_run_config(["model=tiny"])) == []
+    notes = ignored_options(compose_run_config(["model=tiny", "precision=bf16", "precision.init_scale=1024",
+                                                "data.path=/somewhere.bin"]))
+    assert any("precision.init_scale" in n and "precision=bf16" in n for n in notes)
+    assert any("data.path" in n and "data=tokens" in n for n in notes)
+    assert ignored_options(compose_run_config(["model=tiny", "precision=fp16", "precision.init_scale=1024"])) == []

@@ -76,3 +76,23 @@ def check_run(run: RunConfig) -> None:
             "cluster=ray needs cluster.address (HEAD:6379, or 'auto' inside a Ray job); "
             "use cluster=local to start a cluster on this machine"
         )
+
+
+def ignored_options(run: RunConfig) -> list[str]:
+    """Options set away from their defaults that the chosen modes do not use (warned about)."""
+    from trainlab.config.schema import DataConfig, PrecisionConfig
+
+    notes = []
+    if run.precision.name != "fp16":
+        fp16_fields = ("fp16_impl", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
+                       "growth_interval")
+        changed = [f for f in fp16_fields if getattr(run.precision, f) != getattr(PrecisionConfig(), f)]
+        if changed:
+            notes.append(f"precision.{', precision.'.join(changed)} only apply to precision=fp16; "
+                         f"ignored with precision={run.precision.name}")
+    if run.data.name != "tokens" and run.data.path:
+        notes.append(f"data.path={run.data.path!r} is ignored with data={run.data.name}; "
+                     "use data=tokens to train on a token file")
+    if run.data.name == "text" and run.data.vocab_size != DataConfig().vocab_size:
+        notes.append("data.vocab_size is ignored with data=text (byte-level, 256)")
+    return notes

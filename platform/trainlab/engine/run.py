@@ -93,7 +93,9 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         refs = {names.REF_UNIGRAM_ENTROPY: corpus.unigram_entropy}
         if corpus.true_entropy is not None:
             refs[names.REF_TRUE_ENTROPY] = corpus.true_entropy
+        # logged at step 0 and beside every val/loss point, so MLflow draws them as lines
         tracker.log_metrics(refs, step=0)
+        trainer.add_hook(lambda tr, step, m: tracker.log_metrics(refs, step=step) if names.VAL_LOSS in m else None)
         warn = progress if progress is not None and dist_info.is_rank0 else _print_event
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
             warn({"kind": "warning", "message": f"no MFU for this run ({trainer.throughput.peak.source})"})

@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from trainlab.config import ConfigError, RunConfig
+from trainlab.config import ConfigError, RunConfig, ignored_options
+from trainlab.console import console
 from trainlab.precision import check_precision_supported
 from trainlab.tracking.runs import local_store_path
 
@@ -38,6 +39,8 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
             check_tracking_uri(tracking_uri)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    for note in ignored_options(run):
+        console.print(f"[yellow]warning:[/] {note}")
     return device
 
 
