@@ -50,21 +50,23 @@ class Trial:
         return None if self.first_step_at is None else self.first_step_at - self.submitted_at
 
 
+def _key_value(override: str) -> tuple[str, str]:
+    key, _, value = override.lstrip("+~").partition("=")
+    return key, value
+
+
 def varied_keys(job_overrides: Sequence[Sequence[str]]) -> list[str]:
-    """Override keys whose value differs between jobs: the dimensions of the sweep."""
-    values: dict[str, set[str]] = {}
-    for overrides in job_overrides:
-        for o in overrides:
-            key, _, value = o.partition("=")
-            values.setdefault(key.lstrip("+~"), set()).add(value)
-    n = len(job_overrides)
-    return sorted(k for k, v in values.items() if len(v) > 1 or (n > 1 and any(
-        not any(o.lstrip("+~").startswith(k + "=") for o in ov) for ov in job_overrides)))
+    """Override keys whose value differs between jobs (or that only some jobs set): the
+    dimensions of the sweep."""
+    per_job = [dict(_key_value(o) for o in overrides) for overrides in job_overrides]
+    keys = set().union(*per_job) if per_job else set()
+    return sorted(k for k in keys if len({job.get(k) for job in per_job}) > 1)
 
 
 def _pick(overrides: Sequence[str], keys: list[str], *, skip: tuple[str, ...] = ()) -> str:
-    out = [o.lstrip("+~") for o in overrides if o.lstrip("+~").partition("=")[0] in keys]
-    return " ".join(o for o in out if o.partition("=")[0] not in skip) or "default"
+    """The overrides of `keys` (minus `skip`) as 'k=v k=v', the way a person reads a trial."""
+    pairs = [_key_value(o) for o in overrides]
+    return " ".join(f"{k}={v}" for k, v in pairs if k in keys and k not in skip) or "default"
 
 
 def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx) -> list[Trial]:
@@ -97,7 +99,7 @@ def _max_concurrent(trials: list[Trial], requested: int) -> int:
     res = ray.cluster_resources()
     need_cpu = max(t.run.cluster.num_workers * t.run.cluster.cpus_per_worker for t in trials)
     fits = int(res.get("CPU", 1) // need_cpu)
-    if res.get("GPU", 0) > 0:
+    if res.get("GPU", 0) > 0 and any(t.run.cluster.device != "cpu" for t in trials):
         fits = min(fits, int(res["GPU"] // max(t.run.cluster.num_workers for t in trials)))
     return max(1, fits)
 
@@ -215,8 +217,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.submitted_at = time.perf_counter()
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
-        tags.update({k: v for k, _, v in (o.partition("=") for o in _pick(t.overrides, keys).split())
-                     if k not in (names.TAG_SEED,)})
+        tags.update({k: v for k, v in map(_key_value, t.overrides) if k in keys and k != names.TAG_SEED})
         try:
             outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
                             on_event=on_event)
