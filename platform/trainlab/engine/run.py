@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from trainlab import names
-from trainlab.config import RunConfig, grad_accum_steps, parallel_dims
+from trainlab.config import RunConfig, parallel_dims
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.distributed import DistInfo, device_name, setup_distributed
 from trainlab.engine.schedule import build_optimizer
@@ -65,9 +65,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     )
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker)
-    trainer.corpus = corpus  # read by run_trial for reference lines and tags
-    trainer.accum_steps = grad_accum_steps(run)
+                      throughput=throughput, tracker=tracker, corpus=corpus)
     return trainer
 
 

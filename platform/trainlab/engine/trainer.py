@@ -20,6 +20,7 @@ from torch import nn
 
 from trainlab import names
 from trainlab.config.schema import RunConfig
+from trainlab.data import Corpus
 from trainlab.engine.distributed import DistInfo, all_reduce_mean
 from trainlab.parallel import no_sync
 from trainlab.precision import PrecisionRecipe
@@ -71,11 +72,14 @@ class TrialResult:
 class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
-                 dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None):
+                 dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None,
+                 corpus: Corpus | None = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.recipe, self.batches, self.val = recipe, batches, val
         self.run, self.dist = run, dist_info
         self.throughput = throughput
+        self.corpus = corpus
+        """The corpus it trains on (for reference lines and tags); the loop itself reads `batches`."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
         self.tokens_seen = 0
