@@ -6,6 +6,7 @@ otherwise it launches the trial as a Ray gang. Everything below takes a typed Ru
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -29,32 +30,41 @@ def under_torchrun() -> bool:
 
 
 def run_engine_here(run: RunConfig):
-    """torchrun path: every process runs the engine; rank 0 tracks and prints progress."""
+    """torchrun path: every process runs the engine; rank 0 tracks, prints progress and, with
+    tracking=mlflow, opens the trial's run and closes it with the trial's status."""
     from trainlab.console import ProgressLine, print0
     from trainlab.engine.run import run_trial
     from trainlab.tracking import JsonlTracker
+    from trainlab.tracking.runs import (
+        close_trial_run,
+        closing_tags,
+        resolve_tracking_uri,
+        start_trial_tracking,
+    )
+
+    opened = []  # the TrialRun rank 0 opened, if any
 
     def tracker_factory(dist_info):
         if run.tracking.name == "mlflow":
-            return _open_local_mlflow(run)
+            trial, tracker = start_trial_tracking(run, tracking_uri=resolve_tracking_uri(run.tracking.uri))
+            opened.append(trial)
+            return tracker
         return JsonlTracker(os.path.join(run.output_dir, "metrics.jsonl"))
 
     progress = ProgressLine(description="train")
-    result = run_trial(run, tracker_factory=tracker_factory, progress=progress)
-    progress.close()
+    try:
+        result = run_trial(run, tracker_factory=tracker_factory, progress=progress)
+    except Exception as e:
+        for trial in opened:
+            close_trial_run(trial, status=names.STATUS_FAILED, tags=closing_tags(None, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        progress.close()
+    for trial in opened:
+        close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""))
     print0(f"status {result.status}: {result.steps} steps, loss {result.final_loss:.4f}, "
            f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s")
     return result
-
-
-def _open_local_mlflow(run: RunConfig):
-    from trainlab.tracking.mlflow_tracker import MlflowTracker
-    from trainlab.tracking.runs import open_trial_run, resolve_tracking_uri, trial_tags
-
-    uri = resolve_tracking_uri(run.tracking.uri)
-    trial = open_trial_run(run, tracking_uri=uri, tags=trial_tags(run))
-    return MlflowTracker(run_id=trial.run_id, tracking_uri=uri, flush_every_s=run.tracking.flush_every_s,
-                         system_metrics=run.tracking.system_metrics)
 
 
 def run_config_from_hydra(cfg: DictConfig) -> RunConfig:

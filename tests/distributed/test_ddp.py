@@ -94,3 +94,21 @@ def test_engine_imports_neither_ray_nor_mlflow(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LEAKED []" in proc.stdout
+
+
+def test_torchrun_with_mlflow_closes_its_run_with_the_status(tmp_path):
+    """Under torchrun there is no driver: rank 0 opens the run and must close it."""
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+           "--master-port", str(free_port()), "-m", "trainlab.train", *TINY, "train.max_steps=3",
+           "cluster.num_workers=1", f"tracking.uri={store}", "tracking.system_metrics=false",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+    assert [m.step for m in client.get_metric_history(run.info.run_id, names.LOSS)] == [1, 2, 3]

@@ -9,6 +9,7 @@ engine tokens/s / bare tokens/s (1.0 = no overhead).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -60,24 +61,16 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
 
 def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
     """The Trainer with MLflow tracking, system metrics and every telemetry hook on."""
-    from trainlab.tracking.mlflow_tracker import MlflowTracker
-    from trainlab.tracking.runs import open_trial_run, trial_tags
+    from trainlab.tracking.runs import start_trial_tracking
 
-    tracker = None
-    if dist_info.is_rank0:
-        trial = open_trial_run(run, tracking_uri=tracking_uri, tags=trial_tags(run))
-        tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri,
-                                flush_every_s=run.tracking.flush_every_s,
-                                system_metrics=run.tracking.system_metrics)
+    tracker = start_trial_tracking(run, tracking_uri=tracking_uri)[1] if dist_info.is_rank0 else None
     trainer = build_trainer(run, dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0 = time.perf_counter()
     result = trainer.train()
-    elapsed = time.perf_counter() - t0
     if tracker is not None:
         tracker.close()  # the final flush is part of the engine's cost
-        elapsed = time.perf_counter() - t0
-    return result.tokens_seen / elapsed
+    return result.tokens_seen / (time.perf_counter() - t0)
 
 
 def main(argv: list[str]) -> None:
@@ -89,7 +82,7 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     overrides = ["model=small", "train.max_steps=60", "train.eval_batches=1", "train.eval_every=0",
                  *args.overrides]
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
     dist_info = setup_distributed(run.cluster.device)
     if dist_info.device.type == "cpu":

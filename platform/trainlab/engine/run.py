@@ -6,7 +6,6 @@ the caller hands in a tracker factory and a progress callback.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Callable
 
@@ -124,7 +123,3 @@ def _progress_hook(progress: Progress):
             event["val_loss"] = metrics[names.VAL_LOSS]
         progress(event)
     return hook
-
-
-def result_dict(result: TrialResult) -> dict:
-    return dataclasses.asdict(result)

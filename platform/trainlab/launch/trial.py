@@ -15,6 +15,7 @@ from trainlab.launch.preflight import preflight
 from trainlab.tracking.runs import (
     TrialRun,
     close_trial_run,
+    closing_tags,
     default_run_name,
     open_trial_run,
     resolve_tracking_uri,
@@ -77,22 +78,12 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
             progress.close()
 
     if trial is not None:
-        close_trial_run(trial, status=status, tags=_closing_tags(result, error))
+        close_trial_run(trial, status=status, tags=closing_tags(result, error))
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
                            tracking_uri=uri, error=error)
     if show_progress:
         print_summary(run, outcome, out_dir)
     return outcome
-
-
-def _closing_tags(result: dict | None, error: str) -> dict:
-    tags = {}
-    if error:
-        tags[names.TAG_ERROR] = error
-    if result and result.get("diverged_step") is not None:
-        tags[names.TAG_DIVERGED_STEP] = result["diverged_step"]
-        tags[names.TAG_FIRST_NONFINITE] = result["first_nonfinite"]
-    return tags
 
 
 def _num(x, spec=".4f") -> str:

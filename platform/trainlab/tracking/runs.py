@@ -104,6 +104,32 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
     return TrialRun(run_id=run_id, experiment_id=exp_id, tracking_uri=tracking_uri)
 
 
+def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, str] | None = None,
+                         parent_run_id: str | None = None):
+    """Open the trial's run and start rank 0's tracker on it, in this process (torchrun, bench).
+
+    Returns (TrialRun, MlflowTracker); under Ray the tracker starts in the worker instead."""
+    from trainlab.tracking.mlflow_tracker import MlflowTracker
+
+    trial = open_trial_run(run, tracking_uri=tracking_uri, tags={**trial_tags(run), **(tags or {})},
+                           parent_run_id=parent_run_id)
+    tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri,
+                            flush_every_s=run.tracking.flush_every_s,
+                            system_metrics=run.tracking.system_metrics)
+    return trial, tracker
+
+
+def closing_tags(result: dict | None, error: str) -> dict[str, str]:
+    """The tags a trial's end adds: the error, or where and on what it diverged."""
+    tags = {}
+    if error:
+        tags[names.TAG_ERROR] = error
+    if result and result.get("diverged_step") is not None:
+        tags[names.TAG_DIVERGED_STEP] = result["diverged_step"]
+        tags[names.TAG_FIRST_NONFINITE] = result["first_nonfinite"]
+    return tags
+
+
 def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None) -> None:
     """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms."""
     from mlflow.entities import RunTag
