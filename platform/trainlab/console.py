@@ -35,7 +35,8 @@ def print0(*args, **kwargs) -> None:
         console.print(*args, **kwargs)
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    """A number for a person: '-' when there is none (None or NaN)."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
@@ -66,8 +67,8 @@ class ProgressLine:
         self._every = max(1, self._max_steps // 10)
         self._t0 = time.perf_counter()
         console.print(f"[bold]{self.description}[/] on {event.get('world_size')} x "
-                      f"{event.get('device')}; unigram entropy {_fmt(event.get('unigram_entropy'))} nats"
-                      + (f", true entropy {_fmt(event['true_entropy'])}" if event.get("true_entropy") else ""))
+                      f"{event.get('device')}; unigram entropy {fmt(event.get('unigram_entropy'))} nats"
+                      + (f", true entropy {fmt(event['true_entropy'])}" if event.get("true_entropy") else ""))
         if self.live:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(),
@@ -81,8 +82,8 @@ class ProgressLine:
     def _step(self, event: dict) -> None:
         if "val_loss" in event:
             self.val_loss = event["val_loss"]
-        stats = (f"loss {_fmt(event.get('loss'))}  val {_fmt(self.val_loss)}  "
-                 f"{_fmt(event.get('tokens_per_s'), ',.0f')} tok/s")
+        stats = (f"loss {fmt(event.get('loss'))}  val {fmt(self.val_loss)}  "
+                 f"{fmt(event.get('tokens_per_s'), ',.0f')} tok/s")
         step = event["step"]
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
-from trainlab.console import SweepProgress, console
+from trainlab.console import SweepProgress, console, fmt
 
 
 @dataclass
@@ -227,8 +227,8 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.ended_at = time.perf_counter()
         r = t.result or {}
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
-                                f"{_status_markup(t.status)}  val {_f(r.get('final_val_loss'))}  "
-                                f"{_f(r.get('tokens_per_s'), ',.0f')} tok/s  "
+                                f"{_status_markup(t.status)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
+                                f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
                                 f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
 
     try:
@@ -244,10 +244,6 @@ def _status_markup(status: str) -> str:
     return f"[{color}]{status}[/]"
 
 
-def _f(x, spec=".4f") -> str:
-    return "-" if x is None or x != x else format(x, spec)
-
-
 def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Trial]) -> str:
     """Print the per-trial table; return it as Markdown for the parent run."""
     from rich.table import Table
@@ -261,9 +257,9 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
         r = t.result or {}
         row = [str(t.idx), _pick(t.overrides, keys),
                t.status + (" (skipped: done before)" if t.skipped else ""),
-               _f(r.get("final_val_loss", t.extra.get("val_loss"))),
-               _f(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
-               _f(t.start_latency_s, ".1f"), _f(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
+               fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
+               fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
+               fmt(t.start_latency_s, ".1f"), fmt(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
         rows.append(row)
         table.add_row(*row[:2], _status_markup(t.status) + row[2][len(t.status):], *row[3:])
     console.print(table)

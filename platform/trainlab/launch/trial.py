@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Callable
 
 from trainlab import names
 from trainlab.config import RunConfig
-from trainlab.console import ProgressLine, console, summary_table
+from trainlab.console import ProgressLine, console, fmt, summary_table
 from trainlab.launch.preflight import preflight
 from trainlab.tracking.runs import (
     TrialRun,
@@ -86,26 +85,22 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     return outcome
 
 
-def _num(x, spec=".4f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
 def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     r = outcome.result or {}
     extra = r.get("extra", {})
     rows = {
         "status": outcome.status + (f" ({outcome.error})" if outcome.error else ""),
         "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
-        "train loss": _num(r.get("final_loss")),
-        "val loss": _num(r.get("final_val_loss")),
-        "unigram entropy": _num(extra.get("unigram_entropy")),
-        "tokens/s": _num(r.get("tokens_per_s"), ",.0f"),
-        "MFU": _num(r.get("mfu"), ".2%"),
+        "train loss": fmt(r.get("final_loss"), ".4f"),
+        "val loss": fmt(r.get("final_val_loss"), ".4f"),
+        "unigram entropy": fmt(extra.get("unigram_entropy"), ".4f"),
+        "tokens/s": fmt(r.get("tokens_per_s"), ",.0f"),
+        "MFU": fmt(r.get("mfu"), ".2%"),
         "skipped / non-finite steps": f"{r.get('skipped_steps', '-')} / {r.get('nonfinite_steps', '-')}",
         "output dir": str(out_dir),
     }
     if extra.get("true_entropy"):
-        rows["true entropy"] = _num(extra["true_entropy"])
+        rows["true entropy"] = fmt(extra["true_entropy"], ".4f")
     if outcome.run_id:
         rows["MLflow run"] = f"{outcome.run_id} in {outcome.tracking_uri}"
         rows["view it"] = ui_command(outcome.tracking_uri)
