@@ -36,9 +36,6 @@ def by_tokens(metric: str) -> str:
     return BY_TOKENS_PREFIX + metric
 
 
-# metrics that also get a by-tokens twin (the ones compared across batch sizes)
-TOKEN_STEPPED = (LOSS, VAL_LOSS)
-
 # -- tags --------------------------------------------------------------------------------
 TAG_PRECISION = "precision"
 TAG_PRECISION_EMULATED = "precision_emulated"
