@@ -25,8 +25,59 @@ PEAK_MEM_GB = "sys/peak_mem_gb"
 # reference lines: constant over a run, logged once at step 0
 REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
 REF_TRUE_ENTROPY = "ref/true_entropy"
-# prefix for numerics (amax, scales, under/overflow fractions)
+# stability telemetry beyond the counters (sampled every train.numerics_every steps)
+GRAD_NORM_P50 = "train/grad_norm_p50"
+GRAD_NORM_P90 = "train/grad_norm_p90"
+GRAD_NORM_P99 = "train/grad_norm_p99"
+"""Percentiles of the pre-clip gradient norm over the steps since the last sample."""
+UPDATE_TO_WEIGHT = "train/update_to_weight"
+"""||delta w|| / ||w|| over all parameters for one optimizer step."""
+UPDATE_TO_WEIGHT_MAX = "train/update_to_weight_max"
+"""The largest per-parameter-tensor update-to-weight ratio of that step."""
+MFU_FP8 = "train/mfu_fp8_peak"
+"""MFU against the device's FP8 peak (fp8 modes, where the peak is known); train/mfu is
+always against the peak of the mode's high-precision compute (bf16 for fp8 modes)."""
+
+# numerics: every low-precision cast, per layer and aggregated (prefix num/)
 NUM_PREFIX = "num/"
+CAST_AMAX = "amax"
+CAST_SCALE = "scale"
+CAST_UNDERFLOW = "underflow"
+"""Fraction of the non-zero values that the cast turns into zero."""
+CAST_OVERFLOW = "overflow"
+"""Fraction of the finite values beyond the format's largest value (saturated or inf)."""
+CAST_STATS = (CAST_AMAX, CAST_SCALE, CAST_UNDERFLOW, CAST_OVERFLOW)
+CAST_TENSORS = ("input", "weight", "grad_output")
+"""The tensors a linear layer casts: its input activation, its weight, the incoming gradient."""
+
+
+def cast_metric(layer: str, tensor: str, stat: str) -> str:
+    """e.g. num/layers.0.attention.wq/input/underflow"""
+    return f"{NUM_PREFIX}{layer}/{tensor}/{stat}"
+
+
+def cast_max_metric(tensor: str, stat: str) -> str:
+    """The largest value of `stat` over all layers for one tensor kind, e.g.
+    num/max/grad_output/underflow: the one curve to watch per kind."""
+    return f"{NUM_PREFIX}max/{tensor}/{stat}"
+
+
+NUM_GRAD_UNDERFLOW = "num/grad_underflow"
+"""fp16: fraction of non-zero activation gradients that are zero in fp16 at the loss scale used."""
+NUM_GRAD_UNDERFLOW_UNSCALED = "num/grad_underflow_unscaled"
+"""fp16: the same fraction had the gradients not been scaled (loss scale 1)."""
+NUM_SWIGLU_AMAX = "num/swiglu/amax_max"
+"""Largest |SwiGLU output| (the input of the down projection) over all blocks."""
+NUM_SWIGLU_OUTLIER = "num/swiglu/outlier_ratio_max"
+"""Largest amax / rms of the SwiGLU output over all blocks: outliers show as a jump."""
+NUM_SWIGLU_ALIGNMENT = "num/swiglu/w13_alignment_max"
+"""Largest |cosine| between a channel's gate (w1) and up (w3) weight rows over all blocks:
+the weight alignment that drives SwiGLU outliers late in FP8 training."""
+
+
+def swiglu_metric(layer: int, stat: str) -> str:
+    """Per block: num/swiglu/layers.3/amax, .../outlier_ratio, .../w13_alignment."""
+    return f"{NUM_PREFIX}swiglu/layers.{layer}/{stat}"
 
 BY_TOKENS_PREFIX = "by_tokens/"
 
@@ -54,6 +105,10 @@ TAG_DIVERGED_STEP = "diverged_step"
 TAG_FIRST_NONFINITE = "first_nonfinite"
 TAG_ERROR = "error"
 TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
+TAG_FP8_LAYERS = "fp8_layers"
+"""How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""
+TAG_HP_LAYERS = "hp_layers"
+"""The linear layers kept in high precision by precision.keep_hp, comma-separated."""
 
 TAG_PARENT_RUN_ID = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children
 TAG_ROLE = "trainlab.role"
@@ -79,4 +134,5 @@ ARTIFACT_SWEEP_DIR = "sweep"      # on a parent: the sweep definition and the tr
 ARTIFACT_COMPARE_DIR = "compare"  # on a parent: `trainlab compare` tables, plots, report.html
 
 # precision modes from most to least precise: compare's default baseline is the first present
-PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure")
+PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure", "fp8_delayed", "fp8_tensorwise",
+                  "fp8_rowwise", "fp8_rowwise_gw_hp", "emulated")

@@ -11,7 +11,7 @@ from trainlab.compare import plots, tables
 from trainlab.compare.html_report import write_report
 from trainlab.compare.load import load_sweep
 from trainlab.compare.records import ConfigRow, Summary, SweepData
-from trainlab.compare.summarize import summarize
+from trainlab.compare.summarize import TOLERANCE, summarize
 
 SUMMARY_MD = "summary.md"
 SUMMARY_CSV = "summary.csv"
@@ -82,8 +82,8 @@ def log_to_parent(data: SweepData, files: tuple[Path, ...]) -> None:
 
 def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: str | None = None,
                   parent_run_id: str | None = None, baseline: str | None = None,
-                  target_loss: float | None = None, out_dir: Path | str | None = None,
-                  log: bool = True) -> CompareResult:
+                  target_loss: float | None = None, tolerance: float = TOLERANCE,
+                  out_dir: Path | str | None = None, log: bool = True) -> CompareResult:
     """Load the sweep chosen by one selector, summarize it, write and (by default) log the files.
 
     See load.load_sweep for the selectors and summarize.summarize for baseline / target_loss.
@@ -91,7 +91,7 @@ def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: st
     """
     data = load_sweep(tracking_uri=tracking_uri, sweep=sweep, experiment=experiment,
                       parent_run_id=parent_run_id)
-    summary = summarize(data.trials, baseline=baseline, target_loss=target_loss)
+    summary = summarize(data.trials, baseline=baseline, target_loss=target_loss, tolerance=tolerance)
     out = Path(out_dir).resolve() if out_dir else default_out_dir(data.name)
     files = write_outputs(data, summary, out_dir=out)
     if log:

@@ -84,6 +84,9 @@ class ConfigRow:
     loss_spikes: int | None = None
     diverged_steps: tuple[int, ...] = ()
     max_grad_norm: float | None = None
+    max_underflow: float | None = None  # largest sampled underflow fraction of any cast
+    max_overflow: float | None = None  # largest sampled saturated/overflowed fraction
+    verdict: str = ""  # see summarize.verdict
 
     @property
     def has_numbers(self) -> bool:

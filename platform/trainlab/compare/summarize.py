@@ -15,7 +15,10 @@ Definitions (also printed in summary.md and report.html):
   is <= the target loss (first evaluation that reached it, not interpolated); the row shows
   the mean over the trials that reached it and how many did.
 - stability: final cumulative skipped / non-finite / loss-spike counters summed over every
-  trial; divergence steps (names.TAG_DIVERGED_STEP) of diverged trials; max finite grad norm.
+  trial; divergence steps (names.TAG_DIVERGED_STEP) of diverged trials; max finite grad norm;
+  the largest sampled underflow and overflow fraction of any low-precision cast.
+- verdict: baseline; failed (every trial failed); diverged (any trial diverged); degraded
+  (Δ val loss at equal tokens above `tolerance` x the baseline's final val loss); ok.
 
 Numbers come from finished trials only; stability columns from every trial.
 """
@@ -31,6 +34,7 @@ from trainlab.compare import curves
 from trainlab.compare.records import ConfigRow, Summary, Trial
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
+TOLERANCE = 0.02  # default: worse than the baseline by more than 2 % of its val loss = degraded
 
 
 def precision_rank(precision: str) -> int:
@@ -86,6 +90,8 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
     val = curves.mean_std(_values(done, lambda t: curves.last_value(t.series(names.VAL_LOSS))))
     tokens = curves.mean_std(_values(done, final_tokens))[0]
     grads = _values(trials, lambda t: curves.max_finite(t.series(names.GRAD_NORM)))
+    under = _values(trials, lambda t: _max_over(t, names.CAST_UNDERFLOW))
+    over = _values(trials, lambda t: _max_over(t, names.CAST_OVERFLOW))
     return ConfigRow(
         label=label,
         precision=next((t.precision for t in trials if t.precision), ""),
@@ -105,7 +111,30 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
         loss_spikes=_final_counter(trials, names.LOSS_SPIKES),
         diverged_steps=tuple(sorted(t.diverged_step for t in trials if t.diverged_step is not None)),
         max_grad_norm=max(grads) if grads else None,
+        max_underflow=max(under) if under else None,
+        max_overflow=max(over) if over else None,
     )
+
+
+def _max_over(trial: Trial, stat: str) -> float | None:
+    """Largest sampled value of a cast statistic over every tensor kind and sample."""
+    values = [curves.max_finite(trial.series(names.cast_max_metric(kind, stat)))
+              for kind in names.CAST_TENSORS]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def verdict(row: ConfigRow, *, base_val_loss: float | None, tolerance: float) -> str:
+    """One word a reader can sort by: is this configuration as good as the baseline?"""
+    if row.is_baseline:
+        return "baseline"
+    if row.n_trials and row.n_failed == row.n_trials:
+        return "failed"
+    if row.n_diverged:
+        return "diverged"
+    if row.delta_val_loss is None or base_val_loss is None:
+        return "-"
+    return "degraded" if row.delta_val_loss > tolerance * base_val_loss else "ok"
 
 
 def delta_at_equal_tokens(row: ConfigRow, baseline_trials: Sequence[Trial]) -> float | None:
@@ -132,11 +161,12 @@ def _resolve_baseline(rows: Sequence[ConfigRow], baseline: str | None) -> str | 
 
 
 def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
-              target_loss: float | None = None) -> Summary:
+              target_loss: float | None = None, tolerance: float = TOLERANCE) -> Summary:
     """Aggregate trials per configuration label and compare each to the baseline.
 
     baseline: a configuration label; default: see default_baseline. target_loss: the loss
     for "tokens to target"; default: the baseline's mean final val loss x TARGET_FACTOR.
+    tolerance: Δ val loss, as a fraction of the baseline's, above which a row is degraded.
     """
     if target_loss is not None and not math.isfinite(target_loss):
         raise ValueError(f"target loss must be a finite number, got {target_loss!r}")
@@ -172,10 +202,12 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
         speedup = None
         if r.tokens_per_s_mean is not None and base.tokens_per_s_mean:
             speedup = r.tokens_per_s_mean / base.tokens_per_s_mean
-        out.append(replace(
+        row = replace(
             r, is_baseline=r.label == base_label, speedup=speedup,
             delta_val_loss=delta_at_equal_tokens(r, base_trials),
             tokens_to_target_mean=curves.mean_std(reached)[0],
-            n_reached_target=len(reached), n_target_measured=len(measured)))
+            n_reached_target=len(reached), n_target_measured=len(measured))
+        out.append(replace(row, verdict=verdict(row, base_val_loss=base.final_val_loss_mean,
+                                                 tolerance=tolerance)))
     return Summary(rows=tuple(out), baseline=base_label, target_loss=target_loss,
                    target_source=source, notes=tuple(notes))

@@ -37,6 +37,10 @@ def _num(x: float | int | None, spec: str) -> str:
     return NA if x is None else format(x, spec)
 
 
+def _pct(x: float | None) -> str:
+    return NA if x is None else f"{100 * x:.2g}%"
+
+
 def status_text(r: ConfigRow) -> str:
     parts = [f"{n} {what}" for n, what in ((r.n_finished, "finished"), (r.n_diverged, "diverged"),
                                             (r.n_failed, "failed"), (r.n_running, "running")) if n]
@@ -60,12 +64,15 @@ COLUMNS: tuple[tuple[str, Callable[[ConfigRow], str]], ...] = (
     ("peak GB", lambda r: _num(r.peak_mem_gb, ".2f")),
     ("final val loss", lambda r: _pm(r.final_val_loss_mean, r.final_val_loss_std, ".4f")),
     ("Δ val @ equal tokens", lambda r: _num(r.delta_val_loss, "+.4f")),
+    ("verdict", lambda r: r.verdict or NA),
     ("to target", _target),
     ("skipped", lambda r: _num(r.skipped_steps, "d")),
     ("non-finite", lambda r: _num(r.nonfinite_steps, "d")),
     ("spikes", lambda r: _num(r.loss_spikes, "d")),
     ("diverged at", lambda r: ", ".join(map(str, r.diverged_steps)) or NA),
     ("max |g|", lambda r: _num(r.max_grad_norm, ".3g")),
+    ("underflow", lambda r: _pct(r.max_underflow)),
+    ("overflow", lambda r: _pct(r.max_overflow)),
 )
 
 DEFINITIONS = (
@@ -78,6 +85,10 @@ DEFINITIONS = (
     "that reached it (reached/measured).",
     "diverged at: the steps where diverged trials stopped; max |g|: largest finite grad norm.",
     "skipped / non-finite / spikes: final cumulative counters summed over trials.",
+    "verdict: diverged if any trial diverged; degraded if Δ val exceeds the tolerance "
+    "(default 2 % of the baseline's val loss); ok otherwise.",
+    "underflow / overflow: largest sampled fraction of values a low-precision cast turned "
+    "into zero / saturated, over every layer, tensor and trial (num/max/*).",
 )
 
 

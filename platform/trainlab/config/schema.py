@@ -17,12 +17,20 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-PRECISIONS = ("fp32", "fp16", "bf16", "bf16_pure")
+FP8_TORCHAO = ("fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp")
+"""FP8 recipes of torchao's Float8Linear (current scaling)."""
+FP8_PRECISIONS = (*FP8_TORCHAO, "fp8_delayed")
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16_pure", *FP8_PRECISIONS, "emulated")
+HP_DTYPES = ("bf16", "fp32")
+STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
+EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
+KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned")
 DEVICES = ("auto", "cpu", "cuda")
 DATASETS = ("text", "markov", "tokens")
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
 PARALLEL_STRATEGIES = ("ddp",)
 FP16_IMPLS = ("auto", "emulated", "native")
+FP8_IMPLS = ("auto", "emulated", "native")
 
 
 def _positive(section: str, **values: Any) -> None:
@@ -70,6 +78,11 @@ class ModelConfig:
     """RMSNorm epsilon."""
     init_std: float = 0.02
     """Std of the normal init of linear and embedding weights."""
+    smooth_swiglu: bool = False
+    """Smooth-SwiGLU (Fishman et al., ICLR 2025): scale each SwiGLU output channel by a
+    power of 2 near 1/amax before the down projection (w2) and divide w2's matching input
+    column by the same factor. Same function; the activation FP8 casts has no outlier
+    channels. Costs one extra pass over the MLP hidden activation; for fp8 modes."""
 
     def __post_init__(self) -> None:
         _positive("model", dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
@@ -169,12 +182,34 @@ class ParallelConfig:
 
 
 @dataclass
+class EmulatedFormats:
+    """precision=emulated: the format each kind of tensor is cast to; "" = left in high precision.
+
+    A format is eXmY (exponent and mantissa bits, with infinities, IEEE-style) or eXmYfn (no
+    infinities, saturating, like torch's float8_e4m3fn); e4m3 means e4m3fn, fp16 = e5m10,
+    bf16 = e8m7. Casts use a per-tensor scale (precision.scaling)."""
+
+    activations: str = ""
+    """Inputs of the low-precision linear layers."""
+    weights: str = ""
+    """Weights of the low-precision linear layers (as the matmul sees them; masters stay fp32)."""
+    gradients: str = ""
+    """Gradients flowing back into the low-precision linear layers (grad_output)."""
+    optimizer_states: str = ""
+    """Both AdamW moments, re-rounded after every step."""
+    comm_grads: str = ""
+    """Gradients as the data-parallel all-reduce sends them."""
+
+
+@dataclass
 class PrecisionConfig:
     """Numeric format of compute, parameters and loss scaling."""
 
     name: str = "fp32"
     """fp32; bf16 (autocast, fp32 master weights); fp16 (autocast + dynamic loss scaling);
-    bf16_pure (bf16 parameters and compute)."""
+    bf16_pure (bf16 parameters and compute); fp8_tensorwise, fp8_rowwise, fp8_rowwise_gw_hp
+    (torchao Float8Linear, current scaling); fp8_delayed (FP8 with an amax history, as
+    Transformer Engine); emulated (any eXmY format on chosen tensors, see formats)."""
     fp16_impl: str = "auto"
     """fp16 only: native (torch fp16 kernels), emulated (operands rounded through fp16,
     fp32 accumulation; fast on CPU), auto = emulated on CPU, native on GPU."""
@@ -188,18 +223,59 @@ class PrecisionConfig:
     """fp16 dynamic scaling: multiply the scale by this after a non-finite gradient."""
     growth_interval: int = 2000
     """fp16 dynamic scaling: clean steps before the scale grows."""
+    fp8_impl: str = "auto"
+    """fp8 modes: native (real float8 casts and scaled matmuls; needs SM 8.9+ on a GPU, runs
+    slowly on CPU), emulated (the same casts, matmuls in high precision: any GPU),
+    auto = native where the device can, else refused with a message."""
+    hp_dtype: str = "bf16"
+    """fp8 and emulated modes: dtype of everything that is not a low-precision linear
+    (attention, norms, the high-precision layers): bf16 autocast or fp32."""
+    keep_hp: list[str] = field(default_factory=lambda: ["output", "unaligned"])
+    """fp8 and emulated modes: linear layers kept in high precision. Each entry is first_block,
+    last_block, output (the LM head), unaligned (in or out features not a multiple of 16,
+    which FP8 matmuls cannot take) or a glob on module names (e.g. 'layers.*.attention.*')."""
+    amax_history_len: int = 16
+    """fp8_delayed: steps of amax history a scale is taken from (the max over it)."""
+    fp8_margin: int = 0
+    """fp8_delayed: scales are divided by 2**margin (headroom against growing amaxes)."""
+    formats: EmulatedFormats = field(default_factory=EmulatedFormats)
+    """emulated: the format of each tensor kind."""
+    scaling: str = "tensor"
+    """emulated: 'tensor' (per-tensor scale to the format's range, as FP8 recipes do) or 'none'
+    (raw casts: watch values fall off the format's range)."""
 
     def __post_init__(self) -> None:
         _one_of("precision", "name", self.name, PRECISIONS)
         _one_of("precision", "fp16_impl", self.fp16_impl, FP16_IMPLS)
+        _one_of("precision", "fp8_impl", self.fp8_impl, FP8_IMPLS)
+        _one_of("precision", "hp_dtype", self.hp_dtype, HP_DTYPES)
         _one_of("precision", "loss_scale", self.loss_scale, ("dynamic", "none"))
+        _one_of("precision", "scaling", self.scaling, ("tensor", "none"))
         _positive("precision", init_scale=self.init_scale, growth_factor=self.growth_factor,
-                  backoff_factor=self.backoff_factor, growth_interval=self.growth_interval)
+                  backoff_factor=self.backoff_factor, growth_interval=self.growth_interval,
+                  amax_history_len=self.amax_history_len)
         if not self.backoff_factor < 1.0 < self.growth_factor:
             raise ValueError(
                 f"precision.backoff_factor={self.backoff_factor} must be < 1 and "
                 f"precision.growth_factor={self.growth_factor} > 1"
             )
+        if self.fp8_margin < 0:
+            raise ValueError(f"precision.fp8_margin={self.fp8_margin} must be >= 0")
+        if self.name == "emulated":
+            from trainlab.precision.formats import parse_format
+
+            chosen = {t: getattr(self.formats, t) for t in EMULATION_TARGETS if getattr(self.formats, t)}
+            if not chosen:
+                raise ValueError(
+                    "precision=emulated sets no format; set at least one of "
+                    + ", ".join(f"precision.formats.{t}" for t in EMULATION_TARGETS)
+                    + " (e.g. precision.formats.activations=e4m3)"
+                )
+            for target, spec in chosen.items():
+                try:
+                    parse_format(spec)
+                except ValueError as e:
+                    raise ValueError(f"precision.formats.{target}: {e}") from None
 
 
 @dataclass
@@ -221,9 +297,16 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 = no clipping (norm still measured)."""
+    exp_avg_dtype: str = "fp32"
+    """Storage of AdamW's first moment: fp32, bf16, e4m3 (FP8, per-tensor scaled) or e5m2."""
+    exp_avg_sq_dtype: str = "fp32"
+    """Storage of AdamW's second moment: fp32, bf16, e4m3 or e5m2. The FP8 trillion-token
+    study keeps the first moment in e4m3 and the second in e5m2."""
 
     def __post_init__(self) -> None:
         _one_of("optim", "name", self.name, ("adamw",))
+        _one_of("optim", "exp_avg_dtype", self.exp_avg_dtype, STATE_DTYPES)
+        _one_of("optim", "exp_avg_sq_dtype", self.exp_avg_sq_dtype, STATE_DTYPES)
         _positive("optim", lr=self.lr, eps=self.eps)
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError(
@@ -259,7 +342,17 @@ class TrainConfig:
     spike_factor: float = 3.0
     """A loss above spike_factor x its running mean (after 10 steps) counts as a spike."""
     stop_on_nonfinite: bool = True
-    """End the trial as `diverged` once the loss is non-finite (no compute burned after a NaN)."""
+    """End the trial as `diverged` once a loss, activation or (unscaled) gradient is
+    non-finite (no compute burned after a NaN)."""
+    numerics_every: int = 10
+    """Sample the numerics (per-layer amax, scale, underflow and overflow of every
+    low-precision cast, SwiGLU outliers, update-to-weight ratio, grad-norm percentiles)
+    every N optimizer steps; 0 = never. Costs one extra pass over the casts when sampled."""
+    compile: bool = False
+    """torch.compile the model (the fast path on GPUs; slow to start on CPU)."""
+    inject_nan: str = ""
+    """Fault injection for testing the stability telemetry: 'MODULE@STEP' makes the output of
+    the module named MODULE (e.g. layers.1.feed_forward) NaN on optimizer step STEP."""
 
     def __post_init__(self) -> None:
         _positive("train", max_steps=self.max_steps, global_batch_size=self.global_batch_size,
@@ -268,6 +361,15 @@ class TrainConfig:
                   spike_factor=self.spike_factor)
         if self.eval_every < 0:
             raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
+        if self.numerics_every < 0:
+            raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
+        if self.inject_nan:
+            module, _, step = self.inject_nan.rpartition("@")
+            if not module or not step.isdigit() or int(step) < 1:
+                raise ValueError(
+                    f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
+                    "train.inject_nan=layers.1.feed_forward@5"
+                )
 
 
 @dataclass

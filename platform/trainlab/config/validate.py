@@ -90,6 +90,13 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to precision=fp16; "
                          f"ignored with precision={run.precision.name}")
+    lowp = run.precision.name.startswith("fp8") or run.precision.name == "emulated"
+    if not lowp:
+        lowp_fields = ("fp8_impl", "hp_dtype", "keep_hp", "amax_history_len", "fp8_margin", "scaling")
+        changed = [f for f in lowp_fields if getattr(run.precision, f) != getattr(PrecisionConfig(), f)]
+        if changed:
+            notes.append(f"precision.{', precision.'.join(changed)} only apply to fp8 and emulated "
+                         f"modes; ignored with precision={run.precision.name}")
     if run.data.name != "tokens" and run.data.path:
         notes.append(f"data.path={run.data.path!r} is ignored with data={run.data.name}; "
                      "use data=tokens to train on a token file")

@@ -66,3 +66,14 @@ def device_name(device: torch.device) -> str:
     import platform
 
     return f"cpu ({platform.machine()})"
+
+
+def gather_strings(value: str) -> list[str]:
+    """`value` of every rank, in rank order (a list of one in a single process).
+
+    For rare events only (it pickles): e.g. which tensor went non-finite on each rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    out: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return [v or "" for v in out]

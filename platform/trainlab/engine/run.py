@@ -20,8 +20,8 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.parallel import parallelize
-from trainlab.precision import build_recipe
-from trainlab.telemetry import Throughput, device_peak
+from trainlab.precision import build_recipe, check_precision_supported
+from trainlab.telemetry import Throughput, device_peak, inject_nan
 from trainlab.tracking import NullTracker, Tracker
 
 TrackerFactory = Callable[[DistInfo], Tracker]
@@ -43,9 +43,21 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     corpus = build_corpus(run.data)
     seed_everything(run.seed)  # same init on every rank (DDP also broadcasts rank 0's)
     model = build_model(run.model, vocab_size=corpus.vocab_size).to(dist_info.device)
+    if dist_info.device.type == "cuda":
+        # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
+        check_precision_supported(run.precision.name, device="cuda",
+                                  capability=torch.cuda.get_device_capability(dist_info.device),
+                                  device_name=device_name(dist_info.device),
+                                  emulated=run.precision.fp8_impl == "emulated")
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
+    raw_model = model
+    if run.train.compile:
+        # the numerics probes arm hooks on some steps only: dynamo must re-check hooks
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
+        model = torch.compile(model)
     model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device)
+    recipe.attach(model)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps)
 
     t = run.train
@@ -59,12 +71,16 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,
         flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
-        peak=device_peak(dist_info.device, run.precision.name),
+        peak=device_peak(dist_info.device, recipe.peak_dtype),
         world_size=dist_info.world_size,
+        fp8_peak=device_peak(dist_info.device, "fp8") if run.precision.name.startswith("fp8") else None,
     )
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus)
+    if t.inject_nan:
+        module, _, step = t.inject_nan.rpartition("@")
+        inject_nan(raw_model, module, at_step=int(step), current_step=lambda: trainer.step + 1)
     return trainer
 
 
@@ -86,6 +102,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
+            **_layer_tags(trainer.recipe),
         })
         refs = {names.REF_UNIGRAM_ENTROPY: corpus.unigram_entropy}
         if corpus.true_entropy is not None:
@@ -109,6 +126,15 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         return result
     finally:
         tracker.close()
+
+
+def _layer_tags(recipe) -> dict[str, str]:
+    """fp8 and emulated modes: how many linears run in low precision and which were kept."""
+    if recipe.plan is None:
+        return {}
+    # MLflow tag values are limited to 5000 characters (a 7b model keeps few layers in hp)
+    return {names.TAG_FP8_LAYERS: recipe.plan.summary,
+            names.TAG_HP_LAYERS: ",".join(recipe.plan.hp)[:5000] or "-"}
 
 
 def _print_event(event: dict) -> None:

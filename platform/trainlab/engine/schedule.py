@@ -19,15 +19,23 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: flo
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int):
-    """AdamW with weight decay on matrices only (not norms or biases) and its LR schedule."""
+    """AdamW with weight decay on matrices only (not norms or biases) and its LR schedule.
+
+    Moments stored in low precision (optim.exp_avg_dtype / exp_avg_sq_dtype) use the
+    project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-    )
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if cfg.exp_avg_dtype == cfg.exp_avg_sq_dtype == "fp32":
+        optimizer = torch.optim.AdamW(groups, **kwargs)
+    else:
+        from trainlab.precision.lowp_adamw import LowPrecisionAdamW
+
+        optimizer = LowPrecisionAdamW(groups, **kwargs, exp_avg_dtype=cfg.exp_avg_dtype,
+                                      exp_avg_sq_dtype=cfg.exp_avg_sq_dtype)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_factor(step, warmup_steps=cfg.warmup_steps, max_steps=max_steps,

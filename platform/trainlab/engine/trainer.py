@@ -4,6 +4,11 @@ forward_backward_step  one micro-batch: forward under the precision recipe, scal
 train_step             one optimizer step: accumulation, unscale, clip, step, LR, counters
 train                  the loop: metrics, validation, hooks, early stop on divergence
 
+Stability telemetry rides along: every step, non-finite activations are flagged on the
+device (read only when the loss or gradient is non-finite, to name the origin); every
+train.numerics_every steps one step is sampled: the casts of every low-precision layer,
+SwiGLU outliers, the update-to-weight ratio and the grad-norm percentiles.
+
 The Trainer knows nothing of Ray or MLflow: it logs through a Tracker and calls hooks.
 """
 
@@ -21,15 +26,21 @@ from torch import nn
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
-from trainlab.engine.distributed import DistInfo, all_reduce_mean
-from trainlab.parallel import no_sync
+from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
+from trainlab.parallel import no_sync, unwrap
 from trainlab.precision import PrecisionRecipe
 from trainlab.telemetry import (
+    GradNormWindow,
+    NonFiniteMonitor,
+    NumericsProbe,
     SpikeDetector,
     StabilityCounters,
     Throughput,
     peak_memory_gb,
+    update_to_weight,
 )
+from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
+from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
 from trainlab.tracking import NullTracker, Tracker
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -44,6 +55,14 @@ class StepResult:
     """Global gradient norm before clipping (inf/NaN if gradients overflowed)."""
     applied: bool
     """False when the update was skipped (non-finite gradients, loss-scale overflow)."""
+    origin: str = ""
+    """When loss or gradients were non-finite: the tensor that went first (any rank)."""
+    numerics: dict = field(default_factory=dict)
+    """Sampled steps only: cast statistics, SwiGLU outliers, update-to-weight ratio."""
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
 @dataclass
@@ -88,6 +107,17 @@ class Trainer:
         self._hooks: list[tuple[Hook, int]] = []
         self._step_rates: list[float] = []
         self._mfus: list[float] = []
+        raw = unwrap(model)
+        # torch.compile would trace the per-module flag hooks; compiled runs name the loss or a gradient
+        self.nonfinite = NonFiniteMonitor(raw) if not run.train.compile else None
+        self.probe = NumericsProbe(recipe.casts)
+        self.swiglu = SwigluMonitor(raw)
+        self.grad_norms = GradNormWindow()
+
+    def is_sample_step(self, step: int) -> bool:
+        """Numerics are sampled on the first step and every train.numerics_every-th."""
+        every = self.run.train.numerics_every
+        return bool(every) and (step == 1 or step % every == 0)
 
     def add_hook(self, fn: Hook, *, every: int = 1) -> None:
         """Call fn(trainer, step, metrics) after every `every`-th optimizer step."""
@@ -104,8 +134,13 @@ class Trainer:
         return loss.detach()
 
     # -- one optimizer step ----------------------------------------------------------------
-    def train_step(self, micro_batches: list[Batch]) -> StepResult:
+    def train_step(self, micro_batches: list[Batch], *, sample: bool = False) -> StepResult:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite is not None:
+            self.nonfinite.reset()
+        if sample:
+            self.probe.arm(loss_scale=self.recipe.loss_scale)
+            self.swiglu.arm()
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=self.dist.device)
         for i, (x, y) in enumerate(micro_batches):
@@ -113,13 +148,37 @@ class Trainer:
             # all-reduce gradients only once per optimizer step, on the last micro-batch
             with no_sync(self.model, last_micro_batch=i == n - 1):
                 loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+        numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         clip = self.run.optim.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params] if sample else None
         applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
         (loss,) = all_reduce_mean([float(loss_sum) / n], device=self.dist.device)
-        return StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
+        result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
+        if not result.finite:
+            result.origin = self._nonfinite_origin(loss_finite=math.isfinite(float(loss_sum)))
+        self.grad_norms.add(grad_norm)
+        if sample:
+            if applied:
+                numerics |= update_to_weight(params, before)
+            numerics |= w13_alignment(unwrap(self.model)) | self.grad_norms.percentiles()
+            result.numerics = numerics
+        return result
+
+    def _nonfinite_origin(self, *, loss_finite: bool) -> str:
+        """The first non-finite tensor over all ranks: an activation beats the loss beats a
+        gradient (that is the order they are computed in); ties go to the lowest rank."""
+        local = self.nonfinite.first_nonfinite(loss_finite=loss_finite) if self.nonfinite else (
+            "" if loss_finite else LOSS)
+        origins = [o for o in gather_strings(local) if o]
+        for kind in (ACTIVATION, LOSS):
+            for origin in origins:
+                if origin.startswith(kind):
+                    return origin
+        return origins[0] if origins else ""
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -146,7 +205,7 @@ class Trainer:
         while self.step < t.max_steps:
             micro_batches = self.batches.next_step()
             lr = self.scheduler.get_last_lr()[0]
-            last = self.train_step(micro_batches)
+            last = self.train_step(micro_batches, sample=self.is_sample_step(self.step + 1))
             self.step += 1
             self.tokens_seen += self.batches.tokens_per_step
             perf = self.throughput.step()
@@ -157,14 +216,19 @@ class Trainer:
 
             # ---- stability bookkeeping (every step, cheap) ----
             self.counters.record(step=self.step, loss=last.loss, grad_norm=last.grad_norm,
-                                 applied=last.applied)
+                                 applied=last.applied, origin=last.origin)
             self.spikes.update(last.loss)
-            diverged = not math.isfinite(last.loss) and t.stop_on_nonfinite
+            # a loss scaler turns overflowing gradients into skipped steps; without one a
+            # non-finite gradient is as final as a non-finite loss
+            diverged = t.stop_on_nonfinite and not last.finite and (
+                not math.isfinite(last.loss) or not self.recipe.skips_overflow)
 
             # ---- metrics, validation, hooks ----
             metrics: dict[str, float] = {}
             if self.step % t.log_every == 0 or diverged or self.step == t.max_steps:
                 metrics = self._step_metrics(last, lr, perf)
+            if last.numerics:
+                self.tracker.log_metrics(last.numerics, step=self.step)
             if not diverged and (self.step == t.max_steps or (t.eval_every and self.step % t.eval_every == 0)):
                 val_loss = self.evaluate()
                 metrics[names.VAL_LOSS] = val_loss
@@ -190,7 +254,7 @@ class Trainer:
             # the loop stops on the step whose loss went non-finite; earlier non-finite
             # gradients (fp16 overflows the scaler skipped) are not the divergence
             diverged_step=self.step if status == names.STATUS_DIVERGED else None,
-            first_nonfinite="loss" if status == names.STATUS_DIVERGED else self.counters.first_nonfinite,
+            first_nonfinite=last.origin if status == names.STATUS_DIVERGED else self.counters.first_nonfinite,
             loss_scale=self.recipe.loss_scale,
         )
 
@@ -210,6 +274,8 @@ class Trainer:
         }
         if "mfu" in perf:
             m[names.MFU] = perf["mfu"]
+        if "mfu_fp8" in perf:
+            m[names.MFU_FP8] = perf["mfu_fp8"]
         if self.recipe.loss_scale is not None:
             m[names.LOSS_SCALE] = self.recipe.loss_scale
         # MLflow stores floats; NaN/inf are kept as such so divergence is visible in the UI

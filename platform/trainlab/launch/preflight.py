@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from trainlab.config import ConfigError, RunConfig, ignored_options
+from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
 from trainlab.precision import check_precision_supported
 from trainlab.tracking.runs import local_store_path
@@ -32,6 +33,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
     """Run every environment check; returns the resolved device ('cpu' or 'cuda')."""
     try:
         check_data(run)
+        check_module_names(run)
         if run.cluster.address:
             check_ray_address(run.cluster.address, timeout_s=run.cluster.start_timeout_s)
         device = check_device(run)
@@ -60,6 +62,28 @@ def check_data(run: RunConfig) -> None:
         )
 
 
+def check_module_names(run: RunConfig) -> None:
+    """Names that refer to the model's modules (precision.keep_hp globs, train.inject_nan)
+    must exist in it: built on the meta device, so no memory and no time."""
+    if not run.train.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
+        return
+    from trainlab.models import build_model
+    from trainlab.precision.policy import check_keep_hp
+
+    with torch.device("meta"):
+        model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
+    check_keep_hp(model, run.precision.keep_hp)
+    if run.train.inject_nan:
+        module = run.train.inject_nan.rpartition("@")[0]
+        known = [n for n, _ in model.named_modules() if n]
+        if module not in known:
+            raise ValueError(
+                f"train.inject_nan={run.train.inject_nan!r} names module {module!r}, which "
+                f"model={run.model.name} does not have; use one of e.g. "
+                f"{', '.join(n for n in known if n.count('.') == 2)[:300]}"
+            )
+
+
 def check_device(run: RunConfig) -> str:
     """Resolve cluster.device for a local cluster and check the precision runs on it.
 
@@ -77,7 +101,8 @@ def check_device(run: RunConfig) -> str:
     if device == "cuda" and local:
         cap = torch.cuda.get_device_capability(0)
         check_precision_supported(run.precision.name, device="cuda", capability=cap,
-                                  device_name=torch.cuda.get_device_name(0))
+                                  device_name=torch.cuda.get_device_name(0),
+                                  emulated=run.precision.fp8_impl == "emulated")
         if run.cluster.num_workers > torch.cuda.device_count():
             raise ValueError(
                 f"cluster.num_workers={run.cluster.num_workers} but this machine has "

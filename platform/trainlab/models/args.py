@@ -42,6 +42,8 @@ class ModelArgs:
     """RMSNorm epsilon."""
     init_std: float = 0.02
     """Std of the normal init of linear and embedding weights."""
+    smooth_swiglu: bool = False
+    """Smooth-SwiGLU: per-channel power-of-2 scaling around the MLP down projection."""
 
     def __post_init__(self) -> None:
         # Users reach this only through resolve_dims, whose input ModelConfig already
@@ -122,4 +124,5 @@ def resolve_dims(cfg: ModelConfig, *, vocab_size: int) -> ModelArgs:
         rope_theta=float(cfg.rope_theta),
         norm_eps=float(cfg.norm_eps),
         init_std=float(cfg.init_std),
+        smooth_swiglu=bool(cfg.smooth_swiglu),
     )

@@ -123,17 +123,55 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x).
 
-    def __init__(self, *, dim: int, hidden_dim: int) -> None:
+    ``swiglu_tap`` is an identity on the SwiGLU output h = silu(w1 x) * w3 x (the input of
+    the down projection, before any smoothing): telemetry hooks it without touching the
+    math. With ``smooth=True`` (Smooth-SwiGLU, Fishman et al., ICLR 2025) the down
+    projection sees diag(s) h with the weight w2 diag(1/s), s from `smooth_scales`:
+    the same function, but the activation a low-precision w2 casts is free of the outlier
+    channels that aligned w1/w3 rows create late in training. The channel's range moves
+    into w2's column c (times amax_c): a per-tensor weight cast gains where that column is
+    small, as in a network whose output is not dominated by its outlier channel.
+    """
+
+    def __init__(self, *, dim: int, hidden_dim: int, smooth: bool = False) -> None:
         super().__init__()
+        self.smooth = smooth
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down projection
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up projection
+        self.swiglu_tap = nn.Identity()
+
+    @staticmethod
+    def smooth_scales(h: torch.Tensor) -> torch.Tensor:
+        """Smooth-SwiGLU factors: per channel of h's last dim, s = 2^-ceil(log2(amax)).
+
+        amax is over every token of the current h (detached: s is a constant to autograd), so
+        |h * s| lies in (0.5, 1] per channel. Powers of 2 because multiplying and dividing by
+        them is exact: the smoothed MLP is the same function, bit for bit up to matmul order.
+        A channel that is all zero (or non-finite) gets 1, and the exponent is clamped to half
+        the format's range so neither h * s nor w2 / s can overflow (fp16: s in [2^-7, 2^7]).
+        Returns float32 [F].
+        """
+        amax = h.detach().abs().amax(dim=tuple(range(h.dim() - 1))).float()
+        amax = torch.where((amax > 0) & amax.isfinite(), amax, torch.ones_like(amax))
+        limit = float(int(math.log2(torch.finfo(h.dtype).max)) // 2)
+        return torch.exp2(-torch.ceil(torch.log2(amax)).clamp(-limit, limit))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, D] -> [B, T, D]."""
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        h = self.swiglu_tap(F.silu(self.w1(x)) * self.w3(x))  # [B, T, F]
+        if not self.smooth:
+            return self.w2(h)
+        s = self.smooth_scales(h)
+        # Call the module itself with a substituted weight rather than F.linear: w2 may
+        # be an FP8 module (torchao Float8Linear, a delayed-scaling nn.Linear subclass, a
+        # linear with an emulating forward), and it is w2's own forward that must cast
+        # diag(s) h. The gradient reaches w2.weight through the division.
+        weight = self.w2.weight
+        return torch.func.functional_call(
+            self.w2, {"weight": weight / s.to(weight.dtype)}, (h * s.to(h.dtype),))
 
     def init_weights(self, *, init_std: float, out_std: float) -> None:
         nn.init.normal_(self.w1.weight, mean=0.0, std=init_std)
@@ -147,7 +185,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.attention = Attention(args)
-        self.feed_forward = FeedForward(dim=args.dim, hidden_dim=args.ffn_dim)
+        self.feed_forward = FeedForward(dim=args.dim, hidden_dim=args.ffn_dim,
+                                        smooth=args.smooth_swiglu)
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 

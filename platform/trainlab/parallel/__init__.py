@@ -22,6 +22,15 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     return model
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP / torch.compile wrappers (its names have no prefixes)."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
 def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     """Skip the gradient all-reduce on every micro-batch but the last of an optimizer step."""
     if last_micro_batch or not hasattr(model, "no_sync"):
@@ -29,4 +38,4 @@ def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     return model.no_sync()
 
 
-__all__ = ["apply_ddp", "no_sync", "parallelize"]
+__all__ = ["apply_ddp", "no_sync", "parallelize", "unwrap"]

@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
-# minimum CUDA compute capability (major, minor) per precision mode
+FP8_TENSOR_CORES = (8, 9)
+"""Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
+
+# minimum CUDA compute capability (major, minor) per precision mode, run natively
 MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
     "fp32": (0, 0),
     "fp16": (5, 3),   # native half arithmetic; any GPU a current torch supports
     "bf16": (8, 0),   # Ampere and newer
     "bf16_pure": (8, 0),
+    "fp8_tensorwise": FP8_TENSOR_CORES,
+    "fp8_rowwise": FP8_TENSOR_CORES,
+    "fp8_rowwise_gw_hp": FP8_TENSOR_CORES,
+    "fp8_delayed": FP8_TENSOR_CORES,
+    "emulated": (0, 0),  # fake-quantized casts, high-precision matmuls: any device
 }
 
-# CPU: every mode runs (fp16 by default as faithful emulation, see precision.emulate)
+# with precision.fp8_impl=emulated an fp8 mode only casts (any GPU); its matmuls run in the
+# high-precision dtype, bf16 by default (precision.hp_dtype)
+EMULATED_FP8_MIN_CUDA_CAPABILITY = MIN_CUDA_CAPABILITY["bf16"]
+
+# CPU: every mode runs (fp16 by default as faithful emulation, fp8 with real float8 casts
+# and torch._scaled_mm on CPU: slow, but the numerics are those of the GPU recipe)
 CPU_PRECISIONS = frozenset(MIN_CUDA_CAPABILITY)
 
 
 def check_precision_supported(precision: str, *, device: str,
                               capability: tuple[int, int] | None = None,
-                              device_name: str = "") -> None:
-    """Raise ValueError naming the precision, the device and the fix if it cannot run there."""
+                              device_name: str = "", emulated: bool = False) -> None:
+    """Raise ValueError naming the precision, the device and the fix if it cannot run there.
+
+    `emulated`: the fp8 mode was asked to run emulated (precision.fp8_impl=emulated).
+    """
     if device == "cpu":
         if precision not in CPU_PRECISIONS:
             raise ValueError(f"precision={precision} does not run on CPU; choose one of "
@@ -26,9 +42,21 @@ def check_precision_supported(precision: str, *, device: str,
     need = MIN_CUDA_CAPABILITY.get(precision)
     if need is None:
         raise ValueError(f"precision={precision} has no known CUDA capability requirement")
-    if capability is not None and tuple(capability) < need:
+    fp8 = precision.startswith("fp8")
+    if fp8 and emulated:
+        need = EMULATED_FP8_MIN_CUDA_CAPABILITY
+    if capability is None or tuple(capability) >= need:
+        return
+    gpu = f"{device_name or 'this GPU'} is {capability[0]}.{capability[1]}"
+    if fp8 and not emulated:
         raise ValueError(
-            f"precision={precision} needs a GPU of compute capability {need[0]}.{need[1]} or "
-            f"newer, but {device_name or 'this GPU'} is {capability[0]}.{capability[1]}; "
-            "use precision=fp16 (with loss scaling) or precision=fp32 on this GPU"
+            f"precision={precision} needs FP8 tensor cores (compute capability "
+            f"{need[0]}.{need[1]}+, Ada or Hopper), but {gpu}; add precision.fp8_impl=emulated "
+            "to study the FP8 numerics with high-precision matmuls (no speedup), or use "
+            "precision=bf16"
         )
+    raise ValueError(
+        f"precision={precision} needs a GPU of compute capability {need[0]}.{need[1]} or "
+        f"newer, but {gpu}; use precision=fp16 (with loss scaling) or precision=fp32 on this GPU"
+    )
+

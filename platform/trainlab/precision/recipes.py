@@ -1,21 +1,33 @@
 """One recipe per precision mode: how the model is prepared, how forward runs, how a step applies.
 
-The Trainer calls the same five methods whatever the mode, so it never branches on precision:
-prepare(model) -> autocast() around forward -> scale(loss).backward() -> unscale(optimizer)
-before clipping -> step(optimizer) returns whether the step was applied.
+The Trainer calls the same methods whatever the mode, so it never branches on precision:
+prepare(model) -> attach(wrapped model) -> autocast() around forward ->
+scale(loss).backward() -> unscale(optimizer) before clipping -> step(optimizer) returns
+whether the step was applied. `casts` lists every low-precision linear and how it casts,
+for the numerics probe; `plan` says which linears were kept in high precision.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ContextManager
 
 import torch
 from torch import nn
 
-from trainlab.config.schema import PrecisionConfig
-from trainlab.precision.emulate import emulate_fp16_linears
+from trainlab.config.schema import FP8_TORCHAO, PrecisionConfig
+from trainlab.precision import fp8
+from trainlab.precision.emulate import (
+    emulate_fp16_linears,
+    emulate_linear,
+    quantized_allreduce_hook,
+    round_optimizer_states,
+)
+from trainlab.precision.formats import parse_format
+from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
+
+HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass
@@ -25,9 +37,18 @@ class PrecisionRecipe:
     name: str
     device_type: str
     emulated: bool = False
+    peak_dtype: str = "fp32"
+    """The compute dtype whose peak FLOP/s MFU is measured against."""
+    casts: list[tuple[str, nn.Module, CastSpec]] = field(default_factory=list)
+    """(name, module, how it casts) of every linear layer running in low precision."""
+    plan: LayerPlan | None = None
+    """fp8 and emulated modes: which linears were converted and which kept in high precision."""
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
+
+    def attach(self, model: nn.Module) -> None:
+        """Called with the parallelized model (e.g. to register a DDP communication hook)."""
 
     def autocast(self) -> ContextManager:
         return contextlib.nullcontext()
@@ -48,11 +69,27 @@ class PrecisionRecipe:
     def loss_scale(self) -> float | None:
         return None
 
+    @property
+    def skips_overflow(self) -> bool:
+        """True when non-finite gradients are expected and handled (a dynamic loss scaler
+        skips the step and backs off) rather than a sign of divergence."""
+        return False
+
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def _autocast(device_type: str, dtype: torch.dtype) -> ContextManager:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def _all_linears(model: nn.Module, spec: CastSpec) -> list[tuple[str, nn.Module, CastSpec]]:
+    return [(name, module, spec) for name, module in linear_layers(model)]
 
 
 @dataclass
@@ -61,8 +98,13 @@ class AutocastRecipe(PrecisionRecipe):
 
     dtype: torch.dtype = torch.bfloat16
 
+    def prepare(self, model: nn.Module) -> nn.Module:
+        fmt = parse_format("bf16" if self.dtype == torch.bfloat16 else "fp16")
+        self.casts = _all_linears(model, CastSpec(fmt, fmt, fmt, scaling="none"))
+        return model
+
     def autocast(self) -> ContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return _autocast(self.device_type, self.dtype)
 
 
 @dataclass
@@ -70,6 +112,8 @@ class PureBf16Recipe(PrecisionRecipe):
     """Parameters, gradients and optimizer state in bf16."""
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        bf16 = parse_format("bf16")
+        self.casts = _all_linears(model, CastSpec(bf16, bf16, bf16, scaling="none"))
         return model.to(torch.bfloat16)
 
 
@@ -82,7 +126,7 @@ class Fp16Recipe(AutocastRecipe):
 
     def __init__(self, cfg: PrecisionConfig, device_type: str, *, emulated: bool):
         super().__init__(name="fp16", device_type=device_type, emulated=emulated,
-                         dtype=torch.float16)
+                         peak_dtype="fp16", dtype=torch.float16)
         self.scaler = torch.amp.GradScaler(
             device_type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
             backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval,
@@ -90,6 +134,9 @@ class Fp16Recipe(AutocastRecipe):
         )
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        fp16 = parse_format("fp16")
+        # gradients reach the casts multiplied by the loss scale (the probe divides it out)
+        self.casts = _all_linears(model, CastSpec(fp16, fp16, fp16, scaling="loss"))
         if self.emulated:
             emulate_fp16_linears(model)
         return model
@@ -117,6 +164,10 @@ class Fp16Recipe(AutocastRecipe):
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler.is_enabled() else None
 
+    @property
+    def skips_overflow(self) -> bool:
+        return self.scaler.is_enabled()
+
     def state_dict(self) -> dict:
         return self.scaler.state_dict()
 
@@ -124,17 +175,102 @@ class Fp16Recipe(AutocastRecipe):
         self.scaler.load_state_dict(state)
 
 
+class Fp8Recipe(PrecisionRecipe):
+    """FP8 linears (torchao Float8Linear with current scaling, or the project's delayed
+    scaling) for the layers precision.keep_hp does not keep; everything else in hp_dtype."""
+
+    def __init__(self, cfg: PrecisionConfig, device_type: str):
+        super().__init__(name=cfg.name, device_type=device_type,
+                         emulated=cfg.fp8_impl == "emulated", peak_dtype="fp8")
+        self.cfg = cfg
+        self.hp_dtype = HP_DTYPES[cfg.hp_dtype]
+        self._model: nn.Module | None = None
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        self.plan = plan_layers(model, self.cfg.keep_hp)
+        if self.name in FP8_TORCHAO:
+            converted = fp8.convert_torchao(model, self.name, layers=self.plan.lowp, emulate=self.emulated)
+            spec = fp8.torchao_cast_spec(fp8.torchao_config(self.name, emulate=self.emulated))
+        else:
+            from trainlab.precision.fp8_delayed import convert_to_delayed_fp8
+
+            wanted = set(self.plan.lowp)
+            convert_to_delayed_fp8(model, module_filter=lambda _m, fqn: fqn in wanted,
+                                   history_len=self.cfg.amax_history_len,
+                                   margin=self.cfg.fp8_margin, emulate=self.emulated)
+            converted = {n: m for n, m in model.named_modules() if n in wanted}
+            spec = fp8.delayed_cast_spec()
+        self.casts = [(name, converted[name], spec) for name in self.plan.lowp]
+        self._model = model
+        return model
+
+    def autocast(self) -> ContextManager:
+        return _autocast(self.device_type, self.hp_dtype)
+
+    def step(self, optimizer: torch.optim.Optimizer, *, grads_finite: bool) -> bool:
+        applied = super().step(optimizer, grads_finite=grads_finite)
+        if self.name == "fp8_delayed":
+            from trainlab.precision.fp8_delayed import update_delayed_scales
+
+            update_delayed_scales(self._model)  # this step's amaxes -> histories -> next scales
+        return applied
+
+
+class EmulatedRecipe(PrecisionRecipe):
+    """Any eXmY format on the chosen tensors (precision.formats), on any device."""
+
+    def __init__(self, cfg: PrecisionConfig, device_type: str):
+        super().__init__(name="emulated", device_type=device_type, emulated=True,
+                         peak_dtype=cfg.hp_dtype)
+        self.cfg = cfg
+        self.scaled = cfg.scaling == "tensor"
+        f = cfg.formats
+        self.formats = {t: parse_format(getattr(f, t)) if getattr(f, t) else None
+                        for t in ("activations", "weights", "gradients", "optimizer_states", "comm_grads")}
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        self.plan = plan_layers(model, self.cfg.keep_hp)
+        fmts = self.formats
+        spec = CastSpec(fmts["activations"], fmts["weights"], fmts["gradients"],
+                        scaling="tensor" if self.scaled else "none")
+        modules = dict(linear_layers(model))
+        if any((fmts["activations"], fmts["weights"], fmts["gradients"])):
+            for name in self.plan.lowp:
+                emulate_linear(modules[name], activations=fmts["activations"], weights=fmts["weights"],
+                               gradients=fmts["gradients"], scaled=self.scaled)
+            self.casts = [(name, modules[name], spec) for name in self.plan.lowp]
+        return model
+
+    def attach(self, model: nn.Module) -> None:
+        if self.formats["comm_grads"] is not None and hasattr(model, "register_comm_hook"):
+            model.register_comm_hook(None, quantized_allreduce_hook(self.formats["comm_grads"], scaled=self.scaled))
+
+    def autocast(self) -> ContextManager:
+        return _autocast(self.device_type, HP_DTYPES[self.cfg.hp_dtype])
+
+    def step(self, optimizer: torch.optim.Optimizer, *, grads_finite: bool) -> bool:
+        applied = super().step(optimizer, grads_finite=grads_finite)
+        if applied and self.formats["optimizer_states"] is not None:
+            round_optimizer_states(optimizer, self.formats["optimizer_states"], scaled=self.scaled)
+        return applied
+
+
 def build_recipe(cfg: PrecisionConfig, *, device_type: str) -> PrecisionRecipe:
     """The recipe for cfg.name on `device_type` ('cpu' or 'cuda')."""
     if cfg.name == "fp32":
         return PrecisionRecipe(name="fp32", device_type=device_type)
     if cfg.name == "bf16":
-        return AutocastRecipe(name="bf16", device_type=device_type, dtype=torch.bfloat16)
+        return AutocastRecipe(name="bf16", device_type=device_type, peak_dtype="bf16",
+                              dtype=torch.bfloat16)
     if cfg.name == "bf16_pure":
-        return PureBf16Recipe(name="bf16_pure", device_type=device_type)
+        return PureBf16Recipe(name="bf16_pure", device_type=device_type, peak_dtype="bf16")
     if cfg.name == "fp16":
         impl = cfg.fp16_impl
         if impl == "auto":
             impl = "emulated" if device_type == "cpu" else "native"
         return Fp16Recipe(cfg, device_type, emulated=impl == "emulated")
+    if cfg.name.startswith("fp8"):
+        return Fp8Recipe(cfg, device_type)
+    if cfg.name == "emulated":
+        return EmulatedRecipe(cfg, device_type)
     raise ValueError(f"precision.name={cfg.name!r} has no recipe")  # schema checks first

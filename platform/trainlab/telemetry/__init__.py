@@ -1,8 +1,17 @@
-"""Telemetry: throughput and MFU, memory, numerical stability."""
+"""Telemetry: throughput and MFU, memory, numerical stability, numerics of low-precision casts."""
 
 from trainlab.telemetry.memory import peak_memory_gb
+from trainlab.telemetry.nonfinite import NonFiniteMonitor, inject_nan
+from trainlab.telemetry.numerics import NumericsProbe
 from trainlab.telemetry.peak_flops import Peak, device_peak
-from trainlab.telemetry.stability import SpikeDetector, StabilityCounters
+from trainlab.telemetry.stability import (
+    GradNormWindow,
+    SpikeDetector,
+    StabilityCounters,
+    update_to_weight,
+)
 from trainlab.telemetry.throughput import Throughput
 
-__all__ = ["Peak", "SpikeDetector", "StabilityCounters", "Throughput", "device_peak", "peak_memory_gb"]
+__all__ = ["GradNormWindow", "NonFiniteMonitor", "NumericsProbe", "Peak", "SpikeDetector",
+           "StabilityCounters", "Throughput", "device_peak", "inject_nan", "peak_memory_gb",
+           "update_to_weight"]

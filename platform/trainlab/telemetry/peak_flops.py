@@ -26,10 +26,6 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("T4", {"fp16": 65.0, "fp32": 8.1}),
 )
 
-# which peak a precision mode's matmuls run at
-COMPUTE_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bf16_pure": "bf16"}
-
-
 @dataclass(frozen=True)
 class Peak:
     flops_per_s: float | None
@@ -75,8 +71,12 @@ def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
     return Peak(best, f"probe:cpu:{'bf16' if dtype == torch.bfloat16 else 'fp32'}")
 
 
-def device_peak(device: torch.device, precision: str) -> Peak:
-    compute = COMPUTE_DTYPE.get(precision, "fp32")
+def device_peak(device: torch.device, compute_dtype: str) -> Peak:
+    """Peak of one device for `compute_dtype` (fp32, fp16, bf16 or fp8: a recipe's peak_dtype).
+
+    CPUs have no FP8 matmul units: their fp8 peak is unknown rather than a made-up number."""
     if device.type == "cuda":
-        return gpu_peak(torch.cuda.get_device_name(device), compute)
-    return cpu_probe_peak(compute)
+        return gpu_peak(torch.cuda.get_device_name(device), compute_dtype)
+    if compute_dtype == "fp8":
+        return Peak(None, "unknown:cpu has no FP8 peak")
+    return cpu_probe_peak(compute_dtype)

@@ -1,9 +1,14 @@
-"""Numerical stability counters: non-finite steps, skipped updates, loss spikes."""
+"""Numerical stability: non-finite steps, skipped updates, loss spikes, grad-norm
+percentiles, update-to-weight ratio."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
+
+from trainlab import names
 
 
 @dataclass
@@ -43,7 +48,10 @@ class StabilityCounters:
     first_nonfinite_step: int | None = None
     first_nonfinite: str = ""
 
-    def record(self, *, step: int, loss: float, grad_norm: float, applied: bool) -> None:
+    def record(self, *, step: int, loss: float, grad_norm: float, applied: bool,
+               origin: str = "") -> None:
+        """`origin`: the tensor that went non-finite first, if the caller located it
+        (telemetry.nonfinite); else the first non-finite of loss and grad_norm is named."""
         if not applied:
             self.skipped_steps += 1
         bad = [name for name, v in (("loss", loss), ("grad_norm", grad_norm)) if not math.isfinite(v)]
@@ -51,4 +59,40 @@ class StabilityCounters:
             self.nonfinite_steps += 1
             if self.first_nonfinite_step is None:
                 self.first_nonfinite_step = step
-                self.first_nonfinite = bad[0]
+                self.first_nonfinite = origin or bad[0]
+
+@dataclass
+class GradNormWindow:
+    """Pre-clip gradient norms since the last sample; percentiles show a widening tail
+    (rare huge gradients) long before the mean or the loss move."""
+
+    norms: list[float] = field(default_factory=list)
+
+    def add(self, norm: float) -> None:
+        if math.isfinite(norm):
+            self.norms.append(norm)
+
+    def percentiles(self) -> dict[str, float]:
+        """p50/p90/p99 (nearest rank) of the window, then start a new window."""
+        if not self.norms:
+            return {}
+        s = sorted(self.norms)
+        self.norms.clear()
+
+        def rank(q: float) -> float:
+            return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+        return {names.GRAD_NORM_P50: rank(0.50), names.GRAD_NORM_P90: rank(0.90),
+                names.GRAD_NORM_P99: rank(0.99)}
+
+
+def update_to_weight(params: list[torch.Tensor], before: list[torch.Tensor]) -> dict[str, float]:
+    """||w_after - w_before|| / ||w_before||: over all parameters, and the largest per tensor.
+
+    Around 1e-3 is healthy for Adam-style training; a layer far above it is being rewritten
+    each step (too high an LR for it, or a precision artefact)."""
+    deltas = [(p.detach().float() - b.float()).norm() for p, b in zip(params, before)]
+    norms = [b.float().norm() for b in before]
+    per_tensor = torch.stack([d / n.clamp_min(1e-12) for d, n in zip(deltas, norms)])
+    total = torch.stack(deltas).norm() / torch.stack(norms).norm().clamp_min(1e-12)
+    return {names.UPDATE_TO_WEIGHT: float(total), names.UPDATE_TO_WEIGHT_MAX: float(per_tensor.max())}

@@ -19,6 +19,8 @@ class Throughput:
     peak: Peak
     """Peak FLOP/s of ONE device; MFU divides by world_size x this."""
     world_size: int
+    fp8_peak: Peak | None = None
+    """fp8 modes: the device's FP8 peak, for a second MFU named as such (None: not fp8)."""
     _t_last: float = field(default_factory=time.perf_counter)
 
     def restart(self) -> None:
@@ -33,4 +35,6 @@ class Throughput:
         out = {"step_time_s": dt, "tokens_per_s": tps, "model_tflops": model_flops / 1e12}
         if self.peak.flops_per_s:
             out["mfu"] = model_flops / (self.peak.flops_per_s * self.world_size)
+        if self.fp8_peak is not None and self.fp8_peak.flops_per_s:
+            out["mfu_fp8"] = model_flops / (self.fp8_peak.flops_per_s * self.world_size)
         return out

@@ -1,0 +1,102 @@
+"""Per-layer numerics of every low-precision cast, sampled every N steps at bounded cost.
+
+For each low-precision linear (the recipe's `casts`) and each tensor it casts (input
+activation, weight, incoming gradient) the probe measures, on one micro-batch of the
+sampled step: amax, the scale the recipe applies, the fraction of non-zero values the cast
+turns into zero (underflow) and the fraction beyond the format's range (saturated or inf).
+Hooks exist only while armed; tensors above 2**20 elements are subsampled for the counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from torch import nn
+
+from trainlab import names
+from trainlab.precision.formats import FloatFormat, cast_stats, tensor_scale
+from trainlab.precision.policy import CastSpec
+
+
+def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
+    if spec.scaling in ("none", "loss"):
+        return 1.0
+    if spec.scaling == "delayed":
+        return module.current_scales()[kind]
+    x = x.detach().float()
+    amax = x.abs().amax(dim=-1, keepdim=True) if spec.scaling == "row" else x.abs().amax()
+    return tensor_scale(amax, fmt, power_of_2=spec.power_of_2)
+
+
+class NumericsProbe:
+    def __init__(self, casts: list[tuple[str, nn.Module, CastSpec]]) -> None:
+        self.casts = casts
+        self._handles: list = []
+        self._seen: dict[tuple[str, str], tuple[torch.Tensor, float]] = {}
+        self.loss_scale: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.casts)
+
+    def arm(self, *, loss_scale: float | None = None) -> None:
+        """Watch the next micro-batch's casts (first micro-batch of the step only)."""
+        self.loss_scale = loss_scale or 1.0
+        self._seen.clear()
+        for name, module, spec in self.casts:
+            self._handles.append(module.register_forward_pre_hook(self._input_hook(name, spec, module)))
+            self._handles.append(module.register_forward_hook(self._output_hook(name, spec, module)))
+
+    def _input_hook(self, name: str, spec: CastSpec, module: nn.Module):
+        def hook(_m, args):
+            if spec.input is not None and (name, "input") not in self._seen:
+                self._seen[(name, "input")] = self._measure(args[0], spec.input, spec, module, "input")
+        return hook
+
+    def _output_hook(self, name: str, spec: CastSpec, module: nn.Module):
+        def hook(_m, _args, output):
+            if spec.grad_output is None or not (torch.is_tensor(output) and output.requires_grad):
+                return
+
+            def on_grad(grad):
+                if (name, "grad_output") not in self._seen:
+                    self._seen[(name, "grad_output")] = self._measure(grad, spec.grad_output, spec,
+                                                                      module, "grad_output")
+            output.register_hook(on_grad)
+        return hook
+
+    def _measure(self, x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
+        stats = cast_stats(x.detach(), fmt, _scale(x, fmt, spec, module, kind))
+        unscaled = None
+        if spec.scaling == "loss" and kind == "grad_output":
+            # the same gradient had the loss not been scaled: what fp16 without scaling sees
+            unscaled = cast_stats(x.detach(), fmt, 1.0 / self.loss_scale).underflow
+        return stats, unscaled
+
+    def collect(self) -> dict[str, float]:
+        """Remove the hooks; the sampled metrics (per layer, plus the max over layers)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        metrics: dict[str, float] = {}
+        for name, module, spec in self.casts:
+            if spec.weight is not None and self._seen:
+                w = module.weight
+                self._seen[(name, "weight")] = self._measure(w, spec.weight, spec, module, "weight")
+        grad_underflow, grad_underflow_unscaled = [], []
+        for (layer, kind), (stats, unscaled) in self._seen.items():
+            for stat in names.CAST_STATS:
+                value = float(getattr(stats, stat))
+                metrics[names.cast_metric(layer, kind, stat)] = value
+                if stat != names.CAST_SCALE:
+                    key = names.cast_max_metric(kind, stat)
+                    metrics[key] = max(metrics.get(key, value), value)
+            if unscaled is not None:
+                grad_underflow.append(stats.underflow)
+                grad_underflow_unscaled.append(unscaled)
+        if grad_underflow:
+            metrics[names.NUM_GRAD_UNDERFLOW] = statistics.fmean(grad_underflow)
+            metrics[names.NUM_GRAD_UNDERFLOW_UNSCALED] = statistics.fmean(grad_underflow_unscaled)
+        self._seen.clear()
+        return metrics
