@@ -7,6 +7,7 @@ import math
 import sys
 
 from trainlab import names
+from trainlab.compare.summarize import TOLERANCE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the most precise precision with a finished trial)")
     p.add_argument("--target-loss", metavar="X", type=float,
                    help="val loss for 'tokens to target' (default: baseline's final val loss x 1.05)")
-    p.add_argument("--tolerance", metavar="F", type=float, default=0.02,
+    p.add_argument("--tolerance", metavar="F", type=float, default=TOLERANCE,
                    help="a row is 'degraded' when its Δ val loss exceeds F x the baseline's val loss "
-                        "(default: 0.02)")
+                        f"(default: {TOLERANCE})")
     p.add_argument("--out", metavar="DIR", help="output folder (default: ./compare/<sweep name>/)")
     p.add_argument("--no-log", action="store_true",
                    help=f"do not log the files to the parent run (under {names.ARTIFACT_COMPARE_DIR}/)")
@@ -82,7 +83,8 @@ def main(argv: list[str]) -> None:
         result = compare_sweep(
             tracking_uri=resolve_tracking_uri(args.tracking_uri), sweep=args.sweep,
             experiment=args.experiment, parent_run_id=args.parent, baseline=args.baseline,
-            target_loss=args.target_loss, tolerance=args.tolerance, out_dir=args.out, log=not args.no_log)
+            target_loss=args.target_loss, tolerance=args.tolerance, out_dir=args.out,
+            log=not args.no_log)
     except (ValueError, MlflowException) as e:
         # user errors (bad selector, missing store, unknown baseline): a message, not a traceback
         message = e.message if isinstance(e, MlflowException) else str(e)

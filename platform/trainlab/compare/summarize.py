@@ -34,7 +34,7 @@ from trainlab.compare import curves
 from trainlab.compare.records import ConfigRow, Summary, Trial
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
-TOLERANCE = 0.02  # default: worse than the baseline by more than 2 % of its val loss = degraded
+TOLERANCE = 0.01  # default: worse than the baseline by more than 1 % of its val loss = degraded
 
 
 def precision_rank(precision: str) -> int:

@@ -86,7 +86,7 @@ DEFINITIONS = (
     "diverged at: the steps where diverged trials stopped; max |g|: largest finite grad norm.",
     "skipped / non-finite / spikes: final cumulative counters summed over trials.",
     "verdict: diverged if any trial diverged; degraded if Δ val exceeds the tolerance "
-    "(default 2 % of the baseline's val loss); ok otherwise.",
+    "(default 1 % of the baseline's val loss); ok otherwise.",
     "underflow / overflow: largest sampled fraction of values a low-precision cast turned "
     "into zero / saturated, over every layer, tensor and trial (num/max/*).",
 )
