@@ -63,7 +63,8 @@ def cast_max_metric(tensor: str, stat: str) -> str:
 
 
 NUM_GRAD_UNDERFLOW = "num/grad_underflow"
-"""fp16: fraction of non-zero activation gradients that are zero in fp16 at the loss scale used."""
+"""fp16: of the non-zero gradients arriving at the linear layers (all layers pooled), the
+fraction that fp16 flushes to zero at the loss scale used."""
 NUM_GRAD_UNDERFLOW_UNSCALED = "num/grad_underflow_unscaled"
 """fp16: the same fraction had the gradients not been scaled (loss scale 1)."""
 NUM_SWIGLU_AMAX = "num/swiglu/amax_max"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep")
+BENCHES = ("overhead", "sweep", "fp8")
 
 
 def main(argv: list[str]) -> None:
@@ -20,3 +20,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.sweep import main as sweep_main
 
         sweep_main(argv[1:])
+    elif argv[0] == "fp8":
+        from trainlab.bench.fp8 import main as fp8_main
+
+        fp8_main(argv[1:])

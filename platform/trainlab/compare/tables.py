@@ -38,7 +38,7 @@ def _num(x: float | int | None, spec: str) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return NA if x is None else f"{100 * x:.2g}%"
+    return NA if x is None else f"{100 * x:.3g}%"
 
 
 def status_text(r: ConfigRow) -> str:

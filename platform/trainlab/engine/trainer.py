@@ -77,6 +77,7 @@ class TrialResult:
     tokens_per_s: float
     """Median over steps after the first (which pays for warm-up)."""
     mfu: float | None
+    """Median MFU against the peak of the mode's high-precision compute (bf16 for fp8 modes)."""
     peak_mem_gb: float
     skipped_steps: int
     nonfinite_steps: int
@@ -85,6 +86,8 @@ class TrialResult:
     diverged_step: int | None = None
     first_nonfinite: str = ""
     loss_scale: float | None = None
+    mfu_fp8: float | None = None
+    """fp8 modes on a GPU with a known FP8 peak: median MFU against that peak."""
     extra: dict = field(default_factory=dict)
 
 
@@ -107,6 +110,7 @@ class Trainer:
         self._hooks: list[tuple[Hook, int]] = []
         self._step_rates: list[float] = []
         self._mfus: list[float] = []
+        self._mfus_fp8: list[float] = []
         raw = unwrap(model)
         # torch.compile would trace the per-module flag hooks; compiled runs name the loss or a gradient
         self.nonfinite = NonFiniteMonitor(raw) if not run.train.compile else None
@@ -213,6 +217,8 @@ class Trainer:
                 self._step_rates.append(perf["tokens_per_s"])
                 if "mfu" in perf:
                     self._mfus.append(perf["mfu"])
+                if "mfu_fp8" in perf:
+                    self._mfus_fp8.append(perf["mfu_fp8"])
 
             # ---- stability bookkeeping (every step, cheap) ----
             self.counters.record(step=self.step, loss=last.loss, grad_norm=last.grad_norm,
@@ -256,6 +262,7 @@ class Trainer:
             diverged_step=self.step if status == names.STATUS_DIVERGED else None,
             first_nonfinite=last.origin if status == names.STATUS_DIVERGED else self.counters.first_nonfinite,
             loss_scale=self.recipe.loss_scale,
+            mfu_fp8=_median(self._mfus_fp8) if self._mfus_fp8 else None,
         )
 
     def _step_metrics(self, last: StepResult, lr: float, perf: dict[str, float]) -> dict[str, float]:

@@ -180,8 +180,9 @@ class Fp8Recipe(PrecisionRecipe):
     scaling) for the layers precision.keep_hp does not keep; everything else in hp_dtype."""
 
     def __init__(self, cfg: PrecisionConfig, device_type: str):
+        # MFU against the high-precision peak; run.py adds a second one against the FP8 peak
         super().__init__(name=cfg.name, device_type=device_type,
-                         emulated=cfg.fp8_impl == "emulated", peak_dtype="fp8")
+                         emulated=cfg.fp8_impl == "emulated", peak_dtype=cfg.hp_dtype)
         self.cfg = cfg
         self.hp_dtype = HP_DTYPES[cfg.hp_dtype]
         self._model: nn.Module | None = None

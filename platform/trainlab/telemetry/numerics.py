@@ -9,13 +9,11 @@ Hooks exist only while armed; tensors above 2**20 elements are subsampled for th
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 from torch import nn
 
 from trainlab import names
-from trainlab.precision.formats import FloatFormat, cast_stats, tensor_scale
+from trainlab.precision.formats import FloatFormat, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
 
 
@@ -68,11 +66,16 @@ class NumericsProbe:
 
     def _measure(self, x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
         stats = cast_stats(x.detach(), fmt, _scale(x, fmt, spec, module, kind))
-        unscaled = None
+        counts = None
         if spec.scaling == "loss" and kind == "grad_output":
-            # the same gradient had the loss not been scaled: what fp16 without scaling sees
-            unscaled = cast_stats(x.detach(), fmt, 1.0 / self.loss_scale).underflow
-        return stats, unscaled
+            # pooled over layers: [non-zero values, flushed at the loss scale used, flushed had
+            # the loss not been scaled (what fp16 without scaling sees)]
+            g = x.detach().float()
+            nonzero = g != 0
+            counts = torch.stack([nonzero.sum(),
+                                  (nonzero & (quantize(g, fmt) == 0)).sum(),
+                                  (nonzero & (quantize(g / self.loss_scale, fmt) == 0)).sum()])
+        return stats, counts
 
     def collect(self) -> dict[str, float]:
         """Remove the hooks; the sampled metrics (per layer, plus the max over layers)."""
@@ -84,19 +87,19 @@ class NumericsProbe:
             if spec.weight is not None and self._seen:
                 w = module.weight
                 self._seen[(name, "weight")] = self._measure(w, spec.weight, spec, module, "weight")
-        grad_underflow, grad_underflow_unscaled = [], []
-        for (layer, kind), (stats, unscaled) in self._seen.items():
+        pooled = []
+        for (layer, kind), (stats, counts) in self._seen.items():
             for stat in names.CAST_STATS:
                 value = float(getattr(stats, stat))
                 metrics[names.cast_metric(layer, kind, stat)] = value
                 if stat != names.CAST_SCALE:
                     key = names.cast_max_metric(kind, stat)
                     metrics[key] = max(metrics.get(key, value), value)
-            if unscaled is not None:
-                grad_underflow.append(stats.underflow)
-                grad_underflow_unscaled.append(unscaled)
-        if grad_underflow:
-            metrics[names.NUM_GRAD_UNDERFLOW] = statistics.fmean(grad_underflow)
-            metrics[names.NUM_GRAD_UNDERFLOW_UNSCALED] = statistics.fmean(grad_underflow_unscaled)
+            if counts is not None:
+                pooled.append(counts)
+        if pooled:
+            nonzero, flushed, flushed_unscaled = torch.stack(pooled).sum(0).tolist()
+            metrics[names.NUM_GRAD_UNDERFLOW] = flushed / max(nonzero, 1)
+            metrics[names.NUM_GRAD_UNDERFLOW_UNSCALED] = flushed_unscaled / max(nonzero, 1)
         self._seen.clear()
         return metrics
