@@ -56,9 +56,9 @@ def matmul_crossover(sizes: list[int], *, device: str, repeats: int = 20) -> Non
         b = torch.randn(n, n, device=dev).to(torch.bfloat16)
         a8 = a.to(torch.float8_e4m3fn)
         b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as _scaled_mm wants
-        t_bf16 = _time(lambda: torch.mm(a, b), dev, repeats)
-        t_fp8 = _time(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
-                                               out_dtype=torch.bfloat16), dev, repeats)
+        t_bf16 = _time(lambda a=a, b=b: torch.mm(a, b), dev, repeats)
+        t_fp8 = _time(lambda a8=a8, b8=b8: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
+                                                            out_dtype=torch.bfloat16), dev, repeats)
         flops = 2 * n**3
         print0(f"{n:>7} {flops / t_bf16 / 1e12:>13.1f} {flops / t_fp8 / 1e12:>12.1f} {t_bf16 / t_fp8:>7.2f}x")
 
