@@ -48,7 +48,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         check_precision_supported(run.precision.name, device="cuda",
                                   capability=torch.cuda.get_device_capability(dist_info.device),
                                   device_name=device_name(dist_info.device),
-                                  emulated=run.precision.fp8_impl == "emulated")
+                                  emulated=run.precision.fp8_impl == "emulated",
+                                  hp_dtype=run.precision.hp_dtype)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     raw_model = model

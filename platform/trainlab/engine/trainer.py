@@ -154,9 +154,8 @@ class Trainer:
                 loss_sum += self.forward_backward_step(x, y, accum_steps=n)
         numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
-        clip = self.run.optim.grad_clip or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = self._clip_gradients(params)
         before = [p.detach().clone() for p in params] if sample else None
         applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
@@ -171,6 +170,16 @@ class Trainer:
             numerics |= w13_alignment(unwrap(self.model)) | self.grad_norms.percentiles()
             result.numerics = numerics
         return result
+
+    def _clip_gradients(self, params: list[torch.Tensor]) -> float:
+        """The global gradient norm before clipping; clips only a finite norm, since scaling by
+        max_norm / inf or NaN would turn every gradient NaN and hide which one went first."""
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm = float(norm)
+        if self.run.optim.grad_clip and math.isfinite(grad_norm):
+            torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, norm)
+        return grad_norm
 
     def _nonfinite_origin(self, *, loss_finite: bool) -> str:
         """The first non-finite tensor over all ranks: an activation beats the loss beats a

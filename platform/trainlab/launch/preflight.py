@@ -102,7 +102,8 @@ def check_device(run: RunConfig) -> str:
         cap = torch.cuda.get_device_capability(0)
         check_precision_supported(run.precision.name, device="cuda", capability=cap,
                                   device_name=torch.cuda.get_device_name(0),
-                                  emulated=run.precision.fp8_impl == "emulated")
+                                  emulated=run.precision.fp8_impl == "emulated",
+                                  hp_dtype=run.precision.hp_dtype)
         if run.cluster.num_workers > torch.cuda.device_count():
             raise ValueError(
                 f"cluster.num_workers={run.cluster.num_workers} but this machine has "

@@ -15,12 +15,12 @@ MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
     "fp8_rowwise": FP8_TENSOR_CORES,
     "fp8_rowwise_gw_hp": FP8_TENSOR_CORES,
     "fp8_delayed": FP8_TENSOR_CORES,
-    "emulated": (0, 0),  # fake-quantized casts, high-precision matmuls: any device
+    "emulated": (0, 0),  # fake-quantized casts, matmuls in precision.hp_dtype (see below)
 }
 
-# with precision.fp8_impl=emulated an fp8 mode only casts (any GPU); its matmuls run in the
-# high-precision dtype, bf16 by default (precision.hp_dtype)
-EMULATED_FP8_MIN_CUDA_CAPABILITY = MIN_CUDA_CAPABILITY["bf16"]
+# emulated casts (precision=emulated, or an fp8 mode with precision.fp8_impl=emulated) run on
+# any GPU; their matmuls need what precision.hp_dtype needs
+HP_DTYPE_MIN_CUDA_CAPABILITY = {"bf16": MIN_CUDA_CAPABILITY["bf16"], "fp32": (0, 0)}
 
 # CPU: every mode runs (fp16 by default as faithful emulation, fp8 with real float8 casts
 # and torch._scaled_mm on CPU: slow, but the numerics are those of the GPU recipe)
@@ -29,10 +29,12 @@ CPU_PRECISIONS = frozenset(MIN_CUDA_CAPABILITY)
 
 def check_precision_supported(precision: str, *, device: str,
                               capability: tuple[int, int] | None = None,
-                              device_name: str = "", emulated: bool = False) -> None:
+                              device_name: str = "", emulated: bool = False,
+                              hp_dtype: str = "bf16") -> None:
     """Raise ValueError naming the precision, the device and the fix if it cannot run there.
 
-    `emulated`: the fp8 mode was asked to run emulated (precision.fp8_impl=emulated).
+    `emulated`: the fp8 mode was asked to run emulated (precision.fp8_impl=emulated);
+    `hp_dtype`: precision.hp_dtype, what the matmuls of emulated casts run in.
     """
     if device == "cpu":
         if precision not in CPU_PRECISIONS:
@@ -43,8 +45,8 @@ def check_precision_supported(precision: str, *, device: str,
     if need is None:
         raise ValueError(f"precision={precision} has no known CUDA capability requirement")
     fp8 = precision.startswith("fp8")
-    if fp8 and emulated:
-        need = EMULATED_FP8_MIN_CUDA_CAPABILITY
+    if (fp8 and emulated) or precision == "emulated":
+        need = HP_DTYPE_MIN_CUDA_CAPABILITY[hp_dtype]
     if capability is None or tuple(capability) >= need:
         return
     gpu = f"{device_name or 'this GPU'} is {capability[0]}.{capability[1]}"
@@ -55,8 +57,12 @@ def check_precision_supported(precision: str, *, device: str,
             "to study the FP8 numerics with high-precision matmuls (no speedup), or use "
             "precision=bf16"
         )
+    if need == HP_DTYPE_MIN_CUDA_CAPABILITY["bf16"] and (emulated or precision == "emulated"):
+        fix = "add precision.hp_dtype=fp32 (emulated casts, fp32 matmuls)"
+    else:
+        fix = "use precision=fp16 (with loss scaling) or precision=fp32 on this GPU"
     raise ValueError(
         f"precision={precision} needs a GPU of compute capability {need[0]}.{need[1]} or "
-        f"newer, but {gpu}; use precision=fp16 (with loss scaling) or precision=fp32 on this GPU"
+        f"newer, but {gpu}; {fix}"
     )
 

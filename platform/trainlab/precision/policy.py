@@ -57,7 +57,10 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 def plan_layers(model: nn.Module, keep_hp: list[str]) -> LayerPlan:
-    """Apply keep_hp to every nn.Linear of `model` (names as in model.named_modules())."""
+    """Apply keep_hp to every nn.Linear of `model` (names as in model.named_modules()).
+
+    Checks the globs first: preflight does too, but torchrun runs no preflight."""
+    check_keep_hp(model, keep_hp)
     linears = linear_layers(model)
     blocks = sorted({int(m.group(1)) for n, _ in linears if (m := _BLOCK.match(n))})
     lowp, hp = [], {}
