@@ -253,3 +253,69 @@ def test_diverged_step_is_where_the_loss_went_nonfinite_after_an_fp16_overflow(d
     assert result.status == names.STATUS_DIVERGED and result.steps == 6
     assert result.skipped_steps >= 1
     assert result.diverged_step == 6
+
+
+# ----------------------------------------------------------------------- emulated formats
+def test_emulated_linear_casts_input_and_weight_forward_and_gradient_backward():
+    from trainlab.precision.emulate import emulate_linear
+    from trainlab.precision.formats import parse_format, quantize, tensor_scale
+
+    e3m2, e2m1 = parse_format("e3m2"), parse_format("e2m1fn")
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8, bias=False)
+    ref = nn.Linear(16, 8, bias=False)
+    ref.load_state_dict(lin.state_dict())
+    emulate_linear(lin, activations=e3m2, weights=e3m2, gradients=e2m1, scaled=True)
+
+    def fq(t, fmt):  # the per-tensor scaled round trip, written out
+        s = tensor_scale(t.abs().max(), fmt)
+        return quantize(t * s, fmt, saturate=True) / s
+
+    x = torch.randn(4, 16, requires_grad=True)
+    y = lin(x)
+    torch.testing.assert_close(y, F.linear(fq(x.detach(), e3m2), fq(lin.weight.detach(), e3m2)))
+    g = torch.randn(4, 8)
+    y.backward(g)
+    # the incoming gradient is rounded to e2m1 before it meets the (rounded) weight
+    torch.testing.assert_close(x.grad, fq(g, e2m1) @ fq(lin.weight.detach(), e3m2))
+    assert lin.state_dict().keys() == ref.state_dict().keys()
+
+
+def test_emulated_optimizer_states_hold_only_values_of_the_format(dist_info):
+    from trainlab.precision.formats import fake_quantize, parse_format
+
+    run = compose_run_config(TINY_RUN + ["precision=emulated", "precision.hp_dtype=fp32",
+                                         "precision.formats.optimizer_states=e4m3",
+                                         "train.max_steps=3"])
+    trainer = build_trainer(run, dist_info, tracker=ListTracker())
+    assert trainer.train().status == names.STATUS_FINISHED
+    e4m3 = parse_format("e4m3")
+    for state in trainer.optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            # at most e4m3's 126 positive finite magnitudes (x one scale per tensor), and a
+            # second rounding changes nothing but the last bit of the fp32 division
+            assert state[key].abs().unique().numel() <= 127
+            torch.testing.assert_close(state[key], fake_quantize(state[key], e4m3), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("m", "v", "dtype"), [("bf16", "bf16", torch.bfloat16),
+                                               ("e4m3", "e5m2", torch.float8_e4m3fn)])
+def test_optimizer_moments_stored_as_configured(dist_info, m, v, dtype):
+    run = compose_run_config(TINY_RUN + [f"optim.exp_avg_dtype={m}", f"optim.exp_avg_sq_dtype={v}",
+                                         "train.max_steps=12"])
+    tracker = ListTracker()
+    trainer = build_trainer(run, dist_info, tracker=tracker)
+    result = trainer.train()
+    assert result.status == names.STATUS_FINISHED
+    losses = list(tracker.series(names.LOSS).values())
+    assert losses[-1] < losses[0]  # it still trains
+    state = next(iter(trainer.optimizer.state.values()))
+    assert state["exp_avg"].dtype == dtype
+
+
+def test_emulated_without_a_format_is_refused():
+    with pytest.raises(Exception, match="precision.formats.activations"):
+        compose_run_config(["precision=emulated", "precision.formats.activations=",
+                            "precision.formats.weights=", "precision.formats.gradients="])
+    with pytest.raises(Exception, match="precision.formats.weights: .*e9m"):
+        compose_run_config(["precision=emulated", "precision.formats.weights=e9m"])
