@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,6 +40,34 @@ class RecordingTracker:
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(step, m[key]) for step, m in self.metrics if key in m]
+
+    def by_step(self, key: str) -> dict[int, float]:
+        """Optimizer-step series of one metric (by_tokens twins have keys of their own)."""
+        return dict(self.series(key))
+
+    def keys(self) -> set[str]:
+        return {k for _, m in self.metrics for k in m}
+
+    def steps_with(self, prefix: str) -> list[int]:
+        return sorted({step for step, m in self.metrics if any(k.startswith(prefix) for k in m)})
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny in-process trials: one torch thread avoids oversubscribing a busy 2-core machine
+    (use with pytestmark = pytest.mark.usefixtures("one_thread"))."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def dist_info():
+    """This process as a world of one on CPU (no process group)."""
+    from trainlab.engine.distributed import setup_distributed
+
+    return setup_distributed("cpu")
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import FP8_PRECISIONS, KEEP_HP_SELECTORS, PRECISIONS, PrecisionConfig
-from trainlab.engine.distributed import setup_distributed
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_module_names
 from trainlab.models import build_model
@@ -25,6 +25,8 @@ from trainlab.precision.capability import MIN_CUDA_CAPABILITY
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
 from trainlab.telemetry import Peak, Throughput, device_peak, peak_flops
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 UNALIGNED_VOCAB = 250  # not a multiple of 16: the output head 64 -> 250 cannot run in FP8 on a GPU
 N_BLOCKS, PER_BLOCK = 2, 7  # model=tiny: wq wk wv wo w1 w2 w3 in each of 2 blocks
@@ -41,45 +43,6 @@ TRAIN_STEPS = 15
 MIN_LOSS_DROP = 0.15
 # measured: every fp8 mode ends within 0.002 of fp32 on this run
 MAX_GAP_TO_FP32 = 0.03
-
-
-class ListTracker:
-    """Records every call, like a tracker that writes to memory."""
-
-    def __init__(self):
-        self.metrics: list[tuple[int, dict]] = []
-        self.tags: dict = {}
-
-    def log_metrics(self, metrics, *, step):
-        self.metrics.append((step, dict(metrics)))
-
-    def set_tags(self, tags):
-        self.tags.update(tags)
-
-    def log_artifact(self, path):
-        pass
-
-    def close(self):
-        pass
-
-    def series(self, key: str) -> dict[int, float]:
-        return {step: m[key] for step, m in self.metrics if key in m}
-
-    def keys(self) -> set[str]:
-        return {k for _, m in self.metrics for k in m}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    return setup_distributed("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +179,7 @@ def fp32_final_loss(dist_info):
 def _train(dist_info, precision: str, *extra: str):
     run = compose_run_config(TINY_RUN + [f"precision={precision}", "precision.hp_dtype=bf16",
                                          f"train.max_steps={TRAIN_STEPS}", *extra])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     trainer = quick_build(run, dist_info, tracker=tracker)
     return trainer, trainer.train(), tracker
 
@@ -239,7 +202,7 @@ def test_every_fp8_mode_trains_the_tiny_model(precision, impl, dist_info, fp32_f
     for m in fp8_modules:
         assert (m.emulate if precision == "fp8_delayed" else m.config.emulate) is emulated
 
-    losses = tracker.series(names.LOSS)
+    losses = tracker.by_step(names.LOSS)
     assert result.status == names.STATUS_FINISHED and result.steps == TRAIN_STEPS
     assert sorted(losses) == list(range(1, TRAIN_STEPS + 1))
     assert all(math.isfinite(v) for v in losses.values())
@@ -338,10 +301,10 @@ def test_fp8_trial_on_cpu_reports_mfu_against_its_high_precision_peak_only(dist_
     # hp_dtype=fp32: the fp32 probe takes 0.3 s; a CPU without bf16 units probes bf16 for seconds
     run = compose_run_config(TINY_RUN + ["precision=fp8_tensorwise", "precision.hp_dtype=fp32",
                                          "train.max_steps=3"])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     trainer = build_trainer(run, dist_info, tracker=tracker)  # the real CPU probe
     result = trainer.train()
-    tflops, tps, mfu = (tracker.series(k) for k in (names.MODEL_TFLOPS, names.TOKENS_PER_S, names.MFU))
+    tflops, tps, mfu = (tracker.by_step(k) for k in (names.MODEL_TFLOPS, names.TOKENS_PER_S, names.MFU))
     assert sorted(tflops) == sorted(tps) == sorted(mfu) == [1, 2, 3]
     assert all(v > 0 for v in [*tflops.values(), *tps.values()])
     # train/mfu is against the probed high-precision peak; CPU has no FP8 peak

@@ -15,14 +15,7 @@ from torch import nn
 
 from trainlab.precision.lowp_adamw import STATE_DTYPES, LowPrecisionAdamW, state_bytes
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tensors here are tiny: extra intra-op threads only add sync cost (and stall on busy CPUs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mlp(*, d_in: int = 16, hidden: int = 64, d_out: int = 4, seed: int = 0) -> nn.Module:

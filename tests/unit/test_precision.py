@@ -12,13 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import PrecisionConfig
-from trainlab.engine.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.precision import build_recipe
 from trainlab.precision.emulate import emulate_fp16_linears, round_fp16
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 FP16 = torch.finfo(torch.float16)
 FP16_MIN_SUBNORMAL = FP16.smallest_normal * 2.0 ** -10  # 2**-24
@@ -28,46 +30,6 @@ TINY_RUN = [
     "train.micro_batch_size=4", "train.seq_len=32", "cluster.num_workers=1",
     "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu",
 ]
-
-
-class ListTracker:
-    """Records every call, like a tracker that writes to memory."""
-
-    def __init__(self):
-        self.metrics: list[tuple[int, dict]] = []
-        self.tags: dict = {}
-        self.artifacts: list[str] = []
-        self.closed = False
-
-    def log_metrics(self, metrics, *, step):
-        self.metrics.append((step, dict(metrics)))
-
-    def set_tags(self, tags):
-        self.tags.update(tags)
-
-    def log_artifact(self, path):
-        self.artifacts.append(path)
-
-    def close(self):
-        self.closed = True
-
-    def series(self, key: str) -> dict[int, float]:
-        """Optimizer-step series of one metric (by_tokens twins are stepped differently)."""
-        return {step: m[key] for step, m in self.metrics if key in m}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # the trials here are tiny; one thread avoids oversubscribing a busy 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    return setup_distributed("cpu")
 
 
 def _snapshot(model: nn.Module) -> list[torch.Tensor]:
@@ -81,7 +43,7 @@ def _changed(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 # ---------------------------------------------------------------------------- fp16 loss scaling
 def test_fp16_overflow_skips_one_step_and_backs_off_the_scale(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.growth_interval=1000"])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     trainer = build_trainer(run, dist_info, tracker=tracker)
     assert trainer.recipe.emulated  # fp16_impl=auto on cpu
     init_scale = trainer.recipe.loss_scale
@@ -109,23 +71,23 @@ def test_fp16_overflow_skips_one_step_and_backs_off_the_scale(dist_info):
         assert changed == (step != bad_step), f"step {step}: changed={changed}"
 
     # what the tracker saw
-    skipped = tracker.series(names.SKIPPED_STEPS)
-    scale = tracker.series(names.LOSS_SCALE)
+    skipped = tracker.by_step(names.SKIPPED_STEPS)
+    scale = tracker.by_step(names.LOSS_SCALE)
     assert skipped[bad_step - 1] == 0 and skipped[bad_step] == 1 and skipped[run.train.max_steps] == 1
     assert scale[bad_step - 1] == init_scale
     assert scale[bad_step] == init_scale * run.precision.backoff_factor
     assert all(scale[s] == scale[bad_step] for s in range(bad_step, run.train.max_steps + 1))
-    assert not math.isfinite(tracker.series(names.GRAD_NORM)[bad_step])  # inf * 0 = NaN
+    assert not math.isfinite(tracker.by_step(names.GRAD_NORM)[bad_step])  # inf * 0 = NaN
 
 
 def test_fp16_without_loss_scaling_reports_no_scale(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.loss_scale=none",
                                          "train.max_steps=2"])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     result = build_trainer(run, dist_info, tracker=tracker).train()
     assert result.status == names.STATUS_FINISHED and result.loss_scale is None
-    assert tracker.series(names.LOSS_SCALE) == {}
-    assert len(tracker.series(names.LOSS)) == 2
+    assert tracker.by_step(names.LOSS_SCALE) == {}
+    assert len(tracker.by_step(names.LOSS)) == 2
 
 
 # ---------------------------------------------------------------------------- fp16 emulation
@@ -228,7 +190,7 @@ def test_fp32_recipe_skips_the_update_when_grads_are_not_finite():
 # ---------------------------------------------------------------------------- divergence
 def test_nonfinite_loss_stops_the_trial_as_diverged(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp32"])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     trainer = build_trainer(run, dist_info, tracker=tracker)
     # NaN logits during the 3rd optimizer step (trainer.step counts completed steps)
     trainer.model.register_forward_hook(lambda m, i, out: out * float("nan") if trainer.step == 2 else out)
@@ -237,7 +199,7 @@ def test_nonfinite_loss_stops_the_trial_as_diverged(dist_info):
     assert result.diverged_step == 3 and result.steps == 3
     assert result.first_nonfinite == "loss"
     assert math.isnan(result.final_loss)
-    losses = tracker.series(names.LOSS)
+    losses = tracker.by_step(names.LOSS)
     assert max(losses) == 3 and math.isnan(losses[3])  # the NaN step was logged, then nothing
 
 
@@ -287,7 +249,7 @@ def test_emulated_optimizer_states_hold_only_values_of_the_format(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=emulated", "precision.hp_dtype=fp32",
                                          "precision.formats.optimizer_states=e4m3",
                                          "train.max_steps=3"])
-    trainer = build_trainer(run, dist_info, tracker=ListTracker())
+    trainer = build_trainer(run, dist_info, tracker=RecordingTracker())
     assert trainer.train().status == names.STATUS_FINISHED
     e4m3 = parse_format("e4m3")
     for state in trainer.optimizer.state.values():
@@ -303,11 +265,11 @@ def test_emulated_optimizer_states_hold_only_values_of_the_format(dist_info):
 def test_optimizer_moments_stored_as_configured(dist_info, m, v, dtype):
     run = compose_run_config(TINY_RUN + [f"optim.exp_avg_dtype={m}", f"optim.exp_avg_sq_dtype={v}",
                                          "train.max_steps=12"])
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     trainer = build_trainer(run, dist_info, tracker=tracker)
     result = trainer.train()
     assert result.status == names.STATUS_FINISHED
-    losses = list(tracker.series(names.LOSS).values())
+    losses = list(tracker.by_step(names.LOSS).values())
     assert losses[-1] < losses[0]  # it still trains
     state = next(iter(trainer.optimizer.state.values()))
     assert state["exp_avg"].dtype == dtype

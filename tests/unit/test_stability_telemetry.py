@@ -11,13 +11,15 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.precision.formats import parse_format
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry import GradNormWindow, NumericsProbe, Peak, peak_flops, update_to_weight
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 E4M3 = parse_format("e4m3")
 E5M2 = parse_format("e5m2")
@@ -28,45 +30,6 @@ TINY_RUN = [
     "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu",
 ]
 BAD_GRAD_PARAM = "layers.1.feed_forward.w2.weight"
-
-
-class ListTracker:
-    """Records every call, like a tracker that writes to memory."""
-
-    def __init__(self):
-        self.metrics: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, *, step):
-        self.metrics.append((step, dict(metrics)))
-
-    def set_tags(self, tags):
-        pass
-
-    def log_artifact(self, path):
-        pass
-
-    def close(self):
-        pass
-
-    def series(self, key: str) -> dict[int, float]:
-        """Optimizer-step series of one metric (by_tokens twins are stepped differently)."""
-        return {step: m[key] for step, m in self.metrics if key in m}
-
-    def steps_with(self, prefix: str) -> list[int]:
-        return sorted({step for step, m in self.metrics if any(k.startswith(prefix) for k in m)})
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def dist_info():
-    return setup_distributed("cpu")
 
 
 def trainer_for(overrides: list[str], dist_info, tracker=None):
@@ -98,7 +61,7 @@ def make_grad(trainer, value: float, *, at_step: int) -> None:
     ("output", 3),
 ])
 def test_injected_nan_ends_the_trial_naming_its_module(module, step, dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     _, trainer = trainer_for([f"train.inject_nan={module}@{step}", "train.max_steps=10"], dist_info, tracker)
     snaps = {0: snapshot(trainer.model)}
     trainer.add_hook(lambda tr, s, m: snaps.__setitem__(s, snapshot(tr.model)))
@@ -107,10 +70,10 @@ def test_injected_nan_ends_the_trial_naming_its_module(module, step, dist_info):
     assert result.status == names.STATUS_DIVERGED
     assert result.diverged_step == step == result.steps
     assert result.first_nonfinite == f"activation:{module}"
-    losses = tracker.series(names.LOSS)
+    losses = tracker.by_step(names.LOSS)
     assert sorted(losses) == list(range(1, step + 1))  # nothing logged after the NaN step
     assert math.isnan(losses[step]) and all(math.isfinite(losses[s]) for s in range(1, step))
-    assert tracker.series(names.NONFINITE_STEPS)[step] == 1
+    assert tracker.by_step(names.NONFINITE_STEPS)[step] == 1
     # the NaN step updated no weight (the saved model is the last healthy one)
     assert sorted(snaps) == list(range(step + 1))
     assert same(snaps[step - 1], snaps[step])
@@ -120,19 +83,19 @@ def test_injected_nan_ends_the_trial_naming_its_module(module, step, dist_info):
 
 # ---------------------------------------------------------------------------- gradient origin
 def test_inf_gradient_without_loss_scaling_is_a_divergence_named_by_parameter(dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     _, trainer = trainer_for(["precision=fp32", "train.max_steps=8"], dist_info, tracker)
     make_grad(trainer, math.inf, at_step=3)
     result = trainer.train()
 
     assert result.status == names.STATUS_DIVERGED and result.diverged_step == 3
     assert result.first_nonfinite == f"grad:{BAD_GRAD_PARAM}"
-    assert math.isfinite(tracker.series(names.LOSS)[3])  # the loss was fine: a gradient went first
-    assert math.isinf(tracker.series(names.GRAD_NORM)[3])
+    assert math.isfinite(tracker.by_step(names.LOSS)[3])  # the loss was fine: a gradient went first
+    assert math.isinf(tracker.by_step(names.GRAD_NORM)[3])
 
 
 def test_inf_gradient_under_fp16_loss_scaling_is_a_skipped_step(dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     run, trainer = trainer_for(["precision=fp16", "precision.growth_interval=1000", "train.max_steps=8"],
                                dist_info, tracker)
     make_grad(trainer, math.inf, at_step=3)
@@ -142,7 +105,7 @@ def test_inf_gradient_under_fp16_loss_scaling_is_a_skipped_step(dist_info):
     assert result.skipped_steps == 1 and result.diverged_step is None
     assert result.first_nonfinite == f"grad:{BAD_GRAD_PARAM}"  # still named, though not fatal
     assert result.loss_scale == run.precision.init_scale * run.precision.backoff_factor
-    skipped = tracker.series(names.SKIPPED_STEPS)
+    skipped = tracker.by_step(names.SKIPPED_STEPS)
     assert skipped[2] == 0 and skipped[3] == 1 and skipped[run.train.max_steps] == 1
     assert math.isfinite(result.final_loss)
 
@@ -240,13 +203,13 @@ def test_probe_with_tensor_scaling_overflows_nothing():
 
 
 def test_fp16_loss_scaling_rescues_gradients_from_underflow(dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     run, trainer = trainer_for(["precision=fp16", "precision.loss_scale=dynamic", "train.numerics_every=1"],
                                dist_info, tracker)
     result = trainer.train()
     assert result.status == names.STATUS_FINISHED
-    scaled = tracker.series(names.NUM_GRAD_UNDERFLOW)
-    unscaled = tracker.series(names.NUM_GRAD_UNDERFLOW_UNSCALED)
+    scaled = tracker.by_step(names.NUM_GRAD_UNDERFLOW)
+    unscaled = tracker.by_step(names.NUM_GRAD_UNDERFLOW_UNSCALED)
     steps = list(range(1, run.train.max_steps + 1))
     assert sorted(scaled) == sorted(unscaled) == steps  # sampled every step
     assert all(0 <= scaled[s] <= unscaled[s] <= 1 for s in steps), (scaled, unscaled)
@@ -278,7 +241,7 @@ def test_update_to_weight_ratio_on_known_tensors():
 # ---------------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_numerics_are_sampled_on_the_first_and_every_nth_step(precision, dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     _, trainer = trainer_for([f"precision={precision}", "train.numerics_every=5", "train.max_steps=10"],
                              dist_info, tracker)
     trainer.train()
@@ -286,12 +249,12 @@ def test_numerics_are_sampled_on_the_first_and_every_nth_step(precision, dist_in
     assert tracker.steps_with(names.NUM_PREFIX) == sampled
     for key in (names.UPDATE_TO_WEIGHT, names.UPDATE_TO_WEIGHT_MAX, names.GRAD_NORM_P50, names.GRAD_NORM_P99,
                 names.NUM_SWIGLU_AMAX, names.NUM_SWIGLU_ALIGNMENT, names.swiglu_metric(1, "amax")):
-        assert sorted(tracker.series(key)) == sampled, key
-    assert all(0 < v < 1 for v in tracker.series(names.UPDATE_TO_WEIGHT).values())
+        assert sorted(tracker.by_step(key)) == sampled, key
+    assert all(0 < v < 1 for v in tracker.by_step(names.UPDATE_TO_WEIGHT).values())
 
     # each percentile covers the steps since the previous sample: 2..5, then 6..10
-    norms = tracker.series(names.GRAD_NORM)
-    p50, p99 = tracker.series(names.GRAD_NORM_P50), tracker.series(names.GRAD_NORM_P99)
+    norms = tracker.by_step(names.GRAD_NORM)
+    p50, p99 = tracker.by_step(names.GRAD_NORM_P50), tracker.by_step(names.GRAD_NORM_P99)
     assert p50[1] == p99[1] == norms[1]
     window = sorted(norms[s] for s in range(2, 6))
     assert (p50[5], p99[5]) == (window[1], window[-1])
@@ -300,14 +263,14 @@ def test_numerics_are_sampled_on_the_first_and_every_nth_step(precision, dist_in
 
     # cast statistics come from modes with low-precision casts: bf16 autocasts every linear
     cast_key = names.cast_max_metric("input", "amax")
-    assert sorted(tracker.series(cast_key)) == (sampled if precision == "bf16" else [])
+    assert sorted(tracker.by_step(cast_key)) == (sampled if precision == "bf16" else [])
 
 
 def test_numerics_every_zero_samples_nothing(dist_info):
-    tracker = ListTracker()
+    tracker = RecordingTracker()
     _, trainer = trainer_for(["precision=bf16", "train.numerics_every=0", "train.max_steps=6"],
                              dist_info, tracker)
     trainer.train()
-    assert sorted(tracker.series(names.LOSS)) == list(range(1, 7))
+    assert sorted(tracker.by_step(names.LOSS)) == list(range(1, 7))
     assert tracker.steps_with(names.NUM_PREFIX) == []
-    assert tracker.series(names.UPDATE_TO_WEIGHT) == {} and tracker.series(names.GRAD_NORM_P50) == {}
+    assert tracker.by_step(names.UPDATE_TO_WEIGHT) == {} and tracker.by_step(names.GRAD_NORM_P50) == {}
