@@ -46,13 +46,17 @@ class NumericsProbe:
             self._handles.append(module.register_forward_pre_hook(self._input_hook(name, spec, module)))
             self._handles.append(module.register_forward_hook(self._output_hook(name, spec, module)))
 
+    # hooks run eagerly under torch.compile (graph breaks on sampled steps only), instead of
+    # being traced once per layer name and recompiling past dynamo's limit
     def _input_hook(self, name: str, spec: CastSpec, module: nn.Module):
+        @torch.compiler.disable
         def hook(_m, args):
             if spec.input is not None and (name, "input") not in self._seen:
                 self._seen[(name, "input")] = self._measure(args[0], spec.input, spec, module, "input")
         return hook
 
     def _output_hook(self, name: str, spec: CastSpec, module: nn.Module):
+        @torch.compiler.disable
         def hook(_m, _args, output):
             if spec.grad_output is None or not (torch.is_tensor(output) and output.requires_grad):
                 return

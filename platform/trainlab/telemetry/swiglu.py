@@ -83,6 +83,7 @@ class SwigluMonitor:
             self._handles.append(ff.swiglu_tap.register_forward_hook(self._hook(index)))
 
     def _hook(self, index: int):
+        @torch.compiler.disable  # run eagerly under torch.compile: no recompile per block
         def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
             with torch.no_grad():
                 h = output.detach().float()
