@@ -10,6 +10,7 @@ import csv
 import math
 import statistics
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -39,6 +40,7 @@ MFU = {FP32: 0.30, FP16: 0.50}
 PEAK = {(FP32, 0): 2.0, (FP32, 1): 2.1, (FP16, 0): 1.5, (FP16, 1): 1.6}
 SKIPPED = {(FP16, 0): [0, 0, 1, 1, 1, 2], (FP16, 1): [0, 1, 1, 1, 1, 1]}
 LOSS_SCALE = [65536.0, 65536.0, 32768.0, 32768.0, 65536.0, 65536.0]
+UNDERFLOW = [0.01, 0.02, 0.0, 0.05, 0.01, 0.03]  # worst-layer gradient underflow (fp16)
 # the diverged fp16 trial (seed 2): absurd throughput so that counting it would show
 DIV_TPS = [300.0, 5000.0, 5000.0]
 DIV_GRAD = [1.0, 50.0, math.inf]
@@ -70,6 +72,8 @@ def _trial_metrics(label, seed):
                 _metric(names.LOSS_SPIKES, 0, step)]
         if label == FP16:
             out.append(_metric(names.LOSS_SCALE, LOSS_SCALE[i], step))
+            out.append(_metric(names.cast_max_metric("grad_output", names.CAST_UNDERFLOW),
+                               UNDERFLOW[i], step))
     for k, v in enumerate(val):
         step = 2 * (k + 1)
         out += [_metric(names.VAL_LOSS, v, step), _metric(names.by_tokens(names.VAL_LOSS), v, step * tok)]
@@ -149,6 +153,9 @@ def test_summary_numbers(store):
     assert s.baseline == FP32
     assert [r.label for r in s.rows] == [FP32, FP16, BF16]
     r32, r16, r_bf = s.row(FP32), s.row(FP16), s.row(BF16)
+    # one fp16 seed diverged: the configuration is unstable, whatever its other seeds did
+    assert (r32.verdict, r16.verdict, r_bf.verdict) == ("baseline", "diverged", "failed")
+    assert r16.max_underflow == max(UNDERFLOW) and r32.max_underflow is None
 
     tps32, tps16 = _expected_tps(FP32), _expected_tps(FP16)
     assert r32.tokens_per_s_mean == pytest.approx(sum(tps32) / 2)
@@ -212,6 +219,18 @@ def test_explicit_baseline_and_target(store):
         summarize(trials, baseline=BF16)
 
 
+def test_verdict_degraded_beyond_the_tolerance():
+    from trainlab.compare.records import ConfigRow
+    from trainlab.compare.summarize import verdict
+
+    row = ConfigRow(label="precision=emulated", precision="emulated", is_baseline=False, n_trials=2,
+                    n_finished=2, n_diverged=0, n_failed=0, n_running=0, delta_val_loss=0.03)
+    assert verdict(row, base_val_loss=2.0, tolerance=0.01) == "degraded"  # 1.5 % worse
+    assert verdict(row, base_val_loss=2.0, tolerance=0.02) == "ok"
+    better = replace(row, delta_val_loss=-0.5)
+    assert verdict(better, base_val_loss=2.0, tolerance=0.01) == "ok"
+
+
 def test_default_baseline_by_precision_rank():
     def t(label, precision, status=names.STATUS_FINISHED):
         return Trial(run_id=label, label=label, status=status, precision=precision)
@@ -227,7 +246,8 @@ def test_files_artifacts_and_report(store, tmp_path):
     result = compare_sweep(tracking_uri=store["uri"], sweep="shootout", out_dir=out)
     names_written = {p.name for p in result.files}
     assert names_written == {"summary.md", "summary.csv", "val_loss_vs_tokens.png",
-                             "train_loss_vs_tokens.png", "throughput.png", "loss_scale.png", "report.html"}
+                             "train_loss_vs_tokens.png", "throughput.png", "loss_scale.png",
+                             "underflow.png", "report.html"}
     for p in result.files:
         assert p.parent == out and p.stat().st_size > 0
         if p.suffix == ".png":
@@ -239,7 +259,7 @@ def test_files_artifacts_and_report(store, tmp_path):
     assert rows[BF16]["n_failed"] == "1" and rows[BF16]["tokens_per_s_mean"] == ""
     assert float(rows[FP16]["speedup"]) == pytest.approx(result.summary.row(FP16).speedup)
     report = result.report.read_text()
-    assert report.count("data:image/png;base64,") == 4
+    assert report.count("data:image/png;base64,") == 5
     assert "<table>" in report and f"{FP32} (baseline)" in report and "bf16 is not supported here" in report
 
     listed = store["client"].list_artifacts(store["new"], names.ARTIFACT_COMPARE_DIR)
@@ -258,7 +278,8 @@ def test_cli_selectors(store, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["--experiment", "misc", "--no-log"])
     assert (tmp_path / "compare" / "nightly" / "report.html").exists()
-    assert "loss_scale.png" not in {p.name for p in (tmp_path / "compare" / "nightly").iterdir()}
+    written = {p.name for p in (tmp_path / "compare" / "nightly").iterdir()}
+    assert "loss_scale.png" not in written and "underflow.png" not in written  # fp32 casts nothing
     capsys.readouterr()
 
     # --parent picks the older run of the same sweep: one trial

@@ -18,6 +18,7 @@ VAL_LOSS_PNG = "val_loss_vs_tokens.png"
 TRAIN_LOSS_PNG = "train_loss_vs_tokens.png"
 THROUGHPUT_PNG = "throughput.png"
 LOSS_SCALE_PNG = "loss_scale.png"
+UNDERFLOW_PNG = "underflow.png"
 
 
 def _figure() -> tuple[Figure, object]:
@@ -125,8 +126,45 @@ def loss_scale(summary: Summary, trials: Sequence[Trial], *, title: str, path: P
     return path
 
 
+def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Path) -> Path | None:
+    """Worst-layer underflow fraction of each cast kind over steps, one line per trial; None
+    (no file) when no trial cast anything to low precision."""
+    kinds = [(k, names.cast_max_metric(k, names.CAST_UNDERFLOW)) for k in names.CAST_TENSORS]
+    if not any(curves.finite_points(t.series(key)) for t in trials for _, key in kinds):
+        path.unlink(missing_ok=True)
+        return None
+    fig = Figure(figsize=(12, 4.2), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(kinds), sharey=True)
+    colors = _colors(summary)
+    for ax, (kind, key) in zip(axes, kinds):
+        seen: set[str] = set()
+        for t in trials:
+            pts = curves.finite_points(t.series(key))
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(t.label),
+                    linestyle="-" if t.status == names.STATUS_FINISHED else ":",
+                    label=None if t.label in seen else t.label)
+            seen.add(t.label)
+        ax.set(xlabel="optimizer step", title=f"{kind}: worst layer")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of non-zero values cast to 0")
+    axes[0].set_yscale("symlog", linthresh=1e-4)  # 0.01 % and 99 % both readable
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        h, la = ax.get_legend_handles_labels()
+        handles += [x for x, y in zip(h, la) if y not in labels]
+        labels += [y for y in la if y not in labels]
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    fig.suptitle(title)
+    fig.savefig(path)
+    return path
+
+
 def write_all(summary: Summary, trials: Sequence[Trial], *, sweep: str, out_dir: Path) -> list[Path]:
-    """Every plot into out_dir; loss_scale.png only when some configuration has a loss scale."""
+    """Every plot into out_dir; loss_scale.png only when some configuration has a loss scale,
+    underflow.png only when some trial cast to low precision."""
     target = summary.target_loss if summary.target_loss is not None and math.isfinite(
         summary.target_loss) else None
     paths = [
@@ -137,4 +175,6 @@ def write_all(summary: Summary, trials: Sequence[Trial], *, sweep: str, out_dir:
         throughput(summary, title=f"{sweep}: throughput", path=out_dir / THROUGHPUT_PNG),
     ]
     scale = loss_scale(summary, trials, title=f"{sweep}: loss scale", path=out_dir / LOSS_SCALE_PNG)
-    return paths + ([scale] if scale else [])
+    under = underflow(summary, trials, title=f"{sweep}: underflow of low-precision casts",
+                      path=out_dir / UNDERFLOW_PNG)
+    return paths + [p for p in (scale, under) if p]
