@@ -40,6 +40,15 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def status_text(status: str, result: dict | None) -> str:
+    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', else status."""
+    r = result or {}
+    if status == "diverged" and r.get("diverged_step") is not None:
+        return (f"{status} at step {r['diverged_step']} "
+                f"(first non-finite: {r.get('first_nonfinite') or 'loss'})")
+    return status
+
+
 class ProgressLine:
     """Consumes the engine's progress events ({'kind': 'start'|'step', ...})."""
 

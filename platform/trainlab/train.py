@@ -32,7 +32,7 @@ def under_torchrun() -> bool:
 def run_engine_here(run: RunConfig):
     """torchrun path: every process runs the engine; rank 0 tracks, prints progress and, with
     tracking=mlflow, opens the trial's run and closes it with the trial's status."""
-    from trainlab.console import ProgressLine, print0
+    from trainlab.console import ProgressLine, print0, status_text
     from trainlab.engine.run import run_trial
     from trainlab.tracking import JsonlTracker
     from trainlab.tracking.runs import (
@@ -62,7 +62,8 @@ def run_engine_here(run: RunConfig):
         progress.close()
     for trial in opened:
         close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""))
-    print0(f"status {result.status}: {result.steps} steps, loss {result.final_loss:.4f}, "
+    print0(f"status {status_text(result.status, dataclasses.asdict(result))}: {result.steps} steps, "
+           f"loss {result.final_loss:.4f}, "
            f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s")
     return result
 

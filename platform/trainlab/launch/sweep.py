@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
-from trainlab.console import SweepProgress, console, fmt
+from trainlab.console import SweepProgress, console, fmt, status_text
 
 
 @dataclass
@@ -227,7 +227,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.ended_at = time.perf_counter()
         r = t.result or {}
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
-                                f"{_status_markup(t.status)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
+                                f"{_status_markup(t.status, r)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
                                 f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
                                 f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
 
@@ -239,9 +239,9 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     return limit
 
 
-def _status_markup(status: str) -> str:
+def _status_markup(status: str, result: dict | None = None) -> str:
     color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow"}.get(status, "red")
-    return f"[{color}]{status}[/]"
+    return f"[{color}]{status_text(status, result)}[/]"
 
 
 def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Trial]) -> str:

@@ -9,7 +9,7 @@ from typing import Callable
 
 from trainlab import names
 from trainlab.config import RunConfig
-from trainlab.console import ProgressLine, console, fmt, summary_table
+from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.launch.preflight import preflight
 from trainlab.tracking.runs import (
     TrialRun,
@@ -89,7 +89,7 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     r = outcome.result or {}
     extra = r.get("extra", {})
     rows = {
-        "status": outcome.status + (f" ({outcome.error})" if outcome.error else ""),
+        "status": status_text(outcome.status, r) + (f" ({outcome.error})" if outcome.error else ""),
         "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
         "train loss": fmt(r.get("final_loss"), ".4f"),
         "val loss": fmt(r.get("final_val_loss"), ".4f"),
