@@ -4,8 +4,8 @@ forward_backward_step  one micro-batch: forward under the precision recipe, scal
 train_step             one optimizer step: accumulation, unscale, clip, step, LR, counters
 train                  the loop: metrics, validation, hooks, early stop on divergence
 
-Stability telemetry rides along: every step, non-finite activations are flagged on the
-device (read only when the loss or gradient is non-finite, to name the origin); every
+Stability telemetry rides along: a step whose loss or gradient is non-finite is replayed
+forward to name the tensor that went first (healthy steps pay nothing for it); every
 train.numerics_every steps one step is sampled: the casts of every low-precision layer,
 SwiGLU outliers, the update-to-weight ratio and the grad-norm percentiles.
 
@@ -112,8 +112,7 @@ class Trainer:
         self._mfus: list[float] = []
         self._mfus_fp8: list[float] = []
         raw = unwrap(model)
-        # torch.compile would trace the per-module flag hooks; compiled runs name the loss or a gradient
-        self.nonfinite = NonFiniteMonitor(raw) if not run.train.compile else None
+        self.nonfinite = NonFiniteMonitor(raw)
         self.probe = NumericsProbe(recipe.casts)
         self.swiglu = SwigluMonitor(raw)
         self.grad_norms = GradNormWindow()
@@ -140,8 +139,6 @@ class Trainer:
     # -- one optimizer step ----------------------------------------------------------------
     def train_step(self, micro_batches: list[Batch], *, sample: bool = False) -> StepResult:
         self.optimizer.zero_grad(set_to_none=True)
-        if self.nonfinite is not None:
-            self.nonfinite.reset()
         if sample:
             self.probe.arm(loss_scale=self.recipe.loss_scale)
             self.swiglu.arm()
@@ -162,7 +159,8 @@ class Trainer:
         (loss,) = all_reduce_mean([float(loss_sum) / n], device=self.dist.device)
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
         if not result.finite:
-            result.origin = self._nonfinite_origin(loss_finite=math.isfinite(float(loss_sum)))
+            result.origin = self._nonfinite_origin([x for x, _ in micro_batches],
+                                                   loss_finite=math.isfinite(float(loss_sum)))
         self.grad_norms.add(grad_norm)
         if sample:
             if applied:
@@ -181,11 +179,11 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, norm)
         return grad_norm
 
-    def _nonfinite_origin(self, *, loss_finite: bool) -> str:
+    def _nonfinite_origin(self, inputs: list[torch.Tensor], *, loss_finite: bool) -> str:
         """The first non-finite tensor over all ranks: an activation beats the loss beats a
         gradient (that is the order they are computed in); ties go to the lowest rank."""
-        local = self.nonfinite.first_nonfinite(loss_finite=loss_finite) if self.nonfinite else (
-            "" if loss_finite else LOSS)
+        inputs = [x.to(self.dist.device) for x in inputs]
+        local = self.nonfinite.origin(inputs, self.recipe.autocast, loss_finite=loss_finite)
         origins = [o for o in gather_strings(local) if o]
         for kind in (ACTIVATION, LOSS):
             for origin in origins:

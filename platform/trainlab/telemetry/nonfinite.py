@@ -1,15 +1,17 @@
 """Which tensor went non-finite first: an activation (of which module), the loss, or a gradient.
 
-Every module's output is checked on the device each forward (one fused isfinite-all per
-module, OR-ed into a flag vector: no host sync). The flags are read only on a step whose
-loss or gradient norm is already non-finite, so a healthy step pays no synchronisation.
-The first flagged module in execution order is the origin: a NaN propagates forward, so
-every module after it is flagged too.
+Healthy steps pay nothing: the loss and the gradient norm are checked anyway. On a step where
+either is non-finite, the step's micro-batches are run forward again with a hook on every
+module, and the first module (in execution order) whose output is non-finite is the origin;
+a NaN propagates forward, so every module after it is non-finite too. The replay sees the
+same weights and inputs (the update of a non-finite step is never applied), so it reproduces
+the forward pass; if it does not (a transient fault), the loss or the first non-finite
+gradient in backward order is named instead.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
@@ -22,54 +24,44 @@ LOSS = "loss"
 class NonFiniteMonitor:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self._names = [name for name, _ in model.named_modules() if name]
-        self._flags: torch.Tensor | None = None
-        self._order: list[int] = []      # module indices in the order their outputs complete
-        self._order_done = False
-        self._handles = [module.register_forward_hook(self._hook(i))
-                         for i, (name, module) in enumerate((n, m) for n, m in model.named_modules() if n)]
-        self._root = model.register_forward_hook(self._root_hook)
+        """The user's model, unwrapped (no DDP or torch.compile: names without prefixes)."""
 
-    def _hook(self, index: int) -> Callable:
-        def hook(_module, _args, output):
-            if not torch.is_tensor(output) or not output.is_floating_point():
-                return
-            if not self._order_done:
-                self._order.append(index)
-            if self._flags is None or self._flags.device != output.device:
-                self._flags = torch.zeros(len(self._names), dtype=torch.bool, device=output.device)
-            self._flags[index] |= ~torch.isfinite(output.detach()).all()
-        return hook
+    @torch.no_grad()
+    def first_activation(self, inputs: Iterable[torch.Tensor], autocast: Callable[[], ContextManager]) -> str:
+        """Replay forward passes over `inputs` until a module's output is non-finite."""
+        found: list[str] = []
 
-    def _root_hook(self, *_):
-        self._order_done = True
+        def hook_for(name: str):
+            def hook(_module, _args, output):
+                if not found and torch.is_tensor(output) and output.is_floating_point() \
+                        and not torch.isfinite(output).all():
+                    found.append(name)
+            return hook
 
-    def reset(self) -> None:
-        """Start a new optimizer step (flags are OR-ed over its micro-batches)."""
-        if self._flags is not None:
-            self._flags.zero_()
+        handles = [m.register_forward_hook(hook_for(n)) for n, m in self.model.named_modules() if n]
+        try:
+            for x in inputs:
+                with autocast():
+                    self.model(x)
+                if found:
+                    return ACTIVATION + found[0]
+        finally:
+            for h in handles:
+                h.remove()
+        return ""
 
-    def first_nonfinite(self, *, loss_finite: bool) -> str:
-        """The origin of a non-finite step: 'activation:<module>', 'loss', 'grad:<param>' or ''.
-
-        Call after backward of a step whose loss or gradient norm was non-finite (syncs)."""
-        if self._flags is not None:
-            flagged = self._flags.tolist()
-            for index in self._order:
-                if flagged[index]:
-                    return ACTIVATION + self._names[index]
-        if not loss_finite:
-            return LOSS
-        # gradients are produced from the output backwards: the first non-finite one in
-        # that order is where the overflow started
+    def first_gradient(self) -> str:
+        """Gradients are produced from the output backwards: the first non-finite one in that
+        order is where the overflow started."""
         for name, param in reversed(list(self.model.named_parameters())):
             if param.grad is not None and not torch.isfinite(param.grad).all():
                 return GRADIENT + name
         return ""
 
-    def close(self) -> None:
-        for h in (*self._handles, self._root):
-            h.remove()
+    def origin(self, inputs: Iterable[torch.Tensor], autocast: Callable[[], ContextManager], *,
+               loss_finite: bool) -> str:
+        """'activation:<module>', 'loss', 'grad:<param>' or '' (call only on a bad step)."""
+        return self.first_activation(inputs, autocast) or (LOSS if not loss_finite else self.first_gradient())
 
 
 def inject_nan(model: nn.Module, module_name: str, *, at_step: int, current_step: Callable[[], int]):
