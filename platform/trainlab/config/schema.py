@@ -28,7 +28,11 @@ KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned")
 DEVICES = ("auto", "cpu", "cuda")
 DATASETS = ("text", "markov", "tokens")
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
-PARALLEL_STRATEGIES = ("ddp",)
+PARALLEL_LAYOUTS = ("ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "pp", "dp_tp", "dp_pp", "fsdp_tp")
+DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+COMM_DTYPES = ("fp32", "fp16", "bf16")
+CHECKPOINTING = ("none", "block", "selective")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("auto", "emulated", "native")
 
@@ -156,29 +160,64 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the world of workers is laid out. dp * tp * pp must equal the world size."""
+    """How the world of workers is laid out on a DeviceMesh: dp x tp x pp = the world size.
+
+    `data_parallel` says how the dp ranks share the model; tp and pp cut it. Hybrids are
+    degrees above 1 together (e.g. data_parallel=fsdp tp=2, or dp=2 pp=4 on 8 devices)."""
 
     name: str = "ddp"
-    """Strategy: ddp (data parallel, a full replica per worker)."""
+    """The layout's name, recorded as the `parallel` tag (the option chosen in conf/parallel/)."""
+    data_parallel: str = "ddp"
+    """ddp (full replica per rank), zero1 (DDP + optimizer states sharded), zero2 (FSDP2
+    without resharding after forward: gradients and states sharded), fsdp (FSDP2, ZeRO-3:
+    parameters too), hsdp (FSDP2 sharded within dp_shard groups, replicated across them)."""
     dp: int = 0
     """Data-parallel degree; 0 = world size / (tp * pp)."""
+    dp_replicate: int = 1
+    """hsdp only: replica groups (the rest of dp shards within a group)."""
     tp: int = 1
-    """Tensor-parallel degree."""
+    """Tensor-parallel degree (attention heads and MLP columns split across ranks)."""
+    sequence_parallel: bool = False
+    """tp only: norms and residuals sharded along the sequence (less activation memory)."""
     pp: int = 1
-    """Pipeline-parallel degree."""
+    """Pipeline-parallel degree (the blocks cut into pp stages)."""
+    pp_schedule: str = "1f1b"
+    """gpipe, 1f1b or interleaved_1f1b."""
+    pp_microbatches: int = 0
+    """Micro-batches per pipeline step; 0 = the micro-batches gradient accumulation would run
+    (train.global_batch_size / (dp x train.micro_batch_size)). The bubble is (pp-1)/(m+pp-1)."""
+    pp_virtual_stages: int = 1
+    """interleaved_1f1b: stages per rank."""
     bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MiB (PyTorch's default is 25)."""
+    comm_dtype: str = "fp32"
+    """Precision of the data-parallel gradient all-reduce: fp32, fp16 or bf16."""
+    powersgd_rank: int = 0
+    """ddp: PowerSGD low-rank gradient compression of this rank; 0 = off."""
+    activation_checkpoint: str = "none"
+    """none, block (recompute every block in backward) or selective (every other block)."""
 
     def __post_init__(self) -> None:
-        _one_of("parallel", "name", self.name, PARALLEL_STRATEGIES)
-        _positive("parallel", tp=self.tp, pp=self.pp, bucket_cap_mb=self.bucket_cap_mb)
-        if self.dp < 0:
-            raise ValueError(f"parallel.dp={self.dp} must be >= 0 (0 = derive from world size)")
-        if self.tp != 1 or self.pp != 1:
-            raise ValueError(
-                f"parallel.tp={self.tp}, parallel.pp={self.pp}: strategy "
-                f"'{self.name}' replicates the whole model; set parallel.tp=1 parallel.pp=1"
-            )
+        _one_of("parallel", "name", self.name, PARALLEL_LAYOUTS)
+        _one_of("parallel", "data_parallel", self.data_parallel, DATA_PARALLEL)
+        _one_of("parallel", "pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        _one_of("parallel", "comm_dtype", self.comm_dtype, COMM_DTYPES)
+        _one_of("parallel", "activation_checkpoint", self.activation_checkpoint, CHECKPOINTING)
+        _positive("parallel", tp=self.tp, pp=self.pp, dp_replicate=self.dp_replicate,
+                  pp_virtual_stages=self.pp_virtual_stages, bucket_cap_mb=self.bucket_cap_mb)
+        for name in ("dp", "pp_microbatches", "powersgd_rank"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"parallel.{name}={getattr(self, name)} must be >= 0 (0 = "
+                                 f"{'derive' if name != 'powersgd_rank' else 'off'})")
+        if self.dp_replicate > 1 and self.data_parallel != "hsdp":
+            raise ValueError(f"parallel.dp_replicate={self.dp_replicate} only applies to "
+                             "parallel.data_parallel=hsdp; set parallel.dp_replicate=1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("parallel.sequence_parallel=true needs parallel.tp > 1")
+        if self.powersgd_rank and self.data_parallel != "ddp":
+            raise ValueError(f"parallel.powersgd_rank={self.powersgd_rank} is a DDP communication "
+                             f"hook; it does not combine with parallel.data_parallel="
+                             f"{self.data_parallel}; set parallel.powersgd_rank=0")
 
 
 @dataclass

@@ -61,10 +61,70 @@ def grad_accum_steps(run: RunConfig) -> int:
     return t.global_batch_size // per_step
 
 
+def pp_microbatches(run: RunConfig) -> int:
+    """Pipeline micro-batches per step: parallel.pp_microbatches, or the micro-batches that
+    gradient accumulation would run (global batch / (dp x micro batch)), pipelined."""
+    p, t = run.parallel, run.train
+    dims = parallel_dims(run)
+    per_rank = t.global_batch_size // dims.dp
+    m = p.pp_microbatches or max(1, per_rank // t.micro_batch_size)
+    if per_rank % m:
+        raise ValueError(
+            f"train.global_batch_size / dp = {t.global_batch_size} / {dims.dp} = {per_rank} "
+            f"sequences per pipeline does not split into parallel.pp_microbatches={m}; use a "
+            f"divisor of {per_rank}"
+        )
+    if p.pp_schedule != "gpipe" and m < p.pp:
+        raise ValueError(
+            f"parallel.pp_schedule={p.pp_schedule} needs at least parallel.pp={p.pp} micro-batches, "
+            f"got {m}; raise parallel.pp_microbatches (the bubble shrinks as they grow) or use gpipe"
+        )
+    return m
+
+
+def check_parallel(run: RunConfig) -> None:
+    """Layouts that cannot work, refused before launch with the fields and the fix."""
+    p, m = run.parallel, run.model
+    dims = parallel_dims(run)
+    if p.data_parallel == "hsdp" and dims.dp % p.dp_replicate:
+        raise ValueError(
+            f"parallel.dp={dims.dp} is not divisible by parallel.dp_replicate={p.dp_replicate}; "
+            "HSDP shards within dp / dp_replicate ranks: pick a dp_replicate that divides dp"
+        )
+    if p.pp > 1:
+        stages = p.pp * (p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1)
+        if m.n_layers % stages:
+            raise ValueError(
+                f"model.n_layers={m.n_layers} does not split into parallel.pp={p.pp} x "
+                f"virtual stages = {stages} stages of equal depth; pick a pp that divides the layers"
+            )
+        if p.data_parallel != "ddp":
+            raise ValueError(
+                f"parallel.pp={p.pp} with parallel.data_parallel={p.data_parallel} is not supported; "
+                "pipeline stages are replicated with ddp (set parallel.data_parallel=ddp)"
+            )
+        if p.tp > 1:
+            raise ValueError(f"parallel.tp={p.tp} with parallel.pp={p.pp} (3-D) is not supported; "
+                             "combine tp with dp, or pp with dp")
+        pp_microbatches(run)
+    if p.tp > 1:
+        if p.data_parallel not in ("ddp", "fsdp"):
+            raise ValueError(
+                f"parallel.tp={p.tp} combines with parallel.data_parallel=ddp or fsdp, not "
+                f"{p.data_parallel}"
+            )
+        if run.precision.name.startswith("fp8"):
+            raise ValueError(
+                f"precision={run.precision.name} with parallel.tp={p.tp} is not supported (FP8 "
+                "linears need their own tensor-parallel plan); use tp=1 or a bf16/fp16 precision"
+            )
+
+
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
     parallel_dims(run)
     grad_accum_steps(run)
+    check_parallel(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
