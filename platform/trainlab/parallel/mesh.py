@@ -1,0 +1,48 @@
+"""The DeviceMesh of a layout: one named dimension per parallelism, ranks laid out dp-major.
+
+Rank r sits at (dp, pp, tp) = divmod chains of r with tp innermost, so tensor-parallel peers
+are neighbours (on one node when nodes hold tp or more GPUs: TP's all-reduces are the most
+frequent) and pipeline stages next, data-parallel replicas outermost. HSDP splits dp into
+(dp_replicate, dp_shard). Dimensions of degree 1 are left out of the mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainlab.config.validate import ParallelDims
+
+
+@dataclass(frozen=True)
+class MeshCoords:
+    """Where this rank sits: which data shard it reads, which stage and tp slice it holds."""
+
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+
+
+def mesh_shape(dims: ParallelDims, *, dp_replicate: int = 1) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(sizes, names) of the mesh for `dims`, outermost first, degree-1 dimensions dropped
+    (a 1-D data-parallel mesh when nothing else is set)."""
+    dp_dims = [("dp_replicate", dp_replicate), ("dp_shard", dims.dp // dp_replicate)] \
+        if dp_replicate > 1 else [("dp", dims.dp)]
+    parts = [(n, s) for n, s in (*dp_dims, ("pp", dims.pp), ("tp", dims.tp)) if s > 1]
+    if not parts:
+        parts = [("dp", 1)]
+    return tuple(s for _, s in parts), tuple(n for n, _ in parts)
+
+
+def coords(rank: int, dims: ParallelDims) -> MeshCoords:
+    """This rank's coordinates in the dp-major layout (no process group needed)."""
+    tp_rank = rank % dims.tp
+    pp_rank = (rank // dims.tp) % dims.pp
+    dp_rank = rank // (dims.tp * dims.pp)
+    return MeshCoords(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
+
+
+def build_mesh(dims: ParallelDims, *, device_type: str, dp_replicate: int = 1) -> DeviceMesh:
+    sizes, names = mesh_shape(dims, dp_replicate=dp_replicate)
+    return init_device_mesh(device_type, sizes, mesh_dim_names=names)
