@@ -1,0 +1,163 @@
+"""Tensor parallelism (Megatron-style) through torch's DTensor ``parallelize_module``.
+
+The torchtitan Llama plan: in every block the projections that read the residual stream
+(attention wq/wk/wv, MLP w1/w3) are column-sharded, so each rank computes its own heads
+and its own MLP channels with no communication; the projections that write back into it
+(wo, w2) are row-sharded and end in one all-reduce (or reduce-scatter) each. The
+embedding is sharded by vocabulary rows, the output head by vocabulary columns and its
+logits are all-gathered, so the model still returns full [B, T, V] logits on every rank
+and the loss needs no change (no loss parallelism).
+
+    mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+    model = apply_tp(model, mesh=mesh, sequence_parallel=True)
+
+Every TP rank must see the same batch. Every parameter becomes a DTensor (sharded or
+replicated), so optimizers and ``get_total_norm`` see one kind of tensor; gradient norms
+come back as DTensors and need ``full_tensor()`` before ``float()``.
+
+With ``sequence_parallel`` the residual stream between blocks (and the norms) is sharded on
+the sequence dim instead of replicated (Korthikanti et al. 2022): the all-reduces become
+reduce-scatter + all-gather pairs of the same volume and activation memory outside the
+matmuls drops by tp. Without it the norms run replicated, on full sequences.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from trainlab.models.args import ModelArgs
+from trainlab.models.transformer import Transformer
+
+
+def check_tp(args: ModelArgs, tp: int) -> None:
+    """Refuse a model that `apply_tp` cannot shard `tp` ways.
+
+    Heads are the unit of attention sharding (a rank owns whole query and key/value
+    heads), MLP channels the unit of MLP sharding. The vocabulary may be uneven: DTensor
+    pads the last shard. Smooth-SwiGLU divides the row-sharded w2 weight by a per-rank
+    vector of scales, which DTensor cannot mix with a plain tensor.
+
+    Raises:
+        ValueError: naming the field, its value and what to set instead.
+    """
+    if tp < 1:
+        raise ValueError(f"parallel.tp={tp} must be >= 1")
+    if tp == 1:
+        return
+    for field, value in (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads),
+                         ("ffn_dim", args.ffn_dim)):
+        if value % tp:
+            divisors = [d for d in range(1, value + 1) if value % d == 0]
+            raise ValueError(
+                f"model.{field}={value} is not divisible by parallel.tp={tp}: tensor "
+                f"parallelism gives every rank {field}/tp of them; set parallel.tp to a "
+                f"divisor of {value} ({divisors}) or change model.{field}")
+    if args.smooth_swiglu:
+        raise ValueError(
+            f"model.smooth_swiglu=true is not supported with parallel.tp={tp} (the scaled "
+            "w2 weight would mix a sharded DTensor with per-rank scales); set "
+            "model.smooth_swiglu=false or parallel.tp=1")
+
+
+class _Replicated(ParallelStyle):
+    """Run a module on replicated inputs with its parameters as Replicate DTensors.
+
+    The non-sequence-parallel counterpart of `SequenceParallel` for the norms: a plain
+    tensor input is taken as the full (replicated) activation, and the output stays a
+    Replicate DTensor for the next style to consume. Gradients of its parameters come out
+    as Replicate DTensors, so every parameter of the model is a DTensor either way.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def to_replicate(_mod, inputs, mesh):
+            x, *rest = inputs
+            if isinstance(x, DTensor):
+                if x.placements != (Replicate(),):
+                    x = x.redistribute(placements=(Replicate(),))
+            else:
+                x = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+            return (x, *rest)
+
+        # partition_fn=None replicates every parameter (broadcast from rank 0).
+        return distribute_module(module, device_mesh, input_fn=to_replicate)
+
+
+def _check_seq_len(_model: nn.Module, inputs: tuple, *, tp: int) -> None:
+    seq_len = inputs[0].shape[1]
+    if seq_len % tp:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by parallel.tp={tp}: sequence "
+            f"parallelism splits every sequence evenly over the tensor-parallel ranks; set "
+            f"train.seq_len to a multiple of {tp} (or turn sequence parallelism off)")
+
+
+def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
+    """Shard `model` in place over the 1-D tensor-parallel `mesh` and return it.
+
+    Apply before data parallelism / FSDP, which must see the DTensor parameters made here.
+    Call with the same model (same seed or weights) on every rank of `mesh`: the sharded
+    and the replicated-norm weights are taken from the mesh's first rank, but the
+    sequence-parallel norms keep each rank's own (torch assumes they are identical).
+
+    Raises:
+        ValueError: a multi-dimensional mesh, or a model `check_tp` refuses.
+    """
+    if mesh.ndim != 1:
+        raise ValueError(f"apply_tp needs the 1-D tensor-parallel mesh (e.g. world_mesh['tp']), "
+                         f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
+    check_tp(model.args, mesh.size())
+    # Layout of the residual stream between the sharded matmuls: sequence-sharded
+    # activations under sequence parallelism, full replicated ones otherwise.
+    residual = Shard(1) if sequence_parallel else Replicate()
+    norm_style = SequenceParallel if sequence_parallel else _Replicated
+
+    ends = {
+        # Vocab-sharded rows: each rank looks up its rows, the partial sums are reduced.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
+        "norm": norm_style(),
+        # Full logits on every rank (all-gather over the vocab): no loss parallelism.
+        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(),
+                                  use_local_output=True),
+    }
+    # A pipeline stage lacks some ends (None) and holds its blocks in an nn.ModuleDict.
+    parallelize_module(model, mesh, {k: v for k, v in ends.items()
+                                     if getattr(model, k, None) is not None})
+    if sequence_parallel:
+        # SequenceParallel takes each rank's local activations as equal slices of the
+        # sequence; an uneven split would desynchronise the collectives (gloo aborts,
+        # NCCL hangs), so refuse it before any of them runs.
+        model.register_forward_pre_hook(partial(_check_seq_len, tp=mesh.size()))
+    blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
+    for block in blocks:
+        parallelize_module(block, mesh, {
+            "attention_norm": norm_style(),
+            # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.
+            "attention": PrepareModuleInput(input_layouts=(residual, None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "ffn_norm": norm_style(),
+            "feed_forward": PrepareModuleInput(input_layouts=(residual,),
+                                               desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+    return model
+
+
+__all__ = ["apply_tp", "check_tp"]
