@@ -106,15 +106,18 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [B, T, D]; cos, sin: [T, Dh] -> [B, T, D]."""
         b, t, _ = x.shape
-        # [B, T, heads * Dh] -> [B, heads, T, Dh], the layout SDPA expects.
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # [B, T, heads * Dh] -> [B, heads, T, Dh], the layout SDPA expects. Head counts come
+        # from the projections' outputs (-1), not from self.n_heads: under tensor parallelism
+        # wq/wk/wv are column-sharded and each rank holds only its H/tp and K/tp heads.
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # H / K, the same on a shard: query head h reads kv head h // n_rep locally too.
         n_rep = self.n_heads // self.n_kv_heads
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
-        return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
     def init_weights(self, *, init_std: float, out_std: float) -> None:
         for lin in (self.wq, self.wk, self.wv):
@@ -245,25 +248,44 @@ class Transformer(nn.Module):
         """
         std = self.args.init_std
         out_std = std / math.sqrt(2 * self.args.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for layer in self.layers:
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for layer in self.blocks():
             layer.init_weights(init_std=std, out_std=out_std)
-        self.norm.reset_parameters()
-        nn.init.normal_(self.output.weight, mean=0.0, std=std)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, mean=0.0, std=std)
         cos, sin = self._rope_tables(device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+    def blocks(self) -> list[TransformerBlock]:
+        """The blocks in order: all of them, or a pipeline stage's share of them.
+
+        A pipeline stage (`trainlab.parallel.pp.split_stages`) holds its blocks in an
+        ``nn.ModuleDict`` keyed by their index in the full model, so its parameter names
+        (``layers.<i>.…``) are the full model's; the full model keeps its ``nn.ModuleList``.
+        """
+        if isinstance(self.layers, nn.ModuleDict):
+            return list(self.layers.values())
+        return list(self.layers)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: int64 [B, T] with T <= max_seq_len -> logits [B, T, V].
 
         Logits are in the compute dtype (bf16 under bf16 autocast); upcast before the loss.
+        A pipeline stage lacks some ends: without ``tok_embeddings`` it takes the previous
+        stage's hidden state [B, T, D] instead of tokens, and without ``norm`` / ``output``
+        it returns its hidden state [B, T, D] instead of logits.
         """
         t = tokens.shape[1]
         assert t <= self.args.max_seq_len, (
             f"sequence length {t} exceeds model.max_seq_len={self.args.max_seq_len}")
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.blocks():
             h = layer(h, cos, sin)
-        return self.output(self.norm(h))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h

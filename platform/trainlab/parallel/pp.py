@@ -1,0 +1,308 @@
+"""Pipeline parallel: the blocks cut into stages, run by torch.distributed.pipelining.
+
+    check_pp(n_layers=4, pp=2, batch=8, n_microbatches=4, schedule="1f1b")
+    pipe = build_pipeline(model, mesh_or_group=mesh, pp_rank=r, pp_size=2, schedule="1f1b",
+                          n_microbatches=4, loss_fn=loss_fn, device=device)
+    optimizer, _ = build_optimizer(nn.ModuleList(pipe.stages), run.optim, max_steps=n)
+    loss = pipe.step(tokens, targets)            # forward + backward of the whole batch
+    norm = clip_grad_norm_(pipe.stages, max_norm=1.0, group=pipe.group)
+
+A stage is a copy of the `Transformer` that keeps only its share: a contiguous range of
+blocks (an ``nn.ModuleDict`` keyed by their index in the full model, so parameter names stay
+``layers.<i>.…``), the embedding on the first stage, the final norm and head on the last.
+Every rank builds the same seeded full model and cuts its stages out of it, so the stages
+together hold exactly the single-process model's parameters.
+
+With ``virtual_stages`` v > 1 (interleaved 1F1B) the model is cut into pp * v stages and rank r
+owns stages r, r + pp, r + 2 pp, ... (torch's "loop" placement), so the first stage lives on
+pp rank 0 and the last on pp rank pp - 1 for every schedule.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from trainlab.models.transformer import Transformer
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+# ---------------------------------------------------------------------------------------
+def check_pp(*, n_layers: int, pp: int, virtual_stages: int = 1, batch: int, n_microbatches: int,
+             schedule: str) -> None:
+    """Refuse a pipeline layout that cannot run, naming the fields, their values and a fix.
+
+    `batch` is the sequences one pipeline sees per step (train.global_batch_size / dp).
+    """
+    _check_layout(n_layers=n_layers, pp=pp, virtual_stages=virtual_stages,
+                  n_microbatches=n_microbatches, schedule=schedule)
+    if batch <= 0 or batch % n_microbatches:
+        raise ValueError(
+            f"batch={batch} sequences per pipeline (train.global_batch_size / dp) does not split "
+            f"into parallel.pp_microbatches={n_microbatches} equal micro-batches; use a divisor of "
+            f"{batch} (equal micro-batches make the mean of their losses the full batch's loss)"
+        )
+
+
+def _check_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatches: int,
+                  schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"parallel.pp_schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+    for name, value in (("parallel.pp", pp), ("parallel.pp_virtual_stages", virtual_stages),
+                        ("parallel.pp_microbatches", n_microbatches)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if virtual_stages > 1 and schedule != "interleaved_1f1b":
+        raise ValueError(
+            f"parallel.pp_virtual_stages={virtual_stages} needs parallel.pp_schedule=interleaved_1f1b "
+            f"({schedule} runs one stage per rank); set parallel.pp_virtual_stages=1 or switch schedule"
+        )
+    num_stages = pp * virtual_stages
+    if n_layers % num_stages:
+        raise ValueError(
+            f"model.n_layers={n_layers} does not split into parallel.pp={pp} x "
+            f"parallel.pp_virtual_stages={virtual_stages} = {num_stages} stages of equal depth; "
+            f"pick n_layers divisible by {num_stages} or a pp that divides {n_layers}"
+        )
+    # torch: Schedule1F1B raises below pp micro-batches (its warm-up alone needs pp - 1 of them
+    # in flight); interleaved 1F1B runs max(1, m // pp) rounds and needs m divisible by them.
+    if schedule == "1f1b" and n_microbatches < pp:
+        raise ValueError(
+            f"parallel.pp_schedule=1f1b needs parallel.pp_microbatches >= parallel.pp, got "
+            f"{n_microbatches} < {pp}; raise parallel.pp_microbatches (the bubble shrinks too) or use gpipe"
+        )
+    if schedule == "interleaved_1f1b":
+        rounds = max(1, n_microbatches // pp)
+        if n_microbatches % rounds:
+            raise ValueError(
+                f"parallel.pp_schedule=interleaved_1f1b runs max(1, pp_microbatches // pp) = {rounds} "
+                f"rounds; parallel.pp_microbatches={n_microbatches} is not a multiple of them "
+                f"(parallel.pp={pp}); use a multiple of parallel.pp"
+            )
+
+
+def bubble_fraction(*, pp: int, n_microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle share of a step in theory, equal-cost stages and free communication:
+    (p - 1) / (v m + p - 1); v = 1 for GPipe and 1F1B (the same bubble, 1F1B holds less memory)."""
+    return (pp - 1) / (virtual_stages * n_microbatches + pp - 1)
+
+
+# ---------------------------------------------------------------------------------------
+def split_stages(model: Transformer, *, pp_rank: int, pp_size: int,
+                 virtual_stages: int = 1) -> list[nn.Module]:
+    """The stage modules `pp_rank` owns, in stage order: pruned copies of `model`.
+
+    `model` is left whole. Each copy starts as a deep copy, so build the full model under
+    ``torch.device("meta")`` when it does not fit, then ``to_empty`` + ``init_weights()`` the
+    stages (an init equal to the single-process model's needs the full model built for real).
+    """
+    n_layers = len(model.blocks())
+    num_stages = pp_size * virtual_stages
+    assert n_layers % num_stages == 0, "check_pp first: layers must split evenly"
+    per_stage = n_layers // num_stages
+    stages = []
+    for v in range(virtual_stages):
+        index = v * pp_size + pp_rank
+        stage = copy.deepcopy(model)
+        blocks = stage.blocks()
+        stage.layers = nn.ModuleDict(
+            {str(i): blocks[i] for i in range(index * per_stage, (index + 1) * per_stage)})
+        if index != 0:
+            stage.tok_embeddings = None
+        if index != num_stages - 1:
+            stage.norm = None
+            stage.output = None
+        stages.append(stage)
+    return stages
+
+
+def _pp_group(mesh_or_group) -> dist.ProcessGroup | None:
+    """The pipeline group: a mesh's "pp" dimension (or its only one), a group, or None (world)."""
+    if mesh_or_group is None or isinstance(mesh_or_group, dist.ProcessGroup):
+        return mesh_or_group
+    names = mesh_or_group.mesh_dim_names or ()
+    if "pp" in names:
+        return mesh_or_group["pp"].get_group()
+    if mesh_or_group.ndim == 1:
+        return mesh_or_group.get_group()
+    raise ValueError(f"a {mesh_or_group.ndim}-D mesh with dims {names} has no 'pp' dimension; "
+                     "name the pipeline dimension 'pp'")
+
+
+# ---------------------------------------------------------------------------------------
+class _Clock:
+    """Seconds spent computing, summed over timed calls (GPU: synchronized at both ends)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.busy_s = 0.0
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def timed(self, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            start = self.now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.busy_s += self.now() - start
+        return wrapper
+
+
+class _TimedStage(PipelineStage):
+    """A PipelineStage whose forward and backward compute adds to a shared `_Clock`."""
+
+    def __init__(self, *args, clock: _Clock, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._clock = clock
+
+    def forward_one_chunk(self, *args, **kwargs):
+        return self._clock.timed(super().forward_one_chunk)(*args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        return self._clock.timed(super().backward_one_chunk)(*args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        return self._clock.timed(super().backward_weight_one_chunk)(*args, **kwargs)
+
+
+class Pipeline:
+    """This rank's part of a pipeline: its stage modules and the schedule that runs them."""
+
+    def __init__(self, *, stages: list[nn.Module], schedule, group: dist.ProcessGroup | None,
+                 pp_rank: int, pp_size: int, n_microbatches: int, virtual_stages: int,
+                 clock: _Clock, device: torch.device) -> None:
+        self.stages = stages
+        """This rank's stage modules (for the optimizer, checkpoints and clipping)."""
+        self.group = group
+        self.pp_rank, self.pp_size = pp_rank, pp_size
+        self.n_microbatches = n_microbatches
+        self.is_first = pp_rank == 0  # loop placement: stage 0 on rank 0, the last on rank pp-1
+        self.is_last = pp_rank == pp_size - 1
+        self.bubble_fraction_theory = bubble_fraction(
+            pp=pp_size, n_microbatches=n_microbatches, virtual_stages=virtual_stages)
+        self.last_busy_fraction: float | None = None
+        """Share of the last step's wall time this rank spent in forward/backward compute;
+        1 - it is the measured bubble (plus communication)."""
+        self._schedule = schedule
+        self._clock = clock
+        self._device = torch.device(device)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *,
+             broadcast_loss: bool = True) -> torch.Tensor | None:
+        """Forward and backward of one batch over n_microbatches; gradients accumulate into
+        the stages' ``.grad`` as the mean over micro-batches (= the full batch's, equal sizes).
+
+        Every rank passes the same `inputs` [B, T] and `targets` [B, T] (each uses what its
+        stages need). Returns the mean micro-batch loss (float32, 0-dim): on every rank with
+        `broadcast_loss`, else on the last stage's rank only (None elsewhere).
+        """
+        busy0 = self._clock.busy_s
+        start = self._clock.now()
+        loss = self._run(self._schedule.step, inputs, targets)
+        wall = self._clock.now() - start
+        self.last_busy_fraction = (self._clock.busy_s - busy0) / wall
+        return self._share(loss, broadcast_loss)
+
+    @torch.no_grad()
+    def eval(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only (validation): the batch's mean micro-batch loss, on every rank."""
+        return self._share(self._run(self._schedule.eval, inputs, targets), True)
+
+    def _run(self, fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        if inputs.shape[0] % self.n_microbatches:
+            raise ValueError(f"batch={inputs.shape[0]} does not split into parallel.pp_microbatches="
+                             f"{self.n_microbatches} equal micro-batches; use a divisor of it")
+        losses: list[torch.Tensor] = []
+        args = (inputs.to(self._device),) if self.is_first else ()
+        kwargs = dict(target=targets.to(self._device), losses=losses) if self.is_last else {}
+        fn(*args, **kwargs)
+        return torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else None
+
+    def _share(self, loss: torch.Tensor | None, broadcast_loss: bool) -> torch.Tensor | None:
+        if not broadcast_loss or self.pp_size == 1:
+            return loss
+        if loss is None:
+            loss = torch.zeros((), device=self._device)
+        dist.broadcast(loss, group=self.group, group_src=self.pp_size - 1)
+        return loss
+
+
+def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: int,
+                   schedule: str, n_microbatches: int, loss_fn: Callable, device: torch.device,
+                   virtual_stages: int = 1) -> Pipeline:
+    """Cut `model` into stages, keep this rank's on `device`, and wrap them in a schedule.
+
+    `mesh_or_group`: a DeviceMesh (its "pp" dimension, or its only one), a ProcessGroup, or
+    None for the world. `loss_fn(logits, targets)` is one micro-batch's mean loss; torch
+    divides gradients by n_microbatches, so the step's gradient is the full-batch mean's.
+    """
+    _check_layout(n_layers=len(model.blocks()), pp=pp_size, virtual_stages=virtual_stages,
+                  n_microbatches=n_microbatches, schedule=schedule)
+    group = _pp_group(mesh_or_group)
+    assert dist.get_world_size(group) == pp_size and dist.get_rank(group) == pp_rank, (
+        "pp_rank / pp_size disagree with the pipeline process group")
+    clock = _Clock(device)
+    modules = [m.to(device) for m in split_stages(model, pp_rank=pp_rank, pp_size=pp_size,
+                                                  virtual_stages=virtual_stages)]
+    num_stages = pp_size * virtual_stages
+    stages = [_TimedStage(m, v * pp_size + pp_rank, num_stages, torch.device(device), group=group,
+                          clock=clock) for v, m in enumerate(modules)]
+    timed_loss = clock.timed(loss_fn)  # the last stage's loss is compute too
+    if schedule == "interleaved_1f1b":
+        runner = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=timed_loss)
+    else:
+        cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+        runner = cls(stages[0], n_microbatches=n_microbatches, loss_fn=timed_loss)
+    return Pipeline(stages=modules, schedule=runner, group=group, pp_rank=pp_rank, pp_size=pp_size,
+                    n_microbatches=n_microbatches, virtual_stages=virtual_stages, clock=clock,
+                    device=device)
+
+
+# ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def global_grad_norm(stages: list[nn.Module], group: dist.ProcessGroup | None) -> float:
+    """L2 norm of the gradients of every stage of the pipeline, not just this rank's:
+    squared norms summed here, all-reduced over the pp group, then the root."""
+    grads = [p.grad for stage in stages for p in stage.parameters() if p.grad is not None]
+    device = grads[0].device if grads else next(stages[0].parameters()).device
+    sq = (torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads
+          else torch.zeros((), device=device))
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
+    return math.sqrt(sq.item())
+
+
+@torch.no_grad()
+def clip_grad_norm_(stages: list[nn.Module], *, max_norm: float,
+                    group: dist.ProcessGroup | None) -> float:
+    """Scale every stage's gradients so the pipeline's global norm is at most `max_norm`
+    (torch.nn.utils.clip_grad_norm_'s rule, over all stages); returns the norm before."""
+    norm = global_grad_norm(stages, group)
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for stage in stages:
+            for p in stage.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+    return norm
+
+
+__all__ = ["SCHEDULES", "Pipeline", "bubble_fraction", "build_pipeline", "check_pp",
+           "clip_grad_norm_", "global_grad_norm", "split_stages"]
