@@ -18,24 +18,30 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: flo
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int):
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int, zero1: bool = False):
     """AdamW with weight decay on matrices only (not norms or biases) and its LR schedule.
 
     Moments stored in low precision (optim.exp_avg_dtype / exp_avg_sq_dtype) use the
-    project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW."""
+    project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW. zero1: the optimizer
+    is wrapped in ZeroRedundancyOptimizer (states sharded over the data-parallel ranks)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    if cfg.exp_avg_dtype == cfg.exp_avg_sq_dtype == "fp32":
-        optimizer = torch.optim.AdamW(groups, **kwargs)
-    else:
+    optimizer_cls, extra = torch.optim.AdamW, {}
+    if cfg.exp_avg_dtype != "fp32" or cfg.exp_avg_sq_dtype != "fp32":
         from trainlab.precision.lowp_adamw import LowPrecisionAdamW
 
-        optimizer = LowPrecisionAdamW(groups, **kwargs, exp_avg_dtype=cfg.exp_avg_dtype,
-                                      exp_avg_sq_dtype=cfg.exp_avg_sq_dtype)
+        optimizer_cls = LowPrecisionAdamW
+        extra = dict(exp_avg_dtype=cfg.exp_avg_dtype, exp_avg_sq_dtype=cfg.exp_avg_sq_dtype)
+    if zero1:
+        from trainlab.parallel.fsdp import apply_zero1
+
+        optimizer = apply_zero1(optimizer_cls, groups, **kwargs, **extra)
+    else:
+        optimizer = optimizer_cls(groups, **kwargs, **extra)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_factor(step, warmup_steps=cfg.warmup_steps, max_steps=max_steps,

@@ -7,18 +7,52 @@ from typing import ContextManager
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from trainlab.config.schema import ParallelConfig
 from trainlab.config.validate import ParallelDims
 from trainlab.parallel.ddp import apply_ddp
 
+FSDP_KINDS = ("fsdp", "zero2", "hsdp")
+PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_pure": None}
+"""FSDP2's compute/all-gather dtype per precision mode (bf16 autocast -> bf16 parameters in
+forward, fp32 masters); other modes keep the parameters' own dtype."""
+REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
-                device: torch.device) -> nn.Module:
-    """Wrap `model` for the layout. Data parallel goes last: it must see the final
-    (possibly sharded or cast) parameters it synchronises."""
-    if dims.dp > 1:
-        model = apply_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb)
+                device: torch.device, mesh: DeviceMesh | None = None,
+                precision: str = "fp32") -> nn.Module:
+    """Wrap `model` for the layout, in torchtitan's order: tensor parallel first (it changes
+    the parameters into DTensor shards), then data parallel, which must see the final
+    (possibly sharded or cast) parameters it synchronises. `mesh` (from parallel.mesh) is
+    needed for anything but plain DDP."""
+    if dims.tp > 1:
+        from trainlab.parallel.tp import apply_tp
+
+        model = apply_tp(model, mesh=mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+    if dims.dp == 1:
+        return model
+    if cfg.data_parallel in FSDP_KINDS:
+        from trainlab.parallel.fsdp import HSDP_DIM_NAMES, apply_fsdp
+
+        dp_mesh = mesh[HSDP_DIM_NAMES] if cfg.data_parallel == "hsdp" and cfg.dp_replicate > 1 else (
+            mesh["dp_shard"] if "dp_shard" in (mesh.mesh_dim_names or ()) else mesh["dp"])
+        return apply_fsdp(model, mesh=dp_mesh, reshard_after_forward=cfg.data_parallel != "zero2",
+                          param_dtype=PARAM_DTYPES.get(precision),
+                          reduce_dtype=REDUCE_DTYPES[cfg.comm_dtype])
+    group = mesh["dp"].get_group() if mesh is not None and mesh.ndim > 1 else None
+    if dims.tp > 1:
+        # DDP syncs plain tensors: hand it the local shards of the DTensor parameters
+        from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+        _pre_dp_module_transform(model)
+    model = apply_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb, process_group=group)
+    if cfg.comm_dtype != "fp32" or cfg.powersgd_rank:
+        from trainlab.parallel.comm import register_comm_hook
+
+        register_comm_hook(model, comm_dtype=cfg.comm_dtype, powersgd_rank=cfg.powersgd_rank,
+                           backend="nccl" if device.type == "cuda" else "gloo")
     return model
 
 

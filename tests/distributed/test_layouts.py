@@ -1,0 +1,88 @@
+"""Every data/tensor-parallel layout through the real trainer (run_trial) on gloo: the loss
+curve equals one process's with the same global batch and seed (fp32)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch.multiprocessing as mp
+
+from conftest import free_port
+from trainlab import names
+from trainlab.config import compose_run_config
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=8",
+        "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=3", "train.eval_batches=4",
+        "optim.warmup_steps=2", "optim.eps=1e-6", "train.numerics_every=0"]
+
+
+def _losses(world: int, rank: int, port: int, overrides: list[str], out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import torch
+    import torch.distributed as dist
+
+    from conftest import RecordingTracker
+    from trainlab.engine.run import run_trial
+
+    torch.set_num_threads(1)
+    run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
+    tracker = RecordingTracker()
+    try:
+        result = run_trial(run, tracker_factory=lambda _: tracker)
+        if rank == 0:
+            out.put(([v for _, v in tracker.series(names.LOSS)],
+                     [v for _, v in tracker.series(names.VAL_LOSS)], result.status))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out.put(repr(e))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def _run(world: int, overrides: list[str]):
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_losses, args=(world, r, port, overrides, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = out.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    assert not isinstance(got, str), got
+    return got
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _run(1, [])
+
+
+@pytest.mark.parametrize(("world", "overrides"), [
+    (2, ["parallel=fsdp"]),
+    (2, ["parallel=zero2"]),
+    (2, ["parallel=zero1"]),
+    (2, ["parallel=tp"]),
+    (2, ["parallel=tp", "parallel.sequence_parallel=true"]),
+    (4, ["parallel=hsdp"]),
+    (4, ["parallel=fsdp_tp"]),
+], ids=["fsdp", "zero2", "zero1", "tp", "tp_sp", "hsdp", "fsdp_tp"])
+def test_layout_trains_like_one_process(reference, world, overrides):
+    ref_train, ref_val, _ = reference
+    train, val, status = _run(world, overrides)
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=1e-5)
+    assert val == pytest.approx(ref_val, rel=1e-5)
+
+
+def test_fp16_gradient_communication_changes_little_and_trains(reference):
+    ref_train, _, _ = reference
+    train, _, status = _run(2, ["parallel=ddp", "parallel.comm_dtype=fp16"])
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=1e-3)
+    assert train != pytest.approx(ref_train, rel=1e-9)  # the rounding is real
