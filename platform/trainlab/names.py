@@ -137,3 +137,46 @@ ARTIFACT_COMPARE_DIR = "compare"  # on a parent: `trainlab compare` tables, plot
 # precision modes from most to least precise: compare's default baseline is the first present
 PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure", "fp8_delayed", "fp8_tensorwise",
                   "fp8_rowwise", "fp8_rowwise_gw_hp", "emulated")
+
+# -- per rank (issue 5) ------------------------------------------------------------------
+# trainlab.telemetry.ranks: each rank's numbers under rank/<r>/<key>, plus aggregates over
+# ranks under sys/; gathered to rank 0 at log steps
+RANK_PREFIX = "rank/"
+
+
+def rank_metric(rank: int, key: str) -> str:
+    """e.g. rank/1/busy_fraction"""
+    return f"{RANK_PREFIX}{rank}/{key}"
+
+
+RANK_STEP_TIME = "step_time_s"
+"""Wall time of this rank's optimizer step."""
+RANK_COMPUTE = "compute_s"
+"""Time in forward, backward and optimizer compute, less the communication wait inside them."""
+RANK_BUSY_FRACTION = "busy_fraction"
+"""compute_s / step_time_s: the rest is waiting (slower ranks, pipeline bubbles, collectives)."""
+RANK_COMM_WAIT = "comm_wait_s"
+"""Time inside compute phases spent waiting on communication (DDP's all-reduce after the last
+gradient; blocking collectives when timed)."""
+RANK_COMM = "comm_s"
+"""Time with at least one Python-level collective in flight (timed collectives only)."""
+RANK_PARAM_GB = "param_gb"
+"""This rank's parameters (local shards), GB."""
+RANK_GRAD_GB = "grad_gb"
+RANK_OPTIM_STATE_GB = "optim_state_gb"
+RANK_PEAK_MEM_GB = "peak_mem_gb"
+STEP_TIME_MAX = "sys/step_time_max_s"
+STEP_TIME_MIN = "sys/step_time_min_s"
+STRAGGLER_RATIO = "sys/straggler_ratio"
+"""Largest compute_s over the median compute_s of all ranks: 1 = balanced. Compute, not step
+time: synchronous ranks end their steps together, the fast ones waiting for the slow one."""
+BUSY_FRACTION_MIN = "sys/busy_fraction_min"
+"""The idlest rank's busy fraction."""
+PARAM_GB = "sys/param_gb"
+"""Largest per-rank parameter GB over ranks (ZeRO-3 / FSDP: ~1/dp of the model)."""
+GRAD_GB = "sys/grad_gb"
+"""Largest per-rank gradient GB over ranks."""
+OPTIM_STATE_GB = "sys/optim_state_gb"
+"""Largest per-rank optimizer-state GB over ranks (ZeRO-1 and up: ~1/dp)."""
+PEAK_MEM_GB_MAX = "sys/peak_mem_gb_max"
+"""Largest peak memory over ranks (sys/peak_mem_gb is rank 0's)."""

@@ -63,6 +63,12 @@ def reference():
     return _run(1, [])
 
 
+@pytest.fixture(scope="module")
+def reference4():
+    """The 4-layer model the pipelines cut into stages."""
+    return _run(1, ["model.n_layers=4"])
+
+
 @pytest.mark.parametrize(("world", "overrides"), [
     (2, ["parallel=fsdp"]),
     (2, ["parallel=zero2"]),
@@ -71,9 +77,13 @@ def reference():
     (2, ["parallel=tp", "parallel.sequence_parallel=true"]),
     (4, ["parallel=hsdp"]),
     (4, ["parallel=fsdp_tp"]),
-], ids=["fsdp", "zero2", "zero1", "tp", "tp_sp", "hsdp", "fsdp_tp"])
-def test_layout_trains_like_one_process(reference, world, overrides):
-    ref_train, ref_val, _ = reference
+    (2, ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=gpipe"]),
+    (2, ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"]),
+    (4, ["parallel=dp_pp", "model.n_layers=4"]),
+], ids=["fsdp", "zero2", "zero1", "tp", "tp_sp", "hsdp", "fsdp_tp", "pp_gpipe", "pp_1f1b", "dp_pp"])
+def test_layout_trains_like_one_process(request, world, overrides):
+    fixture = "reference4" if "model.n_layers=4" in overrides else "reference"
+    ref_train, ref_val, _ = request.getfixturevalue(fixture)
     train, val, status = _run(world, overrides)
     assert status == names.STATUS_FINISHED
     assert train == pytest.approx(ref_train, rel=1e-5)

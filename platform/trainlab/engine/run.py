@@ -11,6 +11,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
@@ -38,8 +40,6 @@ def seed_everything(seed: int) -> None:
 def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None) -> Trainer:
     """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer."""
     dims = parallel_dims(run)
-    if dims.pp > 1:  # pipeline.py exists; the trainer's pipelined step does not yet
-        raise ValueError(f"parallel.pp={dims.pp}: pipeline parallel is not wired into the trainer yet")
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
@@ -62,8 +62,16 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         model = torch.compile(model)
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
-    model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
-                        precision=run.precision.name)
+    pipeline = None
+    if dims.pp > 1:
+        from trainlab.parallel.checkpoint import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, run.parallel.activation_checkpoint)  # kept by the split
+        pipeline = _build_pipeline(run, model, dims=dims, mesh=mesh, dist_info=dist_info)
+        model = nn.ModuleList(pipeline.stages)  # what the optimizer, clipping and telemetry see
+    else:
+        model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
+                            precision=run.precision.name)
     recipe.attach(model)
     optimizer, scheduler = build_optimizer(
         model, run.optim, max_steps=run.train.max_steps,
@@ -86,11 +94,34 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     )
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker, corpus=corpus)
+                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline)
     if t.inject_nan:
         module, _, step = t.inject_nan.rpartition("@")
         inject_nan(raw_model, module, at_step=int(step), current_step=lambda: trainer.step + 1)
     return trainer
+
+
+def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):
+    """This rank's pipeline stages (DDP over the data-parallel group when dp > 1)."""
+    from trainlab.config.validate import pp_microbatches
+    from trainlab.parallel.ddp import apply_ddp
+    from trainlab.parallel.pp import build_pipeline
+
+    p = run.parallel
+    wrap = None
+    if dims.dp > 1:
+        def wrap(stage: nn.Module) -> nn.Module:
+            return apply_ddp(stage, device=dist_info.device, bucket_cap_mb=p.bucket_cap_mb,
+                             process_group=mesh["dp"].get_group())
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    return build_pipeline(model, mesh_or_group=mesh["pp"], pp_rank=coords(dist_info.rank, dims).pp_rank,
+                          pp_size=dims.pp, schedule=p.pp_schedule, n_microbatches=pp_microbatches(run),
+                          loss_fn=loss_fn, device=dist_info.device,
+                          virtual_stages=p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1,
+                          wrap=wrap)
 
 
 def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,

@@ -95,12 +95,14 @@ class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
                  dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None,
-                 corpus: Corpus | None = None):
+                 corpus: Corpus | None = None, pipeline=None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.recipe, self.batches, self.val = recipe, batches, val
         self.run, self.dist = run, dist_info
         self.throughput = throughput
         self.corpus = corpus
+        self.pipeline = pipeline
+        """parallel.pp > 1: this rank's stages and their schedule (`model` is then the stages)."""
         """The corpus it trains on (for reference lines and tags); the loop itself reads `batches`."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
@@ -144,11 +146,16 @@ class Trainer:
             self.swiglu.arm()
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=self.dist.device)
-        for i, (x, y) in enumerate(micro_batches):
-            x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
-            # all-reduce gradients only once per optimizer step, on the last micro-batch
-            with no_sync(self.model, last_micro_batch=i == n - 1):
-                loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+        if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
+            with self.recipe.autocast():
+                loss_sum += n * self.pipeline.step(torch.cat([x for x, _ in micro_batches]),
+                                                   torch.cat([y for _, y in micro_batches]))
+        else:
+            for i, (x, y) in enumerate(micro_batches):
+                x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+                # all-reduce gradients only once per optimizer step, on the last micro-batch
+                with no_sync(self.model, last_micro_batch=i == n - 1):
+                    loss_sum += self.forward_backward_step(x, y, accum_steps=n)
         numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -172,8 +179,12 @@ class Trainer:
     def _clip_gradients(self, params: list[torch.Tensor]) -> float:
         """The global gradient norm before clipping; clips only a finite norm, since scaling by
         max_norm / inf or NaN would turn every gradient NaN and hide which one went first."""
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        if self.pipeline is not None:  # the norm over every stage of the pipeline
+            from trainlab.parallel.pp import global_grad_norm
+
+            norm = torch.tensor(global_grad_norm(self.pipeline.stages, self.pipeline.group))
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         grad_norm = float(norm)
         if self.run.optim.grad_clip and math.isfinite(grad_norm):
             torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, norm)
@@ -183,7 +194,10 @@ class Trainer:
         """The first non-finite tensor over all ranks: an activation beats the loss beats a
         gradient (that is the order they are computed in); ties go to the lowest rank."""
         inputs = [x.to(self.dist.device) for x in inputs]
-        local = self.nonfinite.origin(inputs, self.recipe.autocast, loss_finite=loss_finite)
+        if self.pipeline is not None:  # a stage cannot be replayed alone: name the loss or a gradient
+            local = LOSS if not loss_finite else self.nonfinite.first_gradient()
+        else:
+            local = self.nonfinite.origin(inputs, self.recipe.autocast, loss_finite=loss_finite)
         origins = [o for o in gather_strings(local) if o]
         for kind in (ACTIVATION, LOSS):
             for origin in origins:
@@ -198,6 +212,9 @@ class Trainer:
         total = 0.0
         for x, y in self.val:
             with self.recipe.autocast():
+                if self.pipeline is not None:
+                    total += float(self.pipeline.eval(x, y))
+                    continue
                 logits = self.model(x.to(self.dist.device))
             total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(self.dist.device).flatten()))
         self.model.train()

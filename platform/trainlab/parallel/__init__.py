@@ -24,13 +24,19 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
                 precision: str = "fp32") -> nn.Module:
     """Wrap `model` for the layout, in torchtitan's order: tensor parallel first (it changes
-    the parameters into DTensor shards), then data parallel, which must see the final
-    (possibly sharded or cast) parameters it synchronises. `mesh` (from parallel.mesh) is
-    needed for anything but plain DDP."""
+    the parameters into DTensor shards), then activation checkpointing (it wraps the
+    blocks' forwards, which then run on those shards; FSDP2's per-block hooks must sit
+    outside the checkpoint so backward unshards a block before recomputing it), then data
+    parallel, which must see the final (possibly sharded or cast) parameters it
+    synchronises. `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
     if dims.tp > 1:
         from trainlab.parallel.tp import apply_tp
 
         model = apply_tp(model, mesh=mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+    if cfg.activation_checkpoint != "none":
+        from trainlab.parallel.checkpoint import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if dims.dp == 1:
         return model
     if cfg.data_parallel in FSDP_KINDS:

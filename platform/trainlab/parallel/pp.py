@@ -246,12 +246,15 @@ class Pipeline:
 
 def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: int,
                    schedule: str, n_microbatches: int, loss_fn: Callable, device: torch.device,
-                   virtual_stages: int = 1) -> Pipeline:
+                   virtual_stages: int = 1,
+                   wrap: Callable[[nn.Module], nn.Module] | None = None) -> Pipeline:
     """Cut `model` into stages, keep this rank's on `device`, and wrap them in a schedule.
 
     `mesh_or_group`: a DeviceMesh (its "pp" dimension, or its only one), a ProcessGroup, or
     None for the world. `loss_fn(logits, targets)` is one micro-batch's mean loss; torch
     divides gradients by n_microbatches, so the step's gradient is the full-batch mean's.
+    `wrap`: applied to each stage module before it becomes a PipelineStage (e.g. DDP over the
+    data-parallel group; torch's stage skips its gradient sync until the last micro-batch).
     """
     _check_layout(n_layers=len(model.blocks()), pp=pp_size, virtual_stages=virtual_stages,
                   n_microbatches=n_microbatches, schedule=schedule)
@@ -262,8 +265,9 @@ def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: 
     modules = [m.to(device) for m in split_stages(model, pp_rank=pp_rank, pp_size=pp_size,
                                                   virtual_stages=virtual_stages)]
     num_stages = pp_size * virtual_stages
+    run_as = [wrap(m) if wrap is not None else m for m in modules]
     stages = [_TimedStage(m, v * pp_size + pp_rank, num_stages, torch.device(device), group=group,
-                          clock=clock) for v, m in enumerate(modules)]
+                          clock=clock) for v, m in enumerate(run_as)]
     timed_loss = clock.timed(loss_fn)  # the last stage's loss is compute too
     if schedule == "interleaved_1f1b":
         runner = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=timed_loss)
