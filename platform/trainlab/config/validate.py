@@ -74,6 +74,13 @@ def pp_microbatches(run: RunConfig) -> int:
             f"sequences per pipeline does not split into parallel.pp_microbatches={m}; use a "
             f"divisor of {per_rank}"
         )
+    val = max(1, t.eval_batches // dims.dp) * t.micro_batch_size
+    if val % m:
+        raise ValueError(
+            f"the held-out set per pipeline, max(1, train.eval_batches // dp) x "
+            f"train.micro_batch_size = {val} sequences, does not split into "
+            f"parallel.pp_microbatches={m}; raise train.eval_batches to a multiple of {m}"
+        )
     if p.pp_schedule != "gpipe" and m < p.pp:
         raise ValueError(
             f"parallel.pp_schedule={p.pp_schedule} needs at least parallel.pp={p.pp} micro-batches, "

@@ -102,26 +102,23 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
 
 
 def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):
-    """This rank's pipeline stages (DDP over the data-parallel group when dp > 1)."""
+    """This rank's pipeline stages; with dp > 1 the trainer averages their gradients over the
+    data-parallel group after each pipelined step (`pipeline.dp_group`)."""
     from trainlab.config.validate import pp_microbatches
-    from trainlab.parallel.ddp import apply_ddp
     from trainlab.parallel.pp import build_pipeline
 
     p = run.parallel
-    wrap = None
-    if dims.dp > 1:
-        def wrap(stage: nn.Module) -> nn.Module:
-            return apply_ddp(stage, device=dist_info.device, bucket_cap_mb=p.bucket_cap_mb,
-                             process_group=mesh["dp"].get_group())
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
-    return build_pipeline(model, mesh_or_group=mesh["pp"], pp_rank=coords(dist_info.rank, dims).pp_rank,
-                          pp_size=dims.pp, schedule=p.pp_schedule, n_microbatches=pp_microbatches(run),
-                          loss_fn=loss_fn, device=dist_info.device,
-                          virtual_stages=p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1,
-                          wrap=wrap)
+    pipeline = build_pipeline(
+        model, mesh_or_group=mesh["pp"], pp_rank=coords(dist_info.rank, dims).pp_rank,
+        pp_size=dims.pp, schedule=p.pp_schedule, n_microbatches=pp_microbatches(run),
+        loss_fn=loss_fn, device=dist_info.device,
+        virtual_stages=p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1)
+    pipeline.dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
+    return pipeline
 
 
 def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,

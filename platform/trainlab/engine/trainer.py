@@ -28,6 +28,7 @@ from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
 from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
 from trainlab.parallel import no_sync, unwrap
+from trainlab.parallel.ddp import allreduce_grads
 from trainlab.precision import PrecisionRecipe
 from trainlab.telemetry import (
     GradNormWindow,
@@ -150,6 +151,8 @@ class Trainer:
             with self.recipe.autocast():
                 loss_sum += n * self.pipeline.step(torch.cat([x for x, _ in micro_batches]),
                                                    torch.cat([y for _, y in micro_batches]))
+            if self.pipeline.dp_group is not None:  # replicas of this stage average their gradients
+                allreduce_grads(list(self.model.parameters()), group=self.pipeline.dp_group)
         else:
             for i, (x, y) in enumerate(micro_batches):
                 x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
@@ -210,11 +213,15 @@ class Trainer:
         """Mean loss over the held-out batches of all ranks."""
         self.model.eval()
         total = 0.0
+        if self.pipeline is not None:  # one pipelined pass over the whole held-out set
+            with self.recipe.autocast():
+                mean = float(self.pipeline.eval(torch.cat([x for x, _ in self.val]),
+                                                torch.cat([y for _, y in self.val])))
+            self.model.train()
+            (mean,) = all_reduce_mean([mean], device=self.dist.device)
+            return mean
         for x, y in self.val:
             with self.recipe.autocast():
-                if self.pipeline is not None:
-                    total += float(self.pipeline.eval(x, y))
-                    continue
                 logits = self.model(x.to(self.dist.device))
             total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(self.dist.device).flatten()))
         self.model.train()

@@ -17,3 +17,19 @@ def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
         process_group=process_group,
         forward_sync_buffers=False,  # the only buffers (rotary tables) are identical on every rank
     )
+
+
+def allreduce_grads(params: list[torch.Tensor], *, group) -> None:
+    """Average the gradients of `params` over `group` in one flat all-reduce: data parallel for
+    pipeline stages, whose per-micro-batch backward passes DDP's reducer cannot follow."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(synced)

@@ -197,6 +197,8 @@ class Pipeline:
         self.is_last = pp_rank == pp_size - 1
         self.bubble_fraction_theory = bubble_fraction(
             pp=pp_size, n_microbatches=n_microbatches, virtual_stages=virtual_stages)
+        self.dp_group: dist.ProcessGroup | None = None
+        """Set by the caller when stages are replicated (dp x pp): gradients are averaged over it."""
         self.last_busy_fraction: float | None = None
         """Share of the last step's wall time this rank spent in forward/backward compute;
         1 - it is the measured bubble (plus communication)."""
