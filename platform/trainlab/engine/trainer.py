@@ -41,6 +41,7 @@ from trainlab.telemetry import (
     update_to_weight,
 )
 from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
+from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
 from trainlab.tracking import NullTracker, Tracker
 
@@ -119,6 +120,8 @@ class Trainer:
         self.probe = NumericsProbe(recipe.casts)
         self.swiglu = SwigluMonitor(raw)
         self.grad_norms = GradNormWindow()
+        self.rank_timer = RankTimer(dist_info.device)
+        self.rank_timer.watch(model)  # after parallelize: the wait after the last gradient is communication
 
     def is_sample_step(self, step: int) -> bool:
         """Numerics are sampled on the first step and every train.numerics_every-th."""
@@ -151,20 +154,23 @@ class Trainer:
             with self.recipe.autocast():
                 loss_sum += n * self.pipeline.step(torch.cat([x for x, _ in micro_batches]),
                                                    torch.cat([y for _, y in micro_batches]))
+            self.rank_timer.add_compute(self.pipeline.last_busy_s)  # its clock excludes bubbles
             if self.pipeline.dp_group is not None:  # replicas of this stage average their gradients
                 allreduce_grads(list(self.model.parameters()), group=self.pipeline.dp_group)
         else:
-            for i, (x, y) in enumerate(micro_batches):
-                x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
-                # all-reduce gradients only once per optimizer step, on the last micro-batch
-                with no_sync(self.model, last_micro_batch=i == n - 1):
-                    loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+            with self.rank_timer.compute():
+                for i, (x, y) in enumerate(micro_batches):
+                    x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+                    # all-reduce gradients only once per optimizer step, on the last micro-batch
+                    with no_sync(self.model, last_micro_batch=i == n - 1):
+                        loss_sum += self.forward_backward_step(x, y, accum_steps=n)
         numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = self._clip_gradients(params)
         before = [p.detach().clone() for p in params] if sample else None
-        applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
+        with self.rank_timer.compute():
+            applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
         (loss,) = all_reduce_mean([float(loss_sum) / n], device=self.dist.device)
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
@@ -230,6 +236,11 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> TrialResult:
+        # collectives called from Python (FSDP2, ZeRO-1, the loss all-reduce) are timed per rank
+        with timed_collectives(into=self.rank_timer):
+            return self._train()
+
+    def _train(self) -> TrialResult:
         t = self.run.train
         status = names.STATUS_FINISHED
         last = StepResult(float("nan"), float("nan"), True)
@@ -240,7 +251,9 @@ class Trainer:
         while self.step < t.max_steps:
             micro_batches = self.batches.next_step()
             lr = self.scheduler.get_last_lr()[0]
+            self.rank_timer.start_step()
             last = self.train_step(micro_batches, sample=self.is_sample_step(self.step + 1))
+            self.rank_timer.end_step()
             self.step += 1
             self.tokens_seen += self.batches.tokens_per_step
             perf = self.throughput.step()
@@ -264,6 +277,11 @@ class Trainer:
             metrics: dict[str, float] = {}
             if self.step % t.log_every == 0 or diverged or self.step == t.max_steps:
                 metrics = self._step_metrics(last, lr, perf)
+            if self.is_sample_step(self.step) or self.step == t.max_steps:
+                # per rank, averaged since the last sample; a collective, so at steps every rank
+                # agrees on (the sample steps and the last)
+                local = self.rank_timer.window() | memory_metrics(self.model, self.optimizer, self.dist.device)
+                metrics |= gather_rank_metrics(local, device=self.dist.device) or {}
             if last.numerics:
                 self.tracker.log_metrics(last.numerics, step=self.step)
             if not diverged and (self.step == t.max_steps or (t.eval_every and self.step % t.eval_every == 0)):

@@ -199,6 +199,8 @@ class Pipeline:
             pp=pp_size, n_microbatches=n_microbatches, virtual_stages=virtual_stages)
         self.dp_group: dist.ProcessGroup | None = None
         """Set by the caller when stages are replicated (dp x pp): gradients are averaged over it."""
+        self.last_busy_s = 0.0
+        """Seconds of the last step this rank spent computing (forward, backward, loss)."""
         self.last_busy_fraction: float | None = None
         """Share of the last step's wall time this rank spent in forward/backward compute;
         1 - it is the measured bubble (plus communication)."""
@@ -219,7 +221,8 @@ class Pipeline:
         start = self._clock.now()
         loss = self._run(self._schedule.step, inputs, targets)
         wall = self._clock.now() - start
-        self.last_busy_fraction = (self._clock.busy_s - busy0) / wall
+        self.last_busy_s = self._clock.busy_s - busy0
+        self.last_busy_fraction = self.last_busy_s / wall
         return self._share(loss, broadcast_loss)
 
     @torch.no_grad()

@@ -1,0 +1,158 @@
+"""Parallel layouts side by side: the engine on the same model, seed and tokens, one layout after another.
+
+    torchrun --nproc-per-node 2 -m trainlab.bench.parallel --layouts ddp,zero1,zero2,fsdp,tp,pp model=small
+    trainlab bench parallel --layouts ddp,fsdp model=tiny     # under torchrun, as above
+
+Every layout (conf/parallel/<layout>.yaml) trains in these same processes, one after another,
+on the process group the first one set up; each builds its own DeviceMesh. Per rank it
+measures tokens/s (the trial's median over the steps after the first) and memory: peak
+allocated device memory on GPU; on CPU, which has no allocator peak, the bytes of this rank's
+parameters, gradients and optimizer state after training (local shards only, sharded_bytes).
+Rank 0 prints one table: the slowest rank's tokens/s and the largest rank's memory, each
+with its ratio to the first layout's (the reference); then one line per layout with
+`speedup: X.XXx  memory: Y.YYx`. A layout that this world size cannot run (the config's
+checks raise ValueError, e.g. fsdp_tp on 2 ranks) is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+
+import torch
+import torch.distributed as dist
+
+from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
+from trainlab.console import print0
+from trainlab.engine.distributed import device_name, setup_distributed
+from trainlab.engine.run import build_trainer
+from trainlab.parallel.fsdp import sharded_bytes
+from trainlab.telemetry.memory import peak_memory_gb
+
+DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"
+# the same trial for every layout: nothing but training steps inside the timed loop
+FIXED = ("tracking=none", "train.eval_every=0", "train.numerics_every=0")
+
+
+def run_layout(overrides: list[str], layout: str, world: int) -> dict:
+    """Train `layout` in this process; this rank's numbers, or the reason it was skipped."""
+    row: dict = {"layout": layout}
+    try:
+        run = compose_run_config([*overrides, f"parallel={layout}", f"cluster.num_workers={world}", *FIXED])
+        _check_not_degenerate(run)
+        dist_info = setup_distributed(run.cluster.device)  # joins the group only the first time
+        if dist_info.device.type == "cpu":
+            torch.set_num_threads(run.cluster.cpus_per_worker)
+        else:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dist_info.device)  # this layout's peak, not the last one's
+        trainer = build_trainer(run, dist_info)
+    except ValueError as e:  # the config's checks: the same on every rank, before any collective
+        return row | {"status": "skipped", "reason": " ".join(str(e).split())}
+    result = trainer.train()
+    # the last step's gradients are still there: the trainer zeroes them at the next step's start
+    state = sharded_bytes(trainer.model, trainer.optimizer)["total"]
+    row |= {"status": result.status, "tokens_per_s": result.tokens_per_s,
+            "memory_gb": peak_memory_gb(dist_info.device) if dist_info.device.type == "cuda" else state / 1e9,
+            "device": dist_info.device.type, "device_name": device_name(dist_info.device)}
+    del trainer  # free this layout's model and optimizer before the next one is built
+    gc.collect()
+    return row
+
+
+def _check_not_degenerate(run) -> None:
+    """A layout that combines data parallelism with tp or pp, left to derive dp from the world
+    size, must get dp >= 2; otherwise it is only its tp or pp layout under another name."""
+    p = run.parallel
+    dims = parallel_dims(run)
+    if p.dp == 0 and p.tp * p.pp > 1 and dims.dp == 1:
+        raise ValueError(f"dp x {'tp' if p.tp > 1 else 'pp'} needs at least {2 * p.tp * p.pp} ranks "
+                         f"(dp = {dims.world_size} / {p.tp * p.pp} = 1 here)")
+    if p.data_parallel == "hsdp" and dims.dp // p.dp_replicate < 2:
+        raise ValueError(f"hsdp needs at least {2 * p.dp_replicate} data-parallel ranks to shard within "
+                         f"groups of >= 2 (dp={dims.dp}, parallel.dp_replicate={p.dp_replicate})")
+
+
+def gather_rows(rows: list[dict]) -> list[list[dict]]:
+    """Every rank's rows, in rank order (rare and small: pickling is fine)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [rows]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, rows)
+    return out
+
+
+def summarize(per_rank: list[list[dict]]) -> list[dict]:
+    """One row per layout: the slowest rank's tokens/s and the largest rank's memory."""
+    rows = []
+    for same_layout in zip(*per_rank):
+        row = dict(same_layout[0])
+        if row["status"] != "skipped":
+            row["tokens_per_s"] = min(r["tokens_per_s"] for r in same_layout)
+            row["memory_gb"] = max(r["memory_gb"] for r in same_layout)
+        rows.append(row)
+    return rows
+
+
+def _ratio(x: float, ref: float) -> float:
+    return x / ref if ref > 0 else math.nan
+
+
+def print_table(rows: list[dict], *, world: int, overrides: list[str]) -> None:
+    ran = [r for r in rows if r["status"] != "skipped"]
+    if not ran:
+        print0(f"parallel bench x{world}: every layout was skipped")
+    ref = ran[0] if ran else None
+    if ran:
+        gpu = ran[0]["device"] == "cuda"
+        print0(f"parallel bench on {ran[0]['device_name']} x{world}: {' '.join(overrides)}")
+        print0("tokens/s: median per step after the first, slowest rank; memory: "
+               + ("peak allocated device memory (torch.cuda.max_memory_allocated), largest rank" if gpu else
+                  "params + grads + optimizer state after training, largest rank (sharded_bytes; "
+                  "CPU has no allocator peak)"))
+        mem_col = "max rank peak GB" if gpu else "max rank state GB"
+        print0(f"{'layout':<9} {'tokens/s':>10} {'vs ' + ref['layout']:>8} {mem_col:>18} "
+               f"{'vs ' + ref['layout']:>8}  status")
+    for r in rows:
+        if r["status"] == "skipped":
+            print0(f"{r['layout']:<9} {'-':>10} {'-':>8} {'-':>18} {'-':>8}  skipped: {r['reason']}")
+            continue
+        r["speedup"] = _ratio(r["tokens_per_s"], ref["tokens_per_s"])
+        r["memory"] = _ratio(r["memory_gb"], ref["memory_gb"])
+        print0(f"{r['layout']:<9} {r['tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x {r['memory_gb']:>18.4g} "
+               f"{r['memory']:>7.2f}x  {r['status']}")
+    for r in rows:
+        if r["status"] == "skipped":
+            print0(f"layout {r['layout']}: skipped: {r['reason']}")
+        else:
+            print0(f"layout {r['layout']}: speedup: {r['speedup']:.2f}x  memory: {r['memory']:.2f}x")
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="trainlab bench parallel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default=DEFAULT_LAYOUTS,
+                    help=f"comma-separated conf/parallel options, the first is the reference "
+                         f"(default {DEFAULT_LAYOUTS})")
+    ap.add_argument("overrides", nargs="*", default=[],
+                    help="Hydra overrides of the trial (default: model=small train.max_steps=20)")
+    args = ap.parse_args(argv)
+    layouts = [name for name in args.layouts.split(",") if name]
+    unknown = [name for name in layouts if not (CONF_DIR / "parallel" / f"{name}.yaml").is_file()]
+    if unknown or not layouts:
+        known = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
+        ap.error(f"unknown layout(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    overrides = ["model=small", "train.max_steps=20", *args.overrides]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rows = summarize(gather_rows([run_layout(overrides, layout, world) for layout in layouts]))
+    print_table(rows, world=world, overrides=overrides)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
