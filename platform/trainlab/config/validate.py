@@ -113,6 +113,10 @@ def check_parallel(run: RunConfig) -> None:
         if p.tp > 1:
             raise ValueError(f"parallel.tp={p.tp} with parallel.pp={p.pp} (3-D) is not supported; "
                              "combine tp with dp, or pp with dp")
+        if run.precision.name == "fp16" and run.precision.loss_scale == "dynamic":
+            raise ValueError(
+                f"precision=fp16 with dynamic loss scaling and parallel.pp={p.pp} is not supported "
+                "(the scale would have to reach every stage's loss); use bf16 with pipelines")
         pp_microbatches(run)
     if p.tp > 1:
         if p.data_parallel not in ("ddp", "fsdp"):

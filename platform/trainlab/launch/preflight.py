@@ -34,6 +34,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
     try:
         check_data(run)
         check_module_names(run)
+        check_layout(run)
         if run.cluster.address:
             check_ray_address(run.cluster.address, timeout_s=run.cluster.start_timeout_s)
         device = check_device(run)
@@ -82,6 +83,23 @@ def check_module_names(run: RunConfig) -> None:
                 f"model={run.model.name} does not have; use one of e.g. "
                 f"{', '.join(n for n in known if n.count('.') == 2)[:300]}"
             )
+
+
+def check_layout(run: RunConfig) -> None:
+    """What the model's shape and the backend decide about a layout: tensor-parallel
+    divisibility of heads and MLP width, and the gradient communication the backend can run."""
+    p = run.parallel
+    if p.tp > 1:
+        from trainlab.models import resolve_dims
+        from trainlab.parallel.tp import check_tp
+
+        check_tp(resolve_dims(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256), p.tp)
+    if p.comm_dtype != "fp32" or p.powersgd_rank:
+        from trainlab.parallel.comm import check_comm
+
+        device = run.cluster.device if run.cluster.device != "auto" else (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        check_comm(p.comm_dtype, p.powersgd_rank, "nccl" if device == "cuda" else "gloo")
 
 
 def check_device(run: RunConfig) -> str:

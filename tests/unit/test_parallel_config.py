@@ -1,0 +1,50 @@
+"""Layouts that cannot work are refused before launch, naming the fields and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainlab.config import compose_run_config
+from trainlab.config.validate import check_run, pp_microbatches
+from trainlab.launch.preflight import check_layout
+
+
+def _refusal(overrides: list[str]) -> str:
+    with pytest.raises(ValueError) as info:
+        run = compose_run_config(["model=tiny", "cluster.device=cpu", *overrides])
+        check_run(run)
+        check_layout(run)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("overrides", "fields"), [
+    (["parallel=pp", "model.n_layers=3"], ["model.n_layers=3", "parallel.pp=2"]),
+    (["parallel=pp", "precision=fp16"], ["precision=fp16", "parallel.pp=2"]),
+    (["parallel=pp", "parallel.pp_microbatches=1"], ["parallel.pp_microbatches", "gpipe"]),
+    (["parallel=pp", "parallel.data_parallel=fsdp"], ["parallel.data_parallel=fsdp"]),
+    (["parallel=hsdp", "cluster.num_workers=3", "train.global_batch_size=24"],
+     ["parallel.dp=3", "parallel.dp_replicate=2"]),
+    (["parallel=tp", "model.n_heads=8", "model.n_kv_heads=1"], ["model.n_kv_heads=1", "parallel.tp=2"]),
+    (["parallel=tp", "precision=fp8_tensorwise"], ["precision=fp8_tensorwise", "parallel.tp=2"]),
+    (["parallel=tp", "parallel.pp=2", "cluster.num_workers=4"], ["parallel.tp=2", "parallel.pp=2"]),
+    (["parallel=ddp", "parallel.sequence_parallel=true"], ["parallel.sequence_parallel"]),
+    (["parallel=ddp", "parallel.dp_replicate=2"], ["parallel.dp_replicate=2"]),
+])
+def test_impossible_layouts_are_refused_with_the_fields(overrides, fields):
+    msg = _refusal(overrides)
+    for field in fields:
+        assert field in msg, msg
+
+
+def test_pipeline_microbatches_default_to_the_accumulation_count():
+    run = compose_run_config(["model=tiny", "model.n_layers=4", "parallel=dp_pp", "cluster.num_workers=4",
+                              "parallel.pp_microbatches=0", "train.global_batch_size=16",
+                              "train.micro_batch_size=2"])
+    assert pp_microbatches(run) == 4  # 16 sequences / dp 2 / micro-batch 2
+
+
+@pytest.mark.parametrize("layout", ["ddp", "zero1", "zero2", "fsdp", "tp", "pp", "dp_tp"])
+def test_layouts_that_fit_two_workers_pass(layout):
+    run = compose_run_config(["model=tiny", "model.n_layers=4", f"parallel={layout}", "cluster.device=cpu"])
+    check_run(run)
+    check_layout(run)
