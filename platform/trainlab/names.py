@@ -180,3 +180,8 @@ OPTIM_STATE_GB = "sys/optim_state_gb"
 """Largest per-rank optimizer-state GB over ranks (ZeRO-1 and up: ~1/dp)."""
 PEAK_MEM_GB_MAX = "sys/peak_mem_gb_max"
 """Largest peak memory over ranks (sys/peak_mem_gb is rank 0's)."""
+
+PP_BUBBLE_THEORY = "sys/pp_bubble_theory"
+"""Pipelines: the schedule's idle share in theory, (pp-1)/(v*m+pp-1)."""
+PP_BUBBLE = "sys/pp_bubble"
+"""Pipelines: the measured idle share of this step on rank 0 (1 - its busy fraction)."""

@@ -332,6 +332,9 @@ class Trainer:
             m[names.MFU] = perf["mfu"]
         if "mfu_fp8" in perf:
             m[names.MFU_FP8] = perf["mfu_fp8"]
+        if self.pipeline is not None and self.pipeline.last_busy_fraction is not None:
+            m[names.PP_BUBBLE_THEORY] = self.pipeline.bubble_fraction_theory
+            m[names.PP_BUBBLE] = 1.0 - self.pipeline.last_busy_fraction
         if self.recipe.loss_scale is not None:
             m[names.LOSS_SCALE] = self.recipe.loss_scale
         # MLflow stores floats; NaN/inf are kept as such so divergence is visible in the UI
