@@ -14,6 +14,7 @@ from trainlab.parallel.mesh import coords, mesh_shape
     (ParallelDims(dp=2, tp=2, pp=1), 1, ((2, 2), ("dp", "tp"))),
     (ParallelDims(dp=2, tp=1, pp=4), 1, ((2, 4), ("dp", "pp"))),
     (ParallelDims(dp=4, tp=1, pp=1), 2, ((2, 2), ("dp_replicate", "dp_shard"))),
+    (ParallelDims(dp=2, tp=1, pp=1), 2, ((2, 1), ("dp_replicate", "dp_shard"))),  # HSDP of 1-rank shards
     (ParallelDims(dp=1, tp=2, pp=1), 1, ((2,), ("tp",))),
 ])
 def test_mesh_shape_names_each_parallelism_outermost_first(dims, replicate, expected):

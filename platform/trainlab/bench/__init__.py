@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8")
+BENCHES = ("overhead", "sweep", "fp8", "parallel")
 
 
 def main(argv: list[str]) -> None:
@@ -24,3 +24,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.fp8 import main as fp8_main
 
         fp8_main(argv[1:])
+    elif argv[0] == "parallel":
+        from trainlab.bench.parallel import main as parallel_main
+
+        parallel_main(argv[1:])

@@ -1,7 +1,7 @@
 """Parallel layouts side by side: the engine on the same model, seed and tokens, one layout after another.
 
     torchrun --nproc-per-node 2 -m trainlab.bench.parallel --layouts ddp,zero1,zero2,fsdp,tp,pp model=small
-    trainlab bench parallel --layouts ddp,fsdp model=tiny     # under torchrun, as above
+    trainlab bench parallel --layouts ddp,fsdp model=tiny     # one process: a smoke test only
 
 Every layout (conf/parallel/<layout>.yaml) trains in these same processes, one after another,
 on the process group the first one set up; each builds its own DeviceMesh. Per rank it
@@ -10,8 +10,9 @@ allocated device memory on GPU; on CPU, which has no allocator peak, the bytes o
 parameters, gradients and optimizer state after training (local shards only, sharded_bytes).
 Rank 0 prints one table: the slowest rank's tokens/s and the largest rank's memory, each
 with its ratio to the first layout's (the reference); then one line per layout with
-`speedup: X.XXx  memory: Y.YYx`. A layout that this world size cannot run (the config's
-checks raise ValueError, e.g. fsdp_tp on 2 ranks) is skipped with its reason.
+`speedup: X.XXx  memory: Y.YYx`. A layout that this world size cannot run is skipped with
+its reason: the config's checks raise ValueError (tp on 1 rank), or it would degenerate
+(dp_tp, dp_pp, fsdp_tp and hsdp need 4 ranks: on 2, dp or dp_shard would be 1).
 """
 
 from __future__ import annotations
@@ -102,32 +103,39 @@ def _ratio(x: float, ref: float) -> float:
 
 def print_table(rows: list[dict], *, world: int, overrides: list[str]) -> None:
     ran = [r for r in rows if r["status"] != "skipped"]
-    if not ran:
-        print0(f"parallel bench x{world}: every layout was skipped")
-    ref = ran[0] if ran else None
     if ran:
-        gpu = ran[0]["device"] == "cuda"
-        print0(f"parallel bench on {ran[0]['device_name']} x{world}: {' '.join(overrides)}")
-        print0("tokens/s: median per step after the first, slowest rank; memory: "
-               + ("peak allocated device memory (torch.cuda.max_memory_allocated), largest rank" if gpu else
-                  "params + grads + optimizer state after training, largest rank (sharded_bytes; "
-                  "CPU has no allocator peak)"))
+        ref = ran[0]  # the first layout, or the first that ran when it was skipped
+        gpu = ref["device"] == "cuda"
+        shown = {o.split("=", 1)[0]: o for o in overrides}  # the value that wins for each key
+        _line(f"parallel bench on {ref['device_name']} x{world}: {' '.join(shown.values())}")
+        _line("tokens/s: median per step after the first, slowest rank")
+        _line("memory:   " + ("peak allocated device memory (torch.cuda.max_memory_allocated), largest rank"
+                              if gpu else "params + grads + optimizer state after training, largest rank "
+                              "(sharded_bytes; CPU has no allocator peak)"))
+        vs = f"vs {ref['layout']}"
         mem_col = "max rank peak GB" if gpu else "max rank state GB"
-        print0(f"{'layout':<9} {'tokens/s':>10} {'vs ' + ref['layout']:>8} {mem_col:>18} "
-               f"{'vs ' + ref['layout']:>8}  status")
+        _line(f"{'layout':<9} {'tokens/s':>10} {vs:>8} {mem_col:>18} {vs:>8}  status")
+        for r in ran:
+            r["speedup"] = _ratio(r["tokens_per_s"], ref["tokens_per_s"])
+            r["memory"] = _ratio(r["memory_gb"], ref["memory_gb"])
+    else:
+        _line(f"parallel bench x{world}: every layout was skipped")
     for r in rows:
         if r["status"] == "skipped":
-            print0(f"{r['layout']:<9} {'-':>10} {'-':>8} {'-':>18} {'-':>8}  skipped: {r['reason']}")
-            continue
-        r["speedup"] = _ratio(r["tokens_per_s"], ref["tokens_per_s"])
-        r["memory"] = _ratio(r["memory_gb"], ref["memory_gb"])
-        print0(f"{r['layout']:<9} {r['tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x {r['memory_gb']:>18.4g} "
-               f"{r['memory']:>7.2f}x  {r['status']}")
-    for r in rows:
-        if r["status"] == "skipped":
-            print0(f"layout {r['layout']}: skipped: {r['reason']}")
+            _line(f"{r['layout']:<9} {'-':>10} {'-':>8} {'-':>18} {'-':>8}  skipped: {r['reason']}")
         else:
-            print0(f"layout {r['layout']}: speedup: {r['speedup']:.2f}x  memory: {r['memory']:.2f}x")
+            _line(f"{r['layout']:<9} {r['tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x "
+                  f"{r['memory_gb']:>18.4g} {r['memory']:>7.2f}x  {r['status']}")
+    for r in rows:  # last: one line per layout
+        if r["status"] == "skipped":
+            _line(f"layout {r['layout']}: skipped: {r['reason']}")
+        else:
+            _line(f"layout {r['layout']}: speedup: {r['speedup']:.2f}x  memory: {r['memory']:.2f}x")
+
+
+def _line(text: str) -> None:
+    """One line on rank 0, never wrapped by rich (reasons are long) nor read as markup."""
+    print0(text, soft_wrap=True, markup=False)
 
 
 def main(argv: list[str]) -> None:
