@@ -15,6 +15,7 @@ from torch import nn
 from trainlab import names
 from trainlab.precision.formats import FloatFormat, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
+from trainlab.telemetry.sharded import full
 
 
 def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
@@ -69,7 +70,8 @@ class NumericsProbe:
         return hook
 
     def _measure(self, x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
-        stats = cast_stats(x.detach(), fmt, _scale(x, fmt, spec, module, kind))
+        x = full(x.detach())
+        stats = cast_stats(x, fmt, _scale(x, fmt, spec, module, kind))
         counts = None
         if spec.scaling == "loss" and kind == "grad_output":
             # pooled over layers: [non-zero values, flushed at the loss scale used, flushed had

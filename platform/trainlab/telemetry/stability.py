@@ -91,8 +91,12 @@ def update_to_weight(params: list[torch.Tensor], before: list[torch.Tensor]) -> 
 
     Around 1e-3 is healthy for Adam-style training; a layer far above it is being rewritten
     each step (too high an LR for it, or a precision artefact)."""
-    deltas = [(p.detach().float() - b.float()).norm() for p, b in zip(params, before)]
-    norms = [b.float().norm() for b in before]
+    from trainlab.telemetry.sharded import full
+
+    after = [full(p.detach()).float() for p in params]
+    before = [full(b).float() for b in before]
+    deltas = [(a - b).norm() for a, b in zip(after, before)]
+    norms = [b.norm() for b in before]
     per_tensor = torch.stack([d / n.clamp_min(1e-12) for d, n in zip(deltas, norms)])
     total = torch.stack(deltas).norm() / torch.stack(norms).norm().clamp_min(1e-12)
     return {names.UPDATE_TO_WEIGHT: float(total), names.UPDATE_TO_WEIGHT_MAX: float(per_tensor.max())}

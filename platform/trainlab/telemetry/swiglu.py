@@ -31,6 +31,7 @@ from trainlab.names import (
     NUM_SWIGLU_OUTLIER,
     swiglu_metric,
 )
+from trainlab.telemetry.sharded import full
 
 
 def _feed_forwards(model: nn.Module) -> list[tuple[int, FeedForward]]:
@@ -86,7 +87,7 @@ class SwigluMonitor:
         @torch.compiler.disable  # run eagerly under torch.compile: no recompile per block
         def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
             with torch.no_grad():
-                h = output.detach().float()
+                h = full(output.detach()).float()
                 amax = h.abs().amax()
                 # All-zero h: rms 0, ratio 0/tiny = 0 rather than nan.
                 rms = h.pow(2).mean().sqrt().clamp_min(torch.finfo(torch.float32).tiny)
@@ -125,13 +126,6 @@ class SwigluMonitor:
         return out
 
 
-def _full(weight: torch.Tensor) -> torch.Tensor:
-    # FSDP2 shards parameters as DTensors; a row's cosine needs the whole row (a
-    # collective: every rank must call w13_alignment together).
-    full_tensor = getattr(weight, "full_tensor", None)
-    return full_tensor() if callable(full_tensor) else weight
-
-
 @torch.no_grad()
 def w13_alignment(model: nn.Module) -> dict[str, float]:
     """Per block, the max over channels c of |cos(w1.weight[c], w3.weight[c])|, and its max
@@ -146,8 +140,8 @@ def w13_alignment(model: nn.Module) -> dict[str, float]:
         return {}
     per_block = []
     for _, ff in blocks:
-        w1 = _full(ff.w1.weight).float()
-        w3 = _full(ff.w3.weight).float()
+        w1 = full(ff.w1.weight).float()
+        w3 = full(ff.w3.weight).float()
         eps = torch.finfo(torch.float32).tiny
         cos = (w1 * w3).sum(-1) / (w1.norm(dim=-1) * w3.norm(dim=-1)).clamp_min(eps)
         per_block.append(cos.abs().amax().clamp(max=1.0))  # rounding can give 1 + ulp
