@@ -77,10 +77,11 @@ def reference4():
     (2, ["parallel=tp", "parallel.sequence_parallel=true"]),
     (4, ["parallel=hsdp"]),
     (4, ["parallel=fsdp_tp"]),
+    (4, ["parallel=dp_tp"]),
     (2, ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=gpipe"]),
     (2, ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"]),
     (4, ["parallel=dp_pp", "model.n_layers=4"]),
-], ids=["fsdp", "zero2", "zero1", "tp", "tp_sp", "hsdp", "fsdp_tp", "pp_gpipe", "pp_1f1b", "dp_pp"])
+], ids=["fsdp", "zero2", "zero1", "tp", "tp_sp", "hsdp", "fsdp_tp", "dp_tp", "pp_gpipe", "pp_1f1b", "dp_pp"])
 def test_layout_trains_like_one_process(request, world, overrides):
     fixture = "reference4" if "model.n_layers=4" in overrides else "reference"
     ref_train, ref_val, _ = request.getfixturevalue(fixture)

@@ -93,6 +93,8 @@ def update_to_weight(params: list[torch.Tensor], before: list[torch.Tensor]) -> 
     each step (too high an LR for it, or a precision artefact)."""
     from trainlab.telemetry.sharded import full
 
+    if not params:  # e.g. DDP over tensor-parallel shards hides them between steps
+        return {}
     after = [full(p.detach()).float() for p in params]
     before = [full(b).float() for b in before]
     deltas = [(a - b).norm() for a, b in zip(after, before)]
