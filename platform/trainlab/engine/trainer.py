@@ -144,6 +144,13 @@ class Trainer:
 
     # -- one optimizer step ----------------------------------------------------------------
     def train_step(self, micro_batches: list[Batch], *, sample: bool = False) -> StepResult:
+        self.rank_timer.start_step()
+        try:
+            return self._train_step(micro_batches, sample=sample)
+        finally:
+            self.rank_timer.end_step()
+
+    def _train_step(self, micro_batches: list[Batch], *, sample: bool) -> StepResult:
         self.optimizer.zero_grad(set_to_none=True)
         if sample:
             self.probe.arm(loss_scale=self.recipe.loss_scale)
@@ -251,9 +258,7 @@ class Trainer:
         while self.step < t.max_steps:
             micro_batches = self.batches.next_step()
             lr = self.scheduler.get_last_lr()[0]
-            self.rank_timer.start_step()
             last = self.train_step(micro_batches, sample=self.is_sample_step(self.step + 1))
-            self.rank_timer.end_step()
             self.step += 1
             self.tokens_seen += self.batches.tokens_per_step
             perf = self.throughput.step()
