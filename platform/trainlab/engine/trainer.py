@@ -111,10 +111,11 @@ class Trainer:
         self._step_rates: list[float] = []
         self._mfus: list[float] = []
         self._mfus_fp8: list[float] = []
-        raw = unwrap(model)
-        self.nonfinite = NonFiniteMonitor(raw)
+        self.raw_model = unwrap(model)
+        """The model inside DDP / torch.compile: what the telemetry hooks and names refer to."""
+        self.nonfinite = NonFiniteMonitor(self.raw_model)
         self.probe = NumericsProbe(recipe.casts)
-        self.swiglu = SwigluMonitor(raw)
+        self.swiglu = SwigluMonitor(self.raw_model)
         self.grad_norms = GradNormWindow()
 
     def is_sample_step(self, step: int) -> bool:
@@ -165,7 +166,7 @@ class Trainer:
         if sample:
             if applied:
                 numerics |= update_to_weight(params, before)
-            numerics |= w13_alignment(unwrap(self.model)) | self.grad_norms.percentiles()
+            numerics |= w13_alignment(self.raw_model) | self.grad_norms.percentiles()
             result.numerics = numerics
         return result
 

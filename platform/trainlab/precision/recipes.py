@@ -16,7 +16,7 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from trainlab.config.schema import FP8_TORCHAO, PrecisionConfig
+from trainlab.config.schema import FP8_PRECISIONS, FP8_TORCHAO, PrecisionConfig
 from trainlab.precision import fp8
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
@@ -270,7 +270,7 @@ def build_recipe(cfg: PrecisionConfig, *, device_type: str) -> PrecisionRecipe:
         if impl == "auto":
             impl = "emulated" if device_type == "cpu" else "native"
         return Fp16Recipe(cfg, device_type, emulated=impl == "emulated")
-    if cfg.name.startswith("fp8"):
+    if cfg.name in FP8_PRECISIONS:
         return Fp8Recipe(cfg, device_type)
     if cfg.name == "emulated":
         return EmulatedRecipe(cfg, device_type)
