@@ -16,7 +16,7 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from trainlab.config.schema import FP8_PRECISIONS, FP8_TORCHAO, PrecisionConfig
+from trainlab.config.schema import EMULATION_TARGETS, FP8_PRECISIONS, FP8_TORCHAO, PrecisionConfig
 from trainlab.precision import fp8
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
@@ -227,7 +227,7 @@ class EmulatedRecipe(PrecisionRecipe):
         self.scaled = cfg.scaling == "tensor"
         f = cfg.formats
         self.formats = {t: parse_format(getattr(f, t)) if getattr(f, t) else None
-                        for t in ("activations", "weights", "gradients", "optimizer_states", "comm_grads")}
+                        for t in EMULATION_TARGETS}
 
     def prepare(self, model: nn.Module) -> nn.Module:
         self.plan = plan_layers(model, self.cfg.keep_hp)
