@@ -402,13 +402,19 @@ class TrainConfig:
             raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
-        if self.inject_nan:
-            module, _, step = self.inject_nan.rpartition("@")
-            if not module or not step.isdigit() or int(step) < 1:
-                raise ValueError(
-                    f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
-                    "train.inject_nan=layers.1.feed_forward@5"
-                )
+        if self.inject_nan and self.nan_injection is None:
+            raise ValueError(
+                f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
+                "train.inject_nan=layers.1.feed_forward@5"
+            )
+
+    @property
+    def nan_injection(self) -> tuple[str, int] | None:
+        """train.inject_nan as (module name, optimizer step); None when unset or malformed."""
+        module, _, step = self.inject_nan.rpartition("@")
+        if not module or not step.isdigit() or int(step) < 1:
+            return None
+        return module, int(step)
 
 
 @dataclass

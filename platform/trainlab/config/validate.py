@@ -151,7 +151,7 @@ def check_run(run: RunConfig) -> None:
 
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about)."""
-    from trainlab.config.schema import DataConfig, PrecisionConfig
+    from trainlab.config.schema import FP8_PRECISIONS, DataConfig, PrecisionConfig
 
     notes = []
     if run.precision.name != "fp16":
@@ -161,7 +161,7 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to precision=fp16; "
                          f"ignored with precision={run.precision.name}")
-    lowp = run.precision.name.startswith("fp8") or run.precision.name == "emulated"
+    lowp = run.precision.name in (*FP8_PRECISIONS, "emulated")
     if not lowp:
         lowp_fields = ("fp8_impl", "hp_dtype", "keep_hp", "amax_history_len", "fp8_margin", "scaling")
         changed = [f for f in lowp_fields if getattr(run.precision, f) != getattr(PrecisionConfig(), f)]

@@ -16,6 +16,7 @@ from torch import nn
 
 from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
+from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.distributed import DistInfo, device_name, setup_distributed
 from trainlab.engine.schedule import build_optimizer
@@ -23,7 +24,8 @@ from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.parallel import parallelize
 from trainlab.parallel.mesh import build_mesh, coords
-from trainlab.precision import build_recipe, check_precision_supported
+from trainlab.precision import build_recipe
+from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.telemetry import Throughput, device_peak, inject_nan
 from trainlab.tracking import NullTracker, Tracker
 
@@ -48,11 +50,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     model = build_model(run.model, vocab_size=corpus.vocab_size).to(dist_info.device)
     if dist_info.device.type == "cuda":
         # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
-        check_precision_supported(run.precision.name, device="cuda",
-                                  capability=torch.cuda.get_device_capability(dist_info.device),
-                                  device_name=device_name(dist_info.device),
-                                  emulated=run.precision.fp8_impl == "emulated",
-                                  hp_dtype=run.precision.hp_dtype)
+        check_precision_on_gpu(run.precision,
+                               capability=torch.cuda.get_device_capability(dist_info.device),
+                               device_name=device_name(dist_info.device))
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     raw_model = model
@@ -90,14 +90,14 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
         peak=device_peak(dist_info.device, recipe.peak_dtype),
         world_size=dist_info.world_size,
-        fp8_peak=device_peak(dist_info.device, "fp8") if run.precision.name.startswith("fp8") else None,
+        fp8_peak=device_peak(dist_info.device, "fp8") if run.precision.name in FP8_PRECISIONS else None,
     )
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline)
-    if t.inject_nan:
-        module, _, step = t.inject_nan.rpartition("@")
-        inject_nan(raw_model, module, at_step=int(step), current_step=lambda: trainer.step + 1)
+    if t.nan_injection is not None:
+        module, step = t.nan_injection
+        inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
 
 

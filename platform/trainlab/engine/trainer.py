@@ -115,10 +115,11 @@ class Trainer:
         self._step_rates: list[float] = []
         self._mfus: list[float] = []
         self._mfus_fp8: list[float] = []
-        raw = unwrap(model)
-        self.nonfinite = NonFiniteMonitor(raw)
+        self.raw_model = unwrap(model)
+        """The model inside DDP / torch.compile: what the telemetry hooks and names refer to."""
+        self.nonfinite = NonFiniteMonitor(self.raw_model)
         self.probe = NumericsProbe(recipe.casts)
-        self.swiglu = SwigluMonitor(raw)
+        self.swiglu = SwigluMonitor(self.raw_model)
         self.grad_norms = GradNormWindow()
         self.rank_timer = RankTimer(dist_info.device)
         self.rank_timer.watch(model)  # after parallelize: the wait after the last gradient is communication
@@ -188,7 +189,7 @@ class Trainer:
         if sample:
             if applied:
                 numerics |= update_to_weight(params, before)
-            numerics |= w13_alignment(unwrap(self.model)) | self.grad_norms.percentiles()
+            numerics |= w13_alignment(self.raw_model) | self.grad_norms.percentiles()
             result.numerics = numerics
         return result
 

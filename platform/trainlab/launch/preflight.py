@@ -21,6 +21,7 @@ from trainlab.config import ConfigError, RunConfig, ignored_options
 from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
 from trainlab.precision import check_precision_supported
+from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.tracking.runs import local_store_path
 
 DEFAULT_GCS_PORT = 6379
@@ -70,19 +71,13 @@ def check_module_names(run: RunConfig) -> None:
         return
     from trainlab.models import build_model
     from trainlab.precision.policy import check_keep_hp
+    from trainlab.telemetry.nonfinite import injection_target
 
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
     check_keep_hp(model, run.precision.keep_hp)
-    if run.train.inject_nan:
-        module = run.train.inject_nan.rpartition("@")[0]
-        known = [n for n, _ in model.named_modules() if n]
-        if module not in known:
-            raise ValueError(
-                f"train.inject_nan={run.train.inject_nan!r} names module {module!r}, which "
-                f"model={run.model.name} does not have; use one of e.g. "
-                f"{', '.join(n for n in known if n.count('.') == 2)[:300]}"
-            )
+    if run.train.nan_injection is not None:
+        injection_target(model, run.train.nan_injection[0])
 
 
 def check_layout(run: RunConfig) -> None:
@@ -118,10 +113,7 @@ def check_device(run: RunConfig) -> str:
                          "use cluster.device=cpu (or auto)")
     if device == "cuda" and local:
         cap = torch.cuda.get_device_capability(0)
-        check_precision_supported(run.precision.name, device="cuda", capability=cap,
-                                  device_name=torch.cuda.get_device_name(0),
-                                  emulated=run.precision.fp8_impl == "emulated",
-                                  hp_dtype=run.precision.hp_dtype)
+        check_precision_on_gpu(run.precision, capability=cap, device_name=torch.cuda.get_device_name(0))
         if run.cluster.num_workers > torch.cuda.device_count():
             raise ValueError(
                 f"cluster.num_workers={run.cluster.num_workers} but this machine has "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainlab.config.schema import FP8_PRECISIONS, PrecisionConfig
+
 FP8_TENSOR_CORES = (8, 9)
 """Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
 
@@ -44,7 +46,7 @@ def check_precision_supported(precision: str, *, device: str,
     need = MIN_CUDA_CAPABILITY.get(precision)
     if need is None:
         raise ValueError(f"precision={precision} has no known CUDA capability requirement")
-    fp8 = precision.startswith("fp8")
+    fp8 = precision in FP8_PRECISIONS
     if (fp8 and emulated) or precision == "emulated":
         need = HP_DTYPE_MIN_CUDA_CAPABILITY[hp_dtype]
     if capability is None or tuple(capability) >= need:
@@ -66,3 +68,10 @@ def check_precision_supported(precision: str, *, device: str,
         f"newer, but {gpu}; {fix}"
     )
 
+
+
+def check_precision_on_gpu(cfg: PrecisionConfig, *, capability: tuple[int, int], device_name: str) -> None:
+    """check_precision_supported for a precision config on a CUDA GPU: the one call the driver's
+    preflight and each GPU worker make, so both read the same config fields."""
+    check_precision_supported(cfg.name, device="cuda", capability=capability, device_name=device_name,
+                              emulated=cfg.fp8_impl == "emulated", hp_dtype=cfg.hp_dtype)

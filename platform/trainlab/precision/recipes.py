@@ -16,7 +16,7 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from trainlab.config.schema import FP8_TORCHAO, PrecisionConfig
+from trainlab.config.schema import EMULATION_TARGETS, FP8_PRECISIONS, FP8_TORCHAO, PrecisionConfig
 from trainlab.precision import fp8
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
@@ -227,7 +227,7 @@ class EmulatedRecipe(PrecisionRecipe):
         self.scaled = cfg.scaling == "tensor"
         f = cfg.formats
         self.formats = {t: parse_format(getattr(f, t)) if getattr(f, t) else None
-                        for t in ("activations", "weights", "gradients", "optimizer_states", "comm_grads")}
+                        for t in EMULATION_TARGETS}
 
     def prepare(self, model: nn.Module) -> nn.Module:
         self.plan = plan_layers(model, self.cfg.keep_hp)
@@ -270,7 +270,7 @@ def build_recipe(cfg: PrecisionConfig, *, device_type: str) -> PrecisionRecipe:
         if impl == "auto":
             impl = "emulated" if device_type == "cpu" else "native"
         return Fp16Recipe(cfg, device_type, emulated=impl == "emulated")
-    if cfg.name.startswith("fp8"):
+    if cfg.name in FP8_PRECISIONS:
         return Fp8Recipe(cfg, device_type)
     if cfg.name == "emulated":
         return EmulatedRecipe(cfg, device_type)

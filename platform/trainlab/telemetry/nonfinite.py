@@ -64,18 +64,24 @@ class NonFiniteMonitor:
         return self.first_activation(inputs, autocast) or (LOSS if not loss_finite else self.first_gradient())
 
 
-def inject_nan(model: nn.Module, module_name: str, *, at_step: int, current_step: Callable[[], int]):
-    """Make `module_name`'s output NaN during optimizer step `at_step` (1-based): a fault to
-    prove the monitor attributes it. Runs before any other forward hook of that module."""
+def injection_target(model: nn.Module, module_name: str) -> nn.Module:
+    """The module train.inject_nan names; ValueError naming the field and some real names."""
     modules = dict(model.named_modules())
     if module_name not in modules:
         known = [n for n in modules if n and n.count(".") <= 2]
         raise ValueError(f"train.inject_nan names module {module_name!r}, which the model does not "
                          f"have; pick one of {', '.join(known[:12])}, ...")
+    return modules[module_name]
+
+
+def inject_nan(model: nn.Module, module_name: str, *, at_step: int, current_step: Callable[[], int]):
+    """Make `module_name`'s output NaN during optimizer step `at_step` (1-based): a fault to
+    prove the monitor attributes it. Runs before any other forward hook of that module."""
+    target = injection_target(model, module_name)
 
     def hook(module, _args, output):
         if module.training and current_step() == at_step:
             return output * float("nan")
         return None
 
-    return modules[module_name].register_forward_hook(hook, prepend=True)
+    return target.register_forward_hook(hook, prepend=True)

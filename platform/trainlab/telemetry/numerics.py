@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from trainlab import names
-from trainlab.precision.formats import FloatFormat, cast_stats, quantize, tensor_scale
+from trainlab.precision.formats import CastStats, FloatFormat, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry.sharded import full
 
@@ -32,12 +32,10 @@ class NumericsProbe:
     def __init__(self, casts: list[tuple[str, nn.Module, CastSpec]]) -> None:
         self.casts = casts
         self._handles: list = []
-        self._seen: dict[tuple[str, str], tuple[torch.Tensor, float]] = {}
+        self._seen: dict[tuple[str, str], tuple[CastStats, torch.Tensor | None]] = {}
+        """(layer, tensor kind) -> its cast statistics and, for fp16 gradients, the counts
+        pooled into the gradient-underflow fractions."""
         self.loss_scale: float = 1.0
-
-    @property
-    def active(self) -> bool:
-        return bool(self.casts)
 
     def arm(self, *, loss_scale: float | None = None) -> None:
         """Watch the next micro-batch's casts (first micro-batch of the step only)."""

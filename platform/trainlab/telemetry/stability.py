@@ -61,6 +61,7 @@ class StabilityCounters:
                 self.first_nonfinite_step = step
                 self.first_nonfinite = origin or bad[0]
 
+
 @dataclass
 class GradNormWindow:
     """Pre-clip gradient norms since the last sample; percentiles show a widening tail
