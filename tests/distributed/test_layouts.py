@@ -97,3 +97,36 @@ def test_fp16_gradient_communication_changes_little_and_trains(reference):
     assert status == names.STATUS_FINISHED
     assert train == pytest.approx(ref_train, rel=1e-3)
     assert train != pytest.approx(ref_train, rel=1e-9)  # the rounding is real
+
+
+@pytest.mark.parametrize("overrides", [
+    ["parallel=fsdp", "precision=fp16"],
+    ["parallel=zero2", "precision=bf16"],
+    ["parallel=zero1", "precision=fp8_delayed", "precision.hp_dtype=fp32"],
+    ["parallel=tp", "precision=emulated", "precision.hp_dtype=fp32"],
+    ["parallel=pp", "model.n_layers=4", "precision=fp8_tensorwise", "precision.hp_dtype=fp32"],
+], ids=["fsdp_fp16", "zero2_bf16", "zero1_fp8_delayed", "tp_emulated", "pp_fp8_tensorwise"])
+def test_layout_composes_with_a_precision_mode(request, overrides):
+    """Each layout with a low-precision mode (a diagonal of the layout x precision grid; the
+    combinations that cannot work are refused before launch, tests/unit/test_preflight.py):
+    trains, close to the fp32 curve but not on it (the low precision is really applied)."""
+    fixture = "reference4" if "model.n_layers=4" in overrides else "reference"
+    ref_train, _, _ = request.getfixturevalue(fixture)
+    train, _, status = _run(2, overrides)
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=2e-2)
+    assert train != pytest.approx(ref_train, rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ["parallel=fsdp"],
+    ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"],
+], ids=["fsdp", "pp"])
+def test_blocks_compiled_one_by_one_train_like_one_eager_process(request, overrides):
+    fixture = "reference4" if "model.n_layers=4" in overrides else "reference"
+    ref_train, ref_val, _ = request.getfixturevalue(fixture)
+    train, val, status = _run(2, [*overrides, "train.compile=true", "train.compile_unit=block"])
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=1e-4)
+    assert val == pytest.approx(ref_val, rel=1e-4)

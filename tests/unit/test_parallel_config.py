@@ -29,6 +29,10 @@ def _refusal(overrides: list[str]) -> str:
     (["parallel=tp", "parallel.pp=2", "cluster.num_workers=4"], ["parallel.tp=2", "parallel.pp=2"]),
     (["parallel=ddp", "parallel.sequence_parallel=true"], ["parallel.sequence_parallel"]),
     (["parallel=ddp", "parallel.dp_replicate=2"], ["parallel.dp_replicate=2"]),
+    (["parallel=fsdp", "train.compile=true"], ["train.compile_unit=model", "parallel.data_parallel=fsdp",
+                                               "train.compile_unit=block"]),
+    (["parallel=pp", "train.compile=true"], ["train.compile_unit=model", "parallel.pp=2"]),
+    (["train.compile_unit=graph"], ["train.compile_unit='graph'", "model, block"]),
 ])
 def test_impossible_layouts_are_refused_with_the_fields(overrides, fields):
     msg = _refusal(overrides)

@@ -33,6 +33,7 @@ DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
+COMPILE_UNITS = ("model", "block")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("auto", "emulated", "native")
 
@@ -389,6 +390,10 @@ class TrainConfig:
     every N optimizer steps; 0 = never. Costs one extra pass over the casts when sampled."""
     compile: bool = False
     """torch.compile the model (the fast path on GPUs; slow to start on CPU)."""
+    compile_unit: str = "model"
+    """What train.compile compiles: `model` (one graph, before any parallel wrapping; plain
+    DDP / ZeRO-1 layouts) or `block` (each transformer block on its own, after tensor
+    parallel and activation checkpointing and before FSDP2, as torchtitan does; every layout)."""
     inject_nan: str = ""
     """Fault injection for testing the stability telemetry: 'MODULE@STEP' makes the output of
     the module named MODULE (e.g. layers.1.feed_forward) NaN on optimizer step STEP."""
@@ -402,6 +407,7 @@ class TrainConfig:
             raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
+        _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
         if self.inject_nan and self.nan_injection is None:
             raise ValueError(
                 f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "

@@ -118,6 +118,14 @@ def check_parallel(run: RunConfig) -> None:
                 f"precision=fp16 with dynamic loss scaling and parallel.pp={p.pp} is not supported "
                 "(the scale would have to reach every stage's loss); use bf16 with pipelines")
         pp_microbatches(run)
+    wraps = [f"parallel.{k}={v}" for k, v, on in (
+        ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1),
+        ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1))
+        if on]
+    if run.train.compile and run.train.compile_unit == "model" and wraps:
+        raise ValueError(
+            f"train.compile_unit=model compiles one graph of the whole model, which {' and '.join(wraps)} "
+            "then shards or splits; set train.compile_unit=block (each block compiled, as torchtitan does)")
     if p.tp > 1:
         if p.data_parallel not in ("ddp", "fsdp"):
             raise ValueError(

@@ -56,7 +56,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     raw_model = model
-    if run.train.compile:
+    compile_blocks = run.train.compile and run.train.compile_unit == "block"
+    if run.train.compile and not compile_blocks:
         # the numerics probes arm hooks on some steps only: dynamo must re-check hooks
         torch._dynamo.config.skip_nnmodule_hook_guards = False
         model = torch.compile(model)
@@ -68,10 +69,15 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
 
         apply_activation_checkpointing(model, run.parallel.activation_checkpoint)  # kept by the split
         pipeline = _build_pipeline(run, model, dims=dims, mesh=mesh, dist_info=dist_info)
+        if compile_blocks:  # after the split: a deep copy would keep calling the original block
+            from trainlab.parallel.compile import compile_blocks as compile_each_block
+
+            for stage in pipeline.stages:
+                compile_each_block(stage)
         model = nn.ModuleList(pipeline.stages)  # what the optimizer, clipping and telemetry see
     else:
         model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
-                            precision=run.precision.name)
+                            precision=run.precision.name, compile_blocks=compile_blocks)
     recipe.attach(model)
     optimizer, scheduler = build_optimizer(
         model, run.optim, max_steps=run.train.max_steps,

@@ -22,13 +22,14 @@ REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfl
 
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
-                precision: str = "fp32") -> nn.Module:
+                precision: str = "fp32", compile_blocks: bool = False) -> nn.Module:
     """Wrap `model` for the layout, in torchtitan's order: tensor parallel first (it changes
     the parameters into DTensor shards), then activation checkpointing (it wraps the
     blocks' forwards, which then run on those shards; FSDP2's per-block hooks must sit
     outside the checkpoint so backward unshards a block before recomputing it), then data
     parallel, which must see the final (possibly sharded or cast) parameters it
-    synchronises. `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
+    synchronises. `compile_blocks` compiles each block after checkpointing (torchtitan's
+    place for it). `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
     if dims.tp > 1:
         from trainlab.parallel.tp import apply_tp
 
@@ -37,6 +38,10 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
         from trainlab.parallel.checkpoint import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, cfg.activation_checkpoint)
+    if compile_blocks:
+        from trainlab.parallel.compile import compile_blocks as compile_each_block
+
+        compile_each_block(model)
     if dims.dp == 1:
         return model
     if cfg.data_parallel in FSDP_KINDS:

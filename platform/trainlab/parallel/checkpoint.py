@@ -33,10 +33,11 @@ Composition:
   checkpoint; backward unshards the block's parameters before the recompute needs them,
   as with torchtitan's wrapper. FSDP2 (ZeRO-3), DDP and tensor parallel (with and without
   sequence parallel) on 2 gloo ranks give the one-process gradients to 2e-8.
-- torch.compile: dynamo traces `torch.utils.checkpoint` as a higher-order op. The engine
-  compiles before parallelize(); compilation is lazy, so the first traced forward already
-  sees the checkpointed blocks (checked with aot_eager and inductor on CPU: no graph break,
-  same loss and gradients).
+- torch.compile: dynamo traces `torch.utils.checkpoint` as a higher-order op. A whole-model
+  compile (train.compile_unit=model) happens before parallelize(), but compilation is lazy,
+  so the first traced forward already sees the checkpointed blocks; a per-block compile
+  (train.compile_unit=block) wraps the checkpointed block. Both checked with aot_eager and inductor
+  on CPU: no graph break, same loss and gradients.
 - RNG state is saved and restored around the recompute (torch's default), so a block with
   dropout would recompute the same mask; the model has none today.
 """
@@ -69,7 +70,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
     if mode == "none":
         return 0
     count = 0
-    for index, block in _indexed_blocks(model):
+    for index, block in indexed_blocks(model):
         if mode == "selective" and index % SELECTIVE_EVERY != SELECTIVE_EVERY - 1:
             continue
         if not is_checkpointed(block):
@@ -90,7 +91,7 @@ def _checkpointed_forward(self: nn.Module, *args, **kwargs):
     return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
 
 
-def _indexed_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
+def indexed_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(index in the full model, block): a pipeline stage's ModuleDict is keyed by it."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     layers = getattr(model, "layers", None)
@@ -106,4 +107,4 @@ def _indexed_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
                      f"{type(model).__name__} has neither")
 
 
-__all__ = ["MODES", "apply_activation_checkpointing", "is_checkpointed"]
+__all__ = ["MODES", "apply_activation_checkpointing", "indexed_blocks", "is_checkpointed"]
