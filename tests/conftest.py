@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -17,6 +20,73 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> None:
+    """This spawned process as `rank` of `world` for torch.distributed's env:// rendezvous on
+    127.0.0.1:`port`, with one torch thread (several ranks share a 2-core machine)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+
+
+def spawn_ranks(target: Callable, world: int, *args, results: int = 1, timeout: float = 240) -> list:
+    """Run ``target(rank, world, port, out, *args)`` in `world` spawned processes and return the
+    first `results` items they put on the queue `out`.
+
+    Fails fast, with the exit codes, when a rank dies before reporting, and after the ranks
+    are joined when one exited with an error (what was reported is in the message)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=target, args=(rank, world, port, out, *args)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    got, deadline = [], time.monotonic() + timeout
+    try:
+        while len(got) < results:
+            try:
+                got.append(out.get(timeout=1))
+            except queue.Empty:
+                codes = [p.exitcode for p in procs]
+                assert all(c in (None, 0) for c in codes), f"a rank died before reporting: exit codes {codes}"
+                assert time.monotonic() < deadline, f"no result from {world} ranks within {timeout} s"
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * world, f"exit codes {codes}; reported: {str(got)[:4000]}"
+    return got
+
+
+def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) -> None:
+    """A spawn_ranks target: one rank of a trial through the real trainer (`run_trial`) with
+    `overrides` (cluster.num_workers is set to `world`). Rank 0 puts (train losses, val
+    losses, status) on `out`; a rank that fails puts its error there."""
+    rank_env(rank, world, port)
+    import torch.distributed as dist
+
+    from trainlab import names
+    from trainlab.config import compose_run_config
+    from trainlab.engine.run import run_trial
+
+    run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
+    tracker = RecordingTracker()
+    try:
+        result = run_trial(run, tracker_factory=lambda _: tracker)
+        if rank == 0:
+            out.put(([v for _, v in tracker.series(names.LOSS)],
+                     [v for _, v in tracker.series(names.VAL_LOSS)], result.status))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out.put(repr(e))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 class RecordingTracker:

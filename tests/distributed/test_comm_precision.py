@@ -6,15 +6,12 @@ One spawn of 2 ranks measures everything (module fixture); the tests read its re
 from __future__ import annotations
 
 import copy
-import os
-import queue
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab.parallel.comm import check_comm, register_comm_hook, torch_allows_bf16_hooks
 
 pytestmark = pytest.mark.distributed
@@ -38,9 +35,8 @@ def _loss(model, x: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
 
 
-def _rank(rank: int, port: int, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    torch.set_num_threads(1)
+def _rank(rank: int, world: int, port: int, out) -> None:
+    rank_env(rank, world, port)
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -99,20 +95,7 @@ def _rank(rank: int, port: int, out) -> None:
 
 @pytest.fixture(scope="module")
 def measured():
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = None
-    while res is None:  # fail fast when a rank dies instead of waiting out the timeout
-        try:
-            res = out.get(timeout=1)
-        except queue.Empty:
-            assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    (res,) = spawn_ranks(_rank, 2)
     res["grads"] = {k: {n: torch.from_numpy(g) for n, g in v.items()} for k, v in res["grads"].items()}
     return res
 

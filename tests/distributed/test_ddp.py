@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-import torch.multiprocessing as mp
 
-from conftest import free_port
+from conftest import free_port, spawn_ranks, trial_curves
 from trainlab import names
-from trainlab.config import compose_run_config
 
 pytestmark = pytest.mark.distributed
 
@@ -21,35 +18,9 @@ TINY = ["model=tiny", "data=markov", "train.max_steps=12", "train.global_batch_s
         "optim.warmup_steps=2"]
 
 
-def _losses(world: int, rank: int, port: int, out) -> None:
-    """One rank of a trial; puts (train losses, val losses) on `out` from rank 0."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import torch.distributed as dist
-
-    from conftest import RecordingTracker
-    from trainlab.engine.run import run_trial
-
-    run = compose_run_config([*TINY, f"cluster.num_workers={world}"])
-    tracker = RecordingTracker()
-    result = run_trial(run, tracker_factory=lambda _: tracker)
-    if rank == 0:
-        out.put(([v for _, v in tracker.series(names.LOSS)],
-                 [v for _, v in tracker.series(names.VAL_LOSS)], result.status))
-    dist.destroy_process_group() if dist.is_initialized() else None
-
-
 def _run(world: int):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_losses, args=(world, r, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = out.get(timeout=240)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    """(train losses, val losses, status) of the trial on `world` gloo ranks."""
+    (got,) = spawn_ranks(trial_curves, world, TINY)
     return got
 
 

@@ -4,14 +4,11 @@ must be exactly the rounded local gradient (one bucket: one per-tensor scale for
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.precision.formats import parse_format, quantize, tensor_scale
 
@@ -35,10 +32,8 @@ def _grads(run):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _rank(rank: int, port: int, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
+def _rank(rank: int, world: int, port: int, out) -> None:
+    rank_env(rank, world, port)
     import torch.distributed as dist
 
     run = compose_run_config([
@@ -54,15 +49,8 @@ def _rank(rank: int, port: int, out) -> None:
 
 
 def test_ddp_sends_gradients_rounded_to_the_comm_format():
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    reduced = {n: torch.from_numpy(g) for n, g in out.get(timeout=240).items()}
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    (got,) = spawn_ranks(_rank, 2)
+    reduced = {n: torch.from_numpy(g) for n, g in got.items()}
 
     # the same step in one process, full precision
     run = compose_run_config(["model=tiny", "data=text", "cluster.num_workers=1",

@@ -8,16 +8,14 @@ only its own test.
 from __future__ import annotations
 
 import dataclasses
-import os
 import traceback
 from datetime import timedelta
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 
 pytestmark = pytest.mark.distributed
@@ -185,11 +183,10 @@ def _fp8_only_group(mesh) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, cases: tuple[str, ...], out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, port: int, out, cases: tuple[str, ...]) -> None:
+    rank_env(rank, world, port)
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     results = {}
     for name in cases:
@@ -203,16 +200,7 @@ def _worker(rank: int, world: int, port: int, cases: tuple[str, ...], out) -> No
 
 
 def _spawn(world: int, cases: tuple[str, ...]) -> dict:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = out.get(timeout=240)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    (results,) = spawn_ranks(_worker, world, cases)
     return results
 
 

@@ -3,14 +3,10 @@ curve equals one process's with the same global batch and seed (fp32)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch.multiprocessing as mp
 
-from conftest import free_port
+from conftest import spawn_ranks, trial_curves
 from trainlab import names
-from trainlab.config import compose_run_config
 
 pytestmark = pytest.mark.distributed
 
@@ -19,42 +15,8 @@ TINY = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_si
         "optim.warmup_steps=2", "optim.eps=1e-6", "train.numerics_every=0"]
 
 
-def _losses(world: int, rank: int, port: int, overrides: list[str], out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    import torch
-    import torch.distributed as dist
-
-    from conftest import RecordingTracker
-    from trainlab.engine.run import run_trial
-
-    torch.set_num_threads(1)
-    run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
-    tracker = RecordingTracker()
-    try:
-        result = run_trial(run, tracker_factory=lambda _: tracker)
-        if rank == 0:
-            out.put(([v for _, v in tracker.series(names.LOSS)],
-                     [v for _, v in tracker.series(names.VAL_LOSS)], result.status))
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        out.put(repr(e))
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-
-
 def _run(world: int, overrides: list[str]):
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_losses, args=(world, r, port, overrides, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = out.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-    assert not isinstance(got, str), got
+    (got,) = spawn_ranks(trial_curves, world, [*TINY, *overrides], timeout=300)
     return got
 
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
@@ -38,16 +35,15 @@ def _batches(n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, BATCH, SEQ + 1), generator=torch.Generator().manual_seed(seed))
 
 
-def _pp_rank(rank: int, port: int, out) -> None:
+def _pp_rank(rank: int, world: int, port: int, out) -> None:
     """One pipeline rank: every schedule in CASES for STEPS AdamW steps, results on `out`."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # 2 ranks on 2 cores
+    rank_env(rank, world, port)
     import torch.distributed as dist
 
     from trainlab.engine.schedule import build_optimizer
     from trainlab.parallel.pp import build_pipeline, clip_grad_norm_, global_grad_norm
 
-    dist.init_process_group("gloo", rank=rank, world_size=PP)
+    dist.init_process_group("gloo")
     run = compose_run_config(OVERRIDES)
     *train, val = _batches(STEPS + 1)
     results = {}
@@ -98,16 +94,7 @@ def _reference(run) -> dict:
 
 @pytest.fixture(scope="module")
 def trained():
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_pp_rank, args=(r, port, out)) for r in range(PP)]
-    for p in procs:
-        p.start()
-    by_rank = dict(out.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    by_rank = dict(spawn_ranks(_pp_rank, PP, results=PP, timeout=180))
     return by_rank, _reference(compose_run_config(OVERRIDES))
 
 

@@ -7,17 +7,15 @@ comes back as its traceback and fails only its own test.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from datetime import timedelta
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
 
@@ -102,14 +100,13 @@ def _memory(rank: int, world: int) -> dict:
     return out
 
 
-def _worker(rank: int, port: int, out) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, port: int, out) -> None:
+    rank_env(rank, world, port)
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     results = {}
-    for name, case in (("straggler", lambda: _straggler(rank)), ("memory", lambda: _memory(rank, WORLD))):
+    for name, case in (("straggler", lambda: _straggler(rank)), ("memory", lambda: _memory(rank, world))):
         try:
             results[name] = case()
         except Exception:
@@ -121,17 +118,7 @@ def _worker(rank: int, port: int, out) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[int, dict]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, out)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return got
+    return dict(spawn_ranks(_worker, WORLD, results=WORLD, timeout=120))
 
 
 def _result(two_ranks, rank: int, case: str):

@@ -7,15 +7,13 @@ seed on the same batches, the way the trainer steps (clip by the global norm, Ad
 
 from __future__ import annotations
 
-import os
 import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import free_port
+from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.models import build_model, resolve_dims
 from trainlab.models.transformer import Attention, apply_rope, rope_tables
@@ -130,10 +128,8 @@ def _rank_main() -> dict:
     return out
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)  # 2 ranks on a busy 2-core machine
+def _worker(rank: int, world: int, port: int, queue) -> None:
+    rank_env(rank, world, port)
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
@@ -147,16 +143,7 @@ def _worker(rank: int, port: int, queue) -> None:
 
 @pytest.fixture(scope="module")
 def tp_runs() -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=240) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = dict(spawn_ranks(_worker, WORLD, results=WORLD))
     for rank, result in results.items():
         assert isinstance(result, dict), f"rank {rank} failed:\n{result}"
     return results
