@@ -34,6 +34,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
 COMPILE_UNITS = ("model", "block")
+PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("auto", "emulated", "native")
 
@@ -439,9 +440,19 @@ class ClusterConfig:
     """CPU cores reserved per worker; also its torch thread count."""
     start_timeout_s: float = 10.0
     """Seconds to wait for a Ray address to answer before giving up with an error."""
+    accelerator_type: str = ""
+    """GPU type the trial must run on, by Ray's name (H100, A100, V100, ...); empty = any type
+    that can run the precision."""
+    min_capability: str = ""
+    """Lowest CUDA compute capability the trial accepts, MAJOR.MINOR (e.g. 8.9); empty = what
+    the precision needs."""
+    placement: str = "same_type"
+    """How a gang may use a mixed cluster: same_type (every worker on one GPU type), pack (any
+    eligible types, few nodes), spread (any eligible types, many nodes)."""
 
     def __post_init__(self) -> None:
         _one_of("cluster", "device", self.device, DEVICES)
+        _one_of("cluster", "placement", self.placement, PLACEMENTS)
         _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
                   start_timeout_s=self.start_timeout_s)
 

@@ -1,0 +1,142 @@
+"""Which GPU types of a Ray cluster can run a trial, decided before any worker starts.
+
+    pools = gpu_pools(ray.nodes())                 # [GpuPool('H100', gpus=8, nodes=1), ...]
+    choice = place(run, pools)                     # Placement(types=('H100',), ...) or PlacementError
+
+Ray gives every GPU node a resource ``accelerator_type:<TYPE>`` (names from
+``ray.util.accelerators``: H100, A100, V100, ...). `ACCELERATOR_CAPABILITY` maps those names
+to CUDA compute capability; `precision.capability` says what each precision mode needs
+(FP8 tensor cores SM 8.9+, BF16 8.0+, FP16 any CUDA GPU). A trial is routed to the types
+that pass both its precision and its own asks (`cluster.accelerator_type`,
+`cluster.min_capability`); a trial that no type can run is refused with one reason per
+type, instead of waiting forever for resources that will never appear.
+
+`cluster.placement` says how a gang may use those types:
+- ``same_type``: every worker on one GPU type (the pool with the most GPUs that fits);
+- ``pack`` / ``spread``: any mix of eligible types, workers packed onto few nodes or spread
+  over many (Ray placement-group strategies PACK / SPREAD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlab.config.schema import PLACEMENTS, RunConfig
+from trainlab.precision.capability import check_precision_on_gpu
+
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
+
+ACCELERATOR_CAPABILITY: dict[str, tuple[int, int]] = {
+    "GB300": (10, 3), "B300": (10, 3), "GB200": (10, 0), "B200": (10, 0),
+    "RTX-PRO-6000": (12, 0),
+    "H200": (9, 0), "H100": (9, 0), "H20": (9, 0),
+    "L40S": (8, 9), "L4": (8, 9),
+    "A100": (8, 0), "A100-40G": (8, 0), "A100-80G": (8, 0), "A10G": (8, 6),
+    "T4": (7, 5), "V100": (7, 0), "P100": (6, 0), "P4": (6, 1), "K80": (3, 7),
+}
+"""CUDA compute capability per Ray accelerator type name (NVIDIA's published tables)."""
+
+
+class PlacementError(ValueError):
+    """No GPU type of the cluster can run the trial; the message gives each type's reason."""
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """The GPUs of one accelerator type in the cluster."""
+
+    type: str
+    gpus: float
+    nodes: int
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        return ACCELERATOR_CAPABILITY.get(self.type)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a trial's gang may go."""
+
+    types: tuple[str, ...]
+    """Accelerator types the workers may use (one for same_type)."""
+    strategy: str
+    """Ray placement-group strategy: PACK or SPREAD."""
+
+
+def gpu_pools(nodes: list[dict]) -> list[GpuPool]:
+    """GPU pools from `ray.nodes()` (alive nodes only), largest first. A GPU node that
+    declares no accelerator type counts as type ''."""
+    gpus: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        resources = node.get("Resources", {})
+        if resources.get("GPU", 0) <= 0:
+            continue
+        types = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in resources
+                 if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
+        kind = types[0] if types else ""
+        gpus[kind] = gpus.get(kind, 0) + resources["GPU"]
+        count[kind] = count.get(kind, 0) + 1
+    return sorted((GpuPool(k, gpus[k], count[k]) for k in gpus), key=lambda p: (-p.gpus, p.type))
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """'8.9' -> (8, 9); ValueError naming cluster.min_capability otherwise."""
+    major, dot, minor = text.partition(".")
+    if not (major.isdigit() and (not dot or minor.isdigit())):
+        raise ValueError(f"cluster.min_capability={text!r} is not MAJOR.MINOR; write e.g. "
+                         "cluster.min_capability=8.9")
+    return int(major), int(minor or 0)
+
+
+def why_not(run: RunConfig, pool: GpuPool) -> str | None:
+    """Why `pool` cannot run the trial, or None if it can (precision and the trial's asks)."""
+    c = run.cluster
+    if c.accelerator_type and pool.type != c.accelerator_type:
+        return f"cluster.accelerator_type={c.accelerator_type} asks for another type"
+    cap = pool.capability
+    if cap is None:
+        return (f"its compute capability is unknown (add {pool.type or 'the type'} to "
+                "trainlab.launch.placement.ACCELERATOR_CAPABILITY, or start the node with "
+                "--resources '{\"accelerator_type:H100\": 1}')")
+    if c.min_capability and cap < parse_capability(c.min_capability):
+        return f"compute capability {cap[0]}.{cap[1]} < cluster.min_capability={c.min_capability}"
+    try:
+        check_precision_on_gpu(run.precision, capability=cap, device_name=pool.type)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
+    """The accelerator types this trial's gang may use, or PlacementError with every reason."""
+    c = run.cluster
+    reasons = {p.type: why_not(run, p) for p in pools}
+    fit = [p for p in pools if reasons[p.type] is None]
+    need = c.num_workers
+    if c.placement == "same_type":
+        whole = [p for p in fit if p.gpus >= need]
+        if whole:
+            return Placement(types=(whole[0].type,), strategy="PACK")
+        for p in fit:
+            reasons[p.type] = (f"{p.gpus:g} GPU(s) < cluster.num_workers={need} with "
+                               "cluster.placement=same_type (allow a mix with placement=pack)")
+    elif fit and sum(p.gpus for p in fit) >= need:
+        return Placement(types=tuple(p.type for p in fit), strategy=c.placement.upper())
+    elif fit:
+        reasons[""] = (f"the eligible types ({', '.join(p.type for p in fit)}) have "
+                       f"{sum(p.gpus for p in fit):g} GPU(s) < cluster.num_workers={need}")
+    if not pools:
+        raise PlacementError(f"precision={run.precision.name} on cluster.device=cuda: the cluster "
+                             "has no GPU nodes; use cluster.device=cpu or add GPU nodes")
+    lines = [f"{t or 'all'}: {r}" for t, r in reasons.items() if r]
+    raise PlacementError(f"no GPU type of the cluster can run this trial "
+                         f"(precision={run.precision.name}, cluster.num_workers={need}):\n  "
+                         + "\n  ".join(lines))
+
+
+__all__ = ["ACCELERATOR_CAPABILITY", "PLACEMENTS", "GpuPool", "Placement", "PlacementError",
+           "gpu_pools", "parse_capability", "place", "why_not"]
