@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainlab.config import compose_run_config
-from trainlab.launch.placement import GpuPool, PlacementError, gpu_pools, place
+from trainlab.launch.placement import GpuPool, Placement, PlacementError, gpu_pools, place, scaling_options
 
 MIXED = [GpuPool("H100", gpus=2, nodes=1), GpuPool("A100", gpus=2, nodes=1), GpuPool("V100", gpus=4, nodes=2)]
 
@@ -64,3 +64,14 @@ def test_bad_capability_and_placement_values_name_the_field():
         place(_run("cluster.min_capability=sm90"), MIXED)
     with pytest.raises(ValueError, match="cluster.placement='anywhere'"):
         _run("cluster.placement=anywhere")
+
+
+def test_placement_becomes_ray_train_scaling_options():
+    from ray.train import ScalingConfig
+
+    one = scaling_options(Placement(types=("H100",), strategy="PACK"))
+    assert one == {"accelerator_type": "H100", "placement_strategy": "PACK"}
+    two = scaling_options(Placement(types=("H100", "A100"), strategy="SPREAD"))
+    assert two["label_selector"] == {"ray.io/accelerator-type": "in(H100, A100)"}
+    ScalingConfig(num_workers=2, use_gpu=True, **one)  # keywords Ray Train accepts
+    ScalingConfig(num_workers=2, use_gpu=True, **two)

@@ -64,6 +64,20 @@ class Placement:
     """Ray placement-group strategy: PACK or SPREAD."""
 
 
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+"""The node label Ray sets from a GPU node's accelerator type (label selectors match on it)."""
+
+
+def scaling_options(placement: Placement) -> dict:
+    """Ray Train ScalingConfig keywords for a placement: one type through `accelerator_type`
+    (Ray adds a sliver of ``accelerator_type:<TYPE>`` to every worker's bundle), several
+    through a label selector ``in(A, B)`` on the accelerator-type label."""
+    if len(placement.types) == 1:
+        return {"accelerator_type": placement.types[0], "placement_strategy": placement.strategy}
+    return {"label_selector": {ACCELERATOR_LABEL: f"in({', '.join(placement.types)})"},
+            "placement_strategy": placement.strategy}
+
+
 def gpu_pools(nodes: list[dict]) -> list[GpuPool]:
     """GPU pools from `ray.nodes()` (alive nodes only), largest first. A GPU node that
     declares no accelerator type counts as type ''."""
@@ -139,4 +153,4 @@ def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
 
 
 __all__ = ["ACCELERATOR_CAPABILITY", "PLACEMENTS", "GpuPool", "Placement", "PlacementError",
-           "gpu_pools", "parse_capability", "place", "why_not"]
+           "gpu_pools", "parse_capability", "place", "scaling_options", "why_not"]
