@@ -13,6 +13,8 @@ commands:
                          (`trainlab train -m precision=fp32,fp16 seed=0,1`, `-m +sweep=NAME`)
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
   bench overhead|sweep|fp8|parallel   benchmarks; each prints ratios measured side by side
+  submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
+  status|logs|stop JOB_ID --address URL         follow a submitted job
 """
 
 
@@ -35,6 +37,10 @@ def main(argv: list[str] | None = None) -> None:
         from trainlab.bench import main as bench_main
 
         bench_main(rest)
+    elif command in ("submit", "status", "logs", "stop"):
+        from trainlab.jobs import main as jobs_main
+
+        jobs_main(command, rest)
     else:
         print(f"trainlab: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

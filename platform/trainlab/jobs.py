@@ -1,0 +1,95 @@
+"""`trainlab submit | status | logs | stop`: trials and sweeps on an existing cluster via Ray Jobs.
+
+    trainlab submit --address http://HEAD:8265 -- model=125m precision=bf16
+    trainlab submit --address http://HEAD:8265 -m -- +sweep=precision_shootout
+    trainlab status raysubmit_XYZ --address http://HEAD:8265
+
+The job's working directory is this project (conf/, platform/, sweeps/, pyproject.toml; no
+virtualenv, outputs or local MLflow files), its entrypoint runs the same Hydra app as
+`trainlab train` with `cluster=ray cluster.address=auto` (the job's driver joins the cluster
+it runs on), and the tracking configuration travels as environment variables
+(MLFLOW_TRACKING_URI and the other MLFLOW_* set here). `submit` prints the job id, streams
+the job's logs until it ends and exits with the job's outcome (0 = SUCCEEDED).
+The cluster's nodes need the project's dependencies installed (torch, ray, hydra, mlflow),
+as for any Ray job; `ray job submit ... -- python -m trainlab.cli train ...` does the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from trainlab.config.load import REPO_ROOT
+
+EXCLUDES = [".venv", ".git", "outputs", "multirun", "mlruns", "mlartifacts", "mlflow.db",
+            "__pycache__", "*.egg-info", ".pytest_cache"]
+"""Kept out of the job's working directory upload."""
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def entrypoint(overrides: list[str], *, multirun: bool) -> str:
+    """The shell command the job runs: the Hydra app joining the job's own cluster."""
+    import shlex
+
+    args = ["python", "-m", "trainlab.cli", "train", *(["-m"] if multirun else []),
+            "cluster=ray", "cluster.address=auto", *overrides]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def runtime_env() -> dict:
+    """Working dir = this project; the package importable from it; tracking settings forwarded."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+    env["PYTHONPATH"] = "platform"
+    return {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
+
+
+def _client(address: str):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address)
+
+
+def follow(client, job_id: str) -> int:
+    """Stream a job's logs to stdout until it ends; returns 0 if it SUCCEEDED, else 1."""
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    asyncio.run(tail())
+    status = str(client.get_job_status(job_id)).rsplit(".", 1)[-1]
+    print(f"job {job_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def main(command: str, argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog=f"trainlab {command}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS")
+                        or os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
+                        help="the cluster's dashboard / Jobs API URL (default $RAY_API_SERVER_ADDRESS, "
+                             "$RAY_ADDRESS, else http://127.0.0.1:8265)")
+    if command == "submit":
+        parser.add_argument("-m", "--multirun", action="store_true", help="a Hydra multirun (sweep)")
+        parser.add_argument("--no-wait", action="store_true", help="print the job id and return")
+        parser.add_argument("overrides", nargs="*", help="`trainlab train` overrides (after --)")
+    else:
+        parser.add_argument("job_id")
+    args = parser.parse_args(argv)
+    client = _client(args.address)
+    if command == "submit":
+        job_id = client.submit_job(entrypoint=entrypoint(args.overrides, multirun=args.multirun),
+                                   runtime_env=runtime_env())
+        print(f"submitted job {job_id} to {args.address}")
+        if not args.no_wait:
+            sys.exit(follow(client, job_id))
+    elif command == "status":
+        info = client.get_job_info(args.job_id)
+        print(f"job {args.job_id}: {info.status}" + (f" ({info.message})" if info.message else ""))
+    elif command == "logs":
+        sys.exit(follow(client, args.job_id))
+    elif command == "stop":
+        stopped = client.stop_job(args.job_id)
+        print(f"job {args.job_id}: {'stop requested' if stopped else 'already ended'}")
