@@ -15,6 +15,14 @@ type, instead of waiting forever for resources that will never appear.
 - ``same_type``: every worker on one GPU type (the pool with the most GPUs that fits);
 - ``pack`` / ``spread``: any mix of eligible types, workers packed onto few nodes or spread
   over many (Ray placement-group strategies PACK / SPREAD).
+
+A mixed cluster on one machine (logical GPUs; how the tests build one). Ray 2.60 heads turn on
+token authentication, so every `ray start` and driver needs RAY_AUTH_MODE=token:
+
+    export RAY_AUTH_MODE=token
+    ray start --head --port 6391 --num-gpus 2 --resources '{"accelerator_type:H100": 1}'
+    ray start --address 127.0.0.1:6391 --num-gpus 2 --resources '{"accelerator_type:V100": 1}'
+    # gpu_pools(ray.nodes()) -> [GpuPool('H100', 2.0, 1), GpuPool('V100', 2.0, 1)]
 """
 
 from __future__ import annotations
