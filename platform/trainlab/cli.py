@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
+    from trainlab.launch.ray_auth import token_mode
+
+    token_mode()  # before anything imports ray
     if command == "train":
         from trainlab import train
 

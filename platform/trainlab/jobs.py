@@ -45,16 +45,6 @@ def runtime_env() -> dict:
     return {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
 
 
-def _token_mode() -> None:
-    """Ray 2.5x heads enable token authentication by default, but a client sends its token only
-    with RAY_AUTH_MODE=token (read once, when Ray loads): turn it on before Ray is imported when
-    this machine has a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) and
-    the user has not chosen a mode."""
-    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token"))
-    if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(token_file)):
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
 def _client(address: str):
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
@@ -93,7 +83,6 @@ def main(command: str, argv: list[str]) -> None:
     else:
         parser.add_argument("job_id")
     args = parser.parse_args(argv)
-    _token_mode()
     client = _client(args.address)
     if command == "submit":
         job_id = client.submit_job(entrypoint=entrypoint(args.overrides, multirun=args.multirun),
