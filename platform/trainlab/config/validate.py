@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainlab.config.schema import RunConfig
+from trainlab.config.schema import PP_SCHEDULES, RunConfig
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,52 @@ def pp_microbatches(run: RunConfig) -> int:
     return m
 
 
+def pp_virtual_stages(run: RunConfig) -> int:
+    """Stages per pipeline rank: parallel.pp_virtual_stages with interleaved 1F1B, else 1."""
+    return run.parallel.pp_virtual_stages if run.parallel.pp_schedule == "interleaved_1f1b" else 1
+
+
+def check_pp_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatches: int,
+                    schedule: str) -> None:
+    """A pipeline's shape: schedule, degrees, equal-depth stages and the micro-batches the
+    schedule needs; ValueError naming the fields and the fix. Checked before launch
+    (check_parallel) and again by trainlab.parallel.pp for direct callers."""
+    if schedule not in PP_SCHEDULES:
+        raise ValueError(f"parallel.pp_schedule={schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
+    for name, value in (("parallel.pp", pp), ("parallel.pp_virtual_stages", virtual_stages),
+                        ("parallel.pp_microbatches", n_microbatches)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if virtual_stages > 1 and schedule != "interleaved_1f1b":
+        raise ValueError(
+            f"parallel.pp_virtual_stages={virtual_stages} needs parallel.pp_schedule=interleaved_1f1b "
+            f"({schedule} runs one stage per rank); set parallel.pp_virtual_stages=1 or switch schedule"
+        )
+    num_stages = pp * virtual_stages
+    if n_layers % num_stages:
+        raise ValueError(
+            f"model.n_layers={n_layers} does not split into parallel.pp={pp} x "
+            f"parallel.pp_virtual_stages={virtual_stages} = {num_stages} stages of equal depth; "
+            f"pick n_layers divisible by {num_stages} or a pp that divides {n_layers}"
+        )
+    # torch: Schedule1F1B raises below pp micro-batches (its warm-up alone needs pp - 1 of them
+    # in flight); interleaved 1F1B runs max(1, m // pp) rounds and needs m divisible by them.
+    if schedule == "1f1b" and n_microbatches < pp:
+        raise ValueError(
+            f"parallel.pp_schedule=1f1b needs parallel.pp_microbatches >= parallel.pp, got "
+            f"{n_microbatches} < {pp}; raise parallel.pp_microbatches (the bubble shrinks too) or use gpipe"
+        )
+    if schedule == "interleaved_1f1b":
+        rounds = max(1, n_microbatches // pp)
+        if n_microbatches % rounds:
+            raise ValueError(
+                f"parallel.pp_schedule=interleaved_1f1b runs max(1, pp_microbatches // pp) = {rounds} "
+                f"rounds; parallel.pp_microbatches={n_microbatches} is not a multiple of them "
+                f"(parallel.pp={pp}); use a multiple of parallel.pp"
+            )
+
+
+
 def check_parallel(run: RunConfig) -> None:
     """Layouts that cannot work, refused before launch with the fields and the fix."""
     p, m = run.parallel, run.model
@@ -99,12 +145,6 @@ def check_parallel(run: RunConfig) -> None:
             "HSDP shards within dp / dp_replicate ranks: pick a dp_replicate that divides dp"
         )
     if p.pp > 1:
-        stages = p.pp * (p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1)
-        if m.n_layers % stages:
-            raise ValueError(
-                f"model.n_layers={m.n_layers} does not split into parallel.pp={p.pp} x "
-                f"virtual stages = {stages} stages of equal depth; pick a pp that divides the layers"
-            )
         if p.data_parallel != "ddp":
             raise ValueError(
                 f"parallel.pp={p.pp} with parallel.data_parallel={p.data_parallel} is not supported; "
@@ -117,7 +157,8 @@ def check_parallel(run: RunConfig) -> None:
             raise ValueError(
                 f"precision=fp16 with dynamic loss scaling and parallel.pp={p.pp} is not supported "
                 "(the scale would have to reach every stage's loss); use bf16 with pipelines")
-        pp_microbatches(run)
+        check_pp_layout(n_layers=m.n_layers, pp=p.pp, virtual_stages=pp_virtual_stages(run),
+                        n_microbatches=pp_microbatches(run), schedule=p.pp_schedule)
     wraps = [f"parallel.{k}={v}" for k, v, on in (
         ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1),
         ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1))

@@ -28,6 +28,11 @@ def resolve_device(preference: str) -> str:
     return preference
 
 
+def backend_for(device: str) -> str:
+    """The torch.distributed backend for a device type: NCCL on CUDA, gloo on CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo:
     """Join the process group this process was started in.
 
@@ -36,7 +41,7 @@ def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo
     """
     device = resolve_device(device)
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+        dist.init_process_group(backend=backend_for(device))
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:

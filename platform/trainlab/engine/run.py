@@ -110,7 +110,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
 def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):
     """This rank's pipeline stages; with dp > 1 the trainer averages their gradients over the
     data-parallel group after each pipelined step (`pipeline.dp_group`)."""
-    from trainlab.config.validate import pp_microbatches
+    from trainlab.config.validate import pp_microbatches, pp_virtual_stages
     from trainlab.parallel.pp import build_pipeline
 
     p = run.parallel
@@ -122,7 +122,7 @@ def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: 
         model, mesh_or_group=mesh["pp"], pp_rank=coords(dist_info.rank, dims).pp_rank,
         pp_size=dims.pp, schedule=p.pp_schedule, n_microbatches=pp_microbatches(run),
         loss_fn=loss_fn, device=dist_info.device,
-        virtual_stages=p.pp_virtual_stages if p.pp_schedule == "interleaved_1f1b" else 1)
+        virtual_stages=pp_virtual_stages(run))
     pipeline.dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
     return pipeline
 

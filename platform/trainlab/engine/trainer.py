@@ -103,9 +103,9 @@ class Trainer:
         self.run, self.dist = run, dist_info
         self.throughput = throughput
         self.corpus = corpus
+        """The corpus it trains on (for reference lines and tags); the loop itself reads `batches`."""
         self.pipeline = pipeline
         """parallel.pp > 1: this rank's stages and their schedule (`model` is then the stages)."""
-        """The corpus it trains on (for reference lines and tags); the loop itself reads `batches`."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
         self.tokens_seen = 0

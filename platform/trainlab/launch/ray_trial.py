@@ -95,6 +95,8 @@ def run_on_ray(run: RunConfig, *, device: str, storage_path: str, name: str,
     from ray.util.queue import Empty as QueueEmpty
     from ray.util.queue import Queue
 
+    from trainlab.engine.distributed import backend_for
+
     connect(run)
     if device == "auto":
         device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
@@ -106,7 +108,7 @@ def run_on_ray(run: RunConfig, *, device: str, storage_path: str, name: str,
     trainer = TorchTrainer(
         _worker,
         train_loop_config=payload,
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        torch_config=TorchConfig(backend=backend_for(device)),
         scaling_config=ScalingConfig(
             num_workers=run.cluster.num_workers, use_gpu=use_gpu,
             resources_per_worker={"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if use_gpu else {})},

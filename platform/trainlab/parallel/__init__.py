@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainlab.config.schema import ParallelConfig
 from trainlab.config.validate import ParallelDims
+from trainlab.engine.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 
 FSDP_KINDS = ("fsdp", "zero2", "hsdp")
@@ -63,7 +64,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
         from trainlab.parallel.comm import register_comm_hook
 
         register_comm_hook(model, comm_dtype=cfg.comm_dtype, powersgd_rank=cfg.powersgd_rank,
-                           backend="nccl" if device.type == "cuda" else "gloo")
+                           backend=backend_for(device.type))
     return model
 
 

@@ -35,9 +35,11 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from trainlab.config.schema import PP_SCHEDULES
+from trainlab.config.validate import check_pp_layout
 from trainlab.models.transformer import Transformer
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = PP_SCHEDULES
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,7 +49,7 @@ def check_pp(*, n_layers: int, pp: int, virtual_stages: int = 1, batch: int, n_m
 
     `batch` is the sequences one pipeline sees per step (train.global_batch_size / dp).
     """
-    _check_layout(n_layers=n_layers, pp=pp, virtual_stages=virtual_stages,
+    check_pp_layout(n_layers=n_layers, pp=pp, virtual_stages=virtual_stages,
                   n_microbatches=n_microbatches, schedule=schedule)
     if batch <= 0 or batch % n_microbatches:
         raise ValueError(
@@ -55,43 +57,6 @@ def check_pp(*, n_layers: int, pp: int, virtual_stages: int = 1, batch: int, n_m
             f"into parallel.pp_microbatches={n_microbatches} equal micro-batches; use a divisor of "
             f"{batch} (equal micro-batches make the mean of their losses the full batch's loss)"
         )
-
-
-def _check_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatches: int,
-                  schedule: str) -> None:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
-    for name, value in (("parallel.pp", pp), ("parallel.pp_virtual_stages", virtual_stages),
-                        ("parallel.pp_microbatches", n_microbatches)):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1")
-    if virtual_stages > 1 and schedule != "interleaved_1f1b":
-        raise ValueError(
-            f"parallel.pp_virtual_stages={virtual_stages} needs parallel.pp_schedule=interleaved_1f1b "
-            f"({schedule} runs one stage per rank); set parallel.pp_virtual_stages=1 or switch schedule"
-        )
-    num_stages = pp * virtual_stages
-    if n_layers % num_stages:
-        raise ValueError(
-            f"model.n_layers={n_layers} does not split into parallel.pp={pp} x "
-            f"parallel.pp_virtual_stages={virtual_stages} = {num_stages} stages of equal depth; "
-            f"pick n_layers divisible by {num_stages} or a pp that divides {n_layers}"
-        )
-    # torch: Schedule1F1B raises below pp micro-batches (its warm-up alone needs pp - 1 of them
-    # in flight); interleaved 1F1B runs max(1, m // pp) rounds and needs m divisible by them.
-    if schedule == "1f1b" and n_microbatches < pp:
-        raise ValueError(
-            f"parallel.pp_schedule=1f1b needs parallel.pp_microbatches >= parallel.pp, got "
-            f"{n_microbatches} < {pp}; raise parallel.pp_microbatches (the bubble shrinks too) or use gpipe"
-        )
-    if schedule == "interleaved_1f1b":
-        rounds = max(1, n_microbatches // pp)
-        if n_microbatches % rounds:
-            raise ValueError(
-                f"parallel.pp_schedule=interleaved_1f1b runs max(1, pp_microbatches // pp) = {rounds} "
-                f"rounds; parallel.pp_microbatches={n_microbatches} is not a multiple of them "
-                f"(parallel.pp={pp}); use a multiple of parallel.pp"
-            )
 
 
 def bubble_fraction(*, pp: int, n_microbatches: int, virtual_stages: int = 1) -> float:
@@ -261,7 +226,7 @@ def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: 
     `wrap`: applied to each stage module before it becomes a PipelineStage (e.g. DDP over the
     data-parallel group; torch's stage skips its gradient sync until the last micro-batch).
     """
-    _check_layout(n_layers=len(model.blocks()), pp=pp_size, virtual_stages=virtual_stages,
+    check_pp_layout(n_layers=len(model.blocks()), pp=pp_size, virtual_stages=virtual_stages,
                   n_microbatches=n_microbatches, schedule=schedule)
     group = _pp_group(mesh_or_group)
     assert dist.get_world_size(group) == pp_size and dist.get_rank(group) == pp_rank, (

@@ -139,8 +139,7 @@ def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = 
         # sequence; an uneven split would desynchronise the collectives (gloo aborts,
         # NCCL hangs), so refuse it before any of them runs.
         model.register_forward_pre_hook(partial(_check_seq_len, tp=mesh.size()))
-    blocks = model.layers.values() if isinstance(model.layers, nn.ModuleDict) else model.layers
-    for block in blocks:
+    for block in model.blocks():
         parallelize_module(block, mesh, {
             "attention_norm": norm_style(),
             # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.

@@ -69,7 +69,6 @@ def check_precision_supported(precision: str, *, device: str,
     )
 
 
-
 def check_precision_on_gpu(cfg: PrecisionConfig, *, capability: tuple[int, int], device_name: str) -> None:
     """check_precision_supported for a precision config on a CUDA GPU: the one call the driver's
     preflight and each GPU worker make, so both read the same config fields."""

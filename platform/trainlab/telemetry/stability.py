@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainlab import names
+from trainlab.telemetry.sharded import full
 
 
 @dataclass
@@ -92,8 +93,6 @@ def update_to_weight(params: list[torch.Tensor], before: list[torch.Tensor]) -> 
 
     Around 1e-3 is healthy for Adam-style training; a layer far above it is being rewritten
     each step (too high an LR for it, or a precision artefact)."""
-    from trainlab.telemetry.sharded import full
-
     if not params:  # e.g. DDP over tensor-parallel shards hides them between steps
         return {}
     after = [full(p.detach()).float() for p in params]
