@@ -35,7 +35,11 @@ def test_each_precision_goes_to_the_types_that_can_run_it(precision, types):
     assert place(_run(f"precision={precision}", "cluster.placement=pack"), MIXED).types == types
 
 
-def test_same_type_takes_one_pool_that_holds_the_whole_gang():
+def test_same_type_takes_the_least_capable_pool_that_holds_the_whole_gang():
+    # fp16 runs anywhere: it goes to the V100s and leaves the H100s to the trials that need them
+    assert place(_run("precision=fp16"), MIXED).types == ("V100",)
+    assert place(_run("precision=bf16"), MIXED).types == ("A100",)
+    assert place(_run("precision=fp8_tensorwise"), MIXED).types == ("H100",)
     assert place(_run("precision=fp16", "cluster.num_workers=4", "train.global_batch_size=32"), MIXED).types == ("V100",)
     with pytest.raises(PlacementError, match="same_type"):
         place(_run("precision=bf16", "cluster.num_workers=3", "train.global_batch_size=24"), MIXED)
@@ -71,7 +75,9 @@ def test_placement_becomes_ray_train_scaling_options():
 
     one = scaling_options(Placement(types=("H100",), strategy="PACK"))
     assert one == {"accelerator_type": "H100", "placement_strategy": "PACK"}
-    two = scaling_options(Placement(types=("H100", "A100"), strategy="SPREAD"))
+    two = scaling_options(Placement(types=("H100", "A100"), strategy="SPREAD"), all_types=("H100", "A100", "V100"))
     assert two["label_selector"] == {"ray.io/accelerator-type": "in(H100, A100)"}
+    every = scaling_options(Placement(types=("H100", "V100"), strategy="PACK"), all_types=("V100", "H100"))
+    assert every == {"placement_strategy": "PACK"}  # any GPU of the cluster will do
     ScalingConfig(num_workers=2, use_gpu=True, **one)  # keywords Ray Train accepts
     ScalingConfig(num_workers=2, use_gpu=True, **two)

@@ -449,10 +449,18 @@ class ClusterConfig:
     placement: str = "same_type"
     """How a gang may use a mixed cluster: same_type (every worker on one GPU type), pack (any
     eligible types, few nodes), spread (any eligible types, many nodes)."""
+    logical_gpus: bool = False
+    """Each worker reserves one of the cluster's GPUs (and is placed by its type) but computes
+    on CPU: for rehearsing placement on a cluster of logical GPUs (`ray start --num-gpus N
+    --resources '{"accelerator_type:H100": 1}'`) on machines without GPUs. Needs cluster.device
+    cpu or auto."""
 
     def __post_init__(self) -> None:
         _one_of("cluster", "device", self.device, DEVICES)
         _one_of("cluster", "placement", self.placement, PLACEMENTS)
+        if self.logical_gpus and self.device == "cuda":
+            raise ValueError("cluster.logical_gpus=true computes on CPU but cluster.device=cuda; "
+                             "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
         _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
                   start_timeout_s=self.start_timeout_s)
 

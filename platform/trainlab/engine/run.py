@@ -6,7 +6,10 @@ the caller hands in a tracker factory and a progress callback.
 
 from __future__ import annotations
 
+import json
 import random
+import socket
+from collections import Counter
 from typing import Callable
 
 import numpy as np
@@ -18,7 +21,7 @@ from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
 from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.data import TokenBatches, build_corpus, val_batches
-from trainlab.engine.distributed import DistInfo, device_name, setup_distributed
+from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
@@ -26,7 +29,7 @@ from trainlab.parallel import parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.telemetry import Throughput, device_peak, inject_nan
+from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.tracking import NullTracker, Tracker
 
 TrackerFactory = Callable[[DistInfo], Tracker]
@@ -94,9 +97,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,
         flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
-        peak=device_peak(dist_info.device, recipe.peak_dtype),
+        peak=gang_peak(device_peak(dist_info.device, recipe.peak_dtype)),
         world_size=dist_info.world_size,
-        fp8_peak=device_peak(dist_info.device, "fp8") if run.precision.name in FP8_PRECISIONS else None,
+        fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if run.precision.name in FP8_PRECISIONS else None,
     )
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
@@ -105,6 +108,18 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         module, step = t.nan_injection
         inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
+
+
+def gang_peak(local: Peak) -> Peak:
+    """The mean of every rank's own peak, so MFU = model FLOP/s / the sum of the peaks: on a
+    mix of GPU types each counts at its own peak. Unknown on any rank = unknown (no MFU)."""
+    peaks = [json.loads(p) for p in gather_strings(json.dumps([local.flops_per_s, local.source]))]
+    if len(peaks) == 1:
+        return local
+    sources = sorted({src for _, src in peaks})
+    if any(not flops for flops, _ in peaks):
+        return Peak(None, ",".join(src for src in sources if src.startswith("unknown")))
+    return Peak(sum(flops for flops, _ in peaks) / len(peaks), "+".join(sources))
 
 
 def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):
@@ -128,8 +143,13 @@ def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: 
 
 
 def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
-              progress: Progress | None = None, local_rank: int | None = None) -> TrialResult:
-    """Set up the process group, train, close the tracker; returns the same result on every rank."""
+              progress: Progress | None = None, local_rank: int | None = None,
+              where: tuple[str, str] | None = None) -> TrialResult:
+    """Set up the process group, train, close the tracker; returns the same result on every rank.
+
+    `where` is this worker's (node, device type) as the launcher knows it (Ray's node id and
+    accelerator type); by default the host name and the device name.
+    """
     dist_info = setup_distributed(run.cluster.device, local_rank=local_rank)
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
@@ -140,6 +160,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         tracker.set_tags({
             names.TAG_DEVICE_NAME: device_name(dist_info.device),
             names.TAG_DEVICE_COUNT: dist_info.world_size,
+            **hardware_tags(where or (socket.gethostname(), device_name(dist_info.device))),
             names.TAG_WORLD_SIZE: dist_info.world_size,
             names.TAG_CORPUS: corpus.name,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
@@ -169,6 +190,15 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         return result
     finally:
         tracker.close()
+
+
+def hardware_tags(where: tuple[str, str]) -> dict[str, str | int]:
+    """The device types (type:count) and the number of nodes the whole gang ran on; a
+    collective: every rank calls it."""
+    nodes, types = zip(*(w.split("\t", 1) for w in gather_strings("\t".join(where))))
+    counts = Counter(types)
+    return {names.TAG_DEVICE_TYPES: ",".join(f"{t}:{n}" for t, n in sorted(counts.items())),
+            names.TAG_NODE_COUNT: len(set(nodes))}
 
 
 def _layer_tags(recipe) -> dict[str, str]:

@@ -12,7 +12,8 @@ that pass both its precision and its own asks (`cluster.accelerator_type`,
 type, instead of waiting forever for resources that will never appear.
 
 `cluster.placement` says how a gang may use those types:
-- ``same_type``: every worker on one GPU type (the pool with the most GPUs that fits);
+- ``same_type``: every worker on one GPU type (the least capable type that holds the gang, so
+  the GPUs only some precisions can use stay free for them);
 - ``pack`` / ``spread``: any mix of eligible types, workers packed onto few nodes or spread
   over many (Ray placement-group strategies PACK / SPREAD).
 
@@ -76,14 +77,24 @@ ACCELERATOR_LABEL = "ray.io/accelerator-type"
 """The node label Ray sets from a GPU node's accelerator type (label selectors match on it)."""
 
 
-def scaling_options(placement: Placement) -> dict:
+def scaling_options(placement: Placement, *, all_types: tuple[str, ...] = ()) -> dict:
     """Ray Train ScalingConfig keywords for a placement: one type through `accelerator_type`
     (Ray adds a sliver of ``accelerator_type:<TYPE>`` to every worker's bundle), several
-    through a label selector ``in(A, B)`` on the accelerator-type label."""
+    through a label selector ``in(A, B)`` on the accelerator-type label, none when the
+    placement may use every type the cluster has."""
+    options = {"placement_strategy": placement.strategy}
     if len(placement.types) == 1:
-        return {"accelerator_type": placement.types[0], "placement_strategy": placement.strategy}
-    return {"label_selector": {ACCELERATOR_LABEL: f"in({', '.join(placement.types)})"},
-            "placement_strategy": placement.strategy}
+        options["accelerator_type"] = placement.types[0]
+    elif set(all_types) - set(placement.types):
+        options["label_selector"] = {ACCELERATOR_LABEL: f"in({', '.join(placement.types)})"}
+    return options
+
+
+def accelerator_type(resources: dict) -> str:
+    """A node's GPU type from its Ray resources (``accelerator_type:<TYPE>``); '' if none."""
+    types = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in resources
+             if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
+    return types[0] if types else ""
 
 
 def gpu_pools(nodes: list[dict]) -> list[GpuPool]:
@@ -97,9 +108,7 @@ def gpu_pools(nodes: list[dict]) -> list[GpuPool]:
         resources = node.get("Resources", {})
         if resources.get("GPU", 0) <= 0:
             continue
-        types = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in resources
-                 if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
-        kind = types[0] if types else ""
+        kind = accelerator_type(resources)
         gpus[kind] = gpus.get(kind, 0) + resources["GPU"]
         count[kind] = count.get(kind, 0) + 1
     return sorted((GpuPool(k, gpus[k], count[k]) for k in gpus), key=lambda p: (-p.gpus, p.type))
@@ -140,7 +149,9 @@ def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
     fit = [p for p in pools if reasons[p.type] is None]
     need = c.num_workers
     if c.placement == "same_type":
-        whole = [p for p in fit if p.gpus >= need]
+        # the least capable type that holds the whole gang: keep FP8/BF16-capable GPUs free
+        # for the trials that need them
+        whole = sorted((p for p in fit if p.gpus >= need), key=lambda p: (p.capability, -p.gpus))
         if whole:
             return Placement(types=(whole[0].type,), strategy="PACK")
         for p in fit:

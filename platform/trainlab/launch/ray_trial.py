@@ -12,9 +12,10 @@ import dataclasses
 import os
 import queue as std_queue
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from trainlab.config import RunConfig
+from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
 
 _RAY_TRAIN_ENV = {
     # Ray Train's health checks poll every 2 s by default; a trial's end is noticed sooner
@@ -38,10 +39,50 @@ def connect(run: RunConfig) -> None:
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
     ray.init(
+        address="local",  # a cluster of our own, even when `ray start` left one on this machine
         num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
         include_dashboard=True, dashboard_host="127.0.0.1",
         runtime_env=runtime_env, log_to_driver=False,
     )
+
+
+@dataclass(frozen=True)
+class Gang:
+    """How a trial's workers are asked of Ray, decided on the driver before any worker starts."""
+
+    device: str
+    """What the engine computes on: cpu or cuda."""
+    gpus: bool
+    """Each worker reserves one GPU (real, or logical with cluster.logical_gpus)."""
+    placement: Placement | None = None
+    """The GPU types the gang may use (None without GPUs)."""
+    all_types: tuple[str, ...] = ()
+    """Every GPU type of the cluster: a placement that may use all of them needs no selector."""
+
+    def scaling(self, run: RunConfig) -> dict:
+        """Ray Train ScalingConfig keywords."""
+        resources = {"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if self.gpus else {})}
+        options = {"num_workers": run.cluster.num_workers, "use_gpu": self.gpus,
+                   "resources_per_worker": resources, "placement_strategy": "PACK"}
+        if self.placement is not None:
+            options |= scaling_options(self.placement, all_types=self.all_types)
+        return options
+
+
+def plan_gang(run: RunConfig, device: str) -> Gang:
+    """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
+    trial to the GPU types that can run it; PlacementError (with each type's reason) if none."""
+    import ray
+
+    connect(run)
+    if device == "auto":
+        device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 and not run.cluster.logical_gpus else "cpu"
+    gpus = device == "cuda" or run.cluster.logical_gpus
+    if not gpus:
+        return Gang(device=device, gpus=False)
+    pools = gpu_pools(ray.nodes())
+    return Gang(device=device, gpus=True, placement=place(run, pools),
+                all_types=tuple(p.type for p in pools))
 
 
 def _worker(payload: dict) -> None:
@@ -63,9 +104,23 @@ def _worker(payload: dict) -> None:
             pass
 
     result = run_trial(run, tracker_factory=_tracker_factory(payload), local_rank=ctx.get_local_rank(),
-                       progress=progress if rank0 else None)
+                       progress=progress if rank0 else None, where=_where(run))
     if rank0:
         events.put({"kind": "result", "result": dataclasses.asdict(result)})
+
+
+def _where(run: RunConfig) -> tuple[str, str] | None:
+    """(Ray node id, the node's accelerator type) for a worker holding a GPU; None (host and
+    device name) otherwise."""
+    import ray
+
+    if run.cluster.device != "cuda" and not run.cluster.logical_gpus:
+        return None
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return node_id, accelerator_type(node["Resources"]) or "GPU"
+    return None
 
 
 def _tracker_factory(payload: dict):
@@ -82,7 +137,7 @@ def _tracker_factory(payload: dict):
     return factory
 
 
-def run_on_ray(run: RunConfig, *, device: str, storage_path: str, name: str,
+def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
                mlflow_run: dict | None, on_event) -> dict | None:
     """Run one trial as a Ray Train gang; returns rank 0's result dict (None if it never came).
 
@@ -98,22 +153,15 @@ def run_on_ray(run: RunConfig, *, device: str, storage_path: str, name: str,
     from trainlab.engine.distributed import backend_for
 
     connect(run)
-    if device == "auto":
-        device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
-        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=device))
-    use_gpu = device == "cuda"
+    run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
                "output_dir": run.output_dir}
     trainer = TorchTrainer(
         _worker,
         train_loop_config=payload,
-        torch_config=TorchConfig(backend=backend_for(device)),
-        scaling_config=ScalingConfig(
-            num_workers=run.cluster.num_workers, use_gpu=use_gpu,
-            resources_per_worker={"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if use_gpu else {})},
-            placement_strategy="PACK",
-        ),
+        torch_config=TorchConfig(backend=backend_for(gang.device)),
+        scaling_config=ScalingConfig(**gang.scaling(run)),
         run_config=RayRunConfig(name=name, storage_path=storage_path,
                                 failure_config=FailureConfig(max_failures=0)),
     )

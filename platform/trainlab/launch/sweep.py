@@ -91,7 +91,7 @@ def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, ini
     return trials
 
 
-def _max_concurrent(trials: list[Trial], requested: int) -> int:
+def _max_concurrent(trials: list[Trial], requested: int, *, gpus: bool) -> int:
     import ray
 
     if requested > 0:
@@ -99,9 +99,25 @@ def _max_concurrent(trials: list[Trial], requested: int) -> int:
     res = ray.cluster_resources()
     need_cpu = max(t.run.cluster.num_workers * t.run.cluster.cpus_per_worker for t in trials)
     fits = int(res.get("CPU", 1) // need_cpu)
-    if res.get("GPU", 0) > 0 and any(t.run.cluster.device != "cpu" for t in trials):
+    if gpus and res.get("GPU", 0) > 0:
         fits = min(fits, int(res["GPU"] // max(t.run.cluster.num_workers for t in trials)))
     return max(1, fits)
+
+
+def _refuse_unplaceable(todo: list[Trial]) -> list[Trial]:
+    """Route every trial before the first starts: those no GPU type of the cluster can run are
+    reported now, with the reason, and marked failed; the rest go on."""
+    from trainlab.launch.trial import plan
+
+    placeable = []
+    for t in todo:
+        try:
+            plan(t.run, t.run.cluster.device)
+            placeable.append(t)
+        except ConfigError as e:
+            t.status, t.error = names.STATUS_FAILED, f"refused at submission: {e}"
+            console.print(f"[red]#{t.idx} {t.label}: {t.error}[/]")
+    return placeable
 
 
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
@@ -201,7 +217,11 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     # one cluster for every trial, sized for the largest gang
     biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
     connect(biggest.run)
-    limit = _max_concurrent(todo, max_concurrent)
+    todo = _refuse_unplaceable(todo)
+    if not todo:
+        return 0
+    limit = _max_concurrent(todo, max_concurrent, gpus=any(
+        t.run.cluster.device != "cpu" or t.run.cluster.logical_gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainlab import names
-from trainlab.config import RunConfig
+from trainlab.config import ConfigError, RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.launch.preflight import preflight
 from trainlab.tracking.runs import (
@@ -39,6 +39,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
+    gang = plan(run, device)
     out_dir = Path(run.output_dir or ".").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -63,7 +64,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     result, error = None, ""
     try:
-        result = run_on_ray(run, device=device, storage_path=str(out_dir / "ray"),
+        result = run_on_ray(run, gang=gang, storage_path=str(out_dir / "ray"),
                             name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
         status = result["status"] if result else names.STATUS_FAILED
         if result is None:
@@ -83,6 +84,18 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if show_progress:
         print_summary(run, outcome, out_dir)
     return outcome
+
+
+def plan(run: RunConfig, device: str):
+    """The trial's gang on the cluster (see ray_trial.plan_gang); a trial no GPU type can run
+    is a ConfigError at submission, with each type's reason, instead of a gang pending forever."""
+    from trainlab.launch.placement import PlacementError
+    from trainlab.launch.ray_trial import plan_gang
+
+    try:
+        return plan_gang(run, device)
+    except PlacementError as e:
+        raise ConfigError(str(e)) from None
 
 
 def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
