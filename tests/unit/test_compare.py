@@ -311,3 +311,21 @@ def test_missing_store_is_not_created(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--sweep", "x", "--tracking-uri", f"sqlite:///{db}"])
     assert exc.value.code == 2 and "no MLflow store" in capsys.readouterr().err and not db.exists()
+
+
+def test_hardware_is_shown_normalised_per_device_and_can_split_rows():
+    from trainlab.compare.compare_sweep import by_device_types
+
+    def t(run_id, seed, devices, world, tps):
+        tokens = ((1, tps / 2), (2, tps), (3, tps))  # the first step (warm-up) is dropped
+        return Trial(run_id=run_id, label="precision=fp16", status=names.STATUS_FINISHED, seed=seed,
+                     precision="fp16", device_types=devices, world_size=world,
+                     metrics={names.TOKENS_PER_S: tokens})
+
+    trials = [t("a", "0", "V100:2", 2, 2000.0), t("b", "1", "H100:4", 4, 12000.0)]
+    row = summarize(trials).row("precision=fp16")
+    assert row.hardware == "V100:2 | H100:4"
+    assert row.tokens_per_s_per_device == pytest.approx((1000 + 3000) / 2)
+    split = summarize([by_device_types(x) for x in trials])
+    assert {r.label for r in split.rows} == {"precision=fp16 @ H100:4", "precision=fp16 @ V100:2"}
+    assert split.row("precision=fp16 @ H100:4").tokens_per_s_per_device == pytest.approx(3000)

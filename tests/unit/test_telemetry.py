@@ -9,7 +9,7 @@ import pytest
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.telemetry import SpikeDetector, StabilityCounters
-from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS, gpu_peak
+from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS, Peak, gpu_peak, mean_peak
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -32,6 +32,15 @@ def test_known_gpus_resolve_by_name():
     assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
     assert gpu_peak("NVIDIA H100 PCIe", "bf16").flops_per_s == 756e12  # the PCIe part is slower
     assert all(p > 0 for _, peaks in GPU_PEAK_TFLOPS for p in peaks.values())
+
+
+def test_a_mix_of_gpus_counts_each_at_its_own_peak():
+    h100, v100 = gpu_peak("NVIDIA H100 80GB HBM3", "fp16"), gpu_peak("Tesla V100-SXM2-32GB", "fp16")
+    mixed = mean_peak([h100, h100, v100, v100])
+    # MFU divides by world size x this = the sum of the four peaks
+    assert 4 * mixed.flops_per_s == pytest.approx(2 * (989e12 + 125e12))
+    assert mixed.source == "table:H100:fp16+table:V100:fp16"
+    assert mean_peak([h100, Peak(None, "unknown:no entry")]).flops_per_s is None
 
 
 def test_spike_detector_counts_jumps_not_the_steep_start():

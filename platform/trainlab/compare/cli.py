@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", metavar="F", type=float, default=TOLERANCE,
                    help="a row is 'degraded' when its Δ val loss exceeds F x the baseline's val loss "
                         f"(default: {TOLERANCE})")
+    p.add_argument("--by-hardware", action="store_true",
+                   help="one row per configuration and device types (e.g. 'precision=fp16 @ "
+                        "V100:2'), for sweeps whose trials landed on different GPUs")
     p.add_argument("--out", metavar="DIR", help="output folder (default: ./compare/<sweep name>/)")
     p.add_argument("--no-log", action="store_true",
                    help=f"do not log the files to the parent run (under {names.ARTIFACT_COMPARE_DIR}/)")
@@ -84,7 +87,7 @@ def main(argv: list[str]) -> None:
             tracking_uri=resolve_tracking_uri(args.tracking_uri), sweep=args.sweep,
             experiment=args.experiment, parent_run_id=args.parent, baseline=args.baseline,
             target_loss=args.target_loss, tolerance=args.tolerance, out_dir=args.out,
-            log=not args.no_log)
+            log=not args.no_log, by_hardware=args.by_hardware)
     except (ValueError, MlflowException) as e:
         # user errors (bad selector, missing store, unknown baseline): a message, not a traceback
         message = e.message if isinstance(e, MlflowException) else str(e)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainlab import names
 from trainlab.compare import plots, tables
 from trainlab.compare.html_report import write_report
 from trainlab.compare.load import load_sweep
-from trainlab.compare.records import ConfigRow, Summary, SweepData
+from trainlab.compare.records import ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import TOLERANCE, summarize
 
 SUMMARY_MD = "summary.md"
@@ -70,6 +70,11 @@ def write_outputs(data: SweepData, summary: Summary, *, out_dir: Path) -> tuple[
     return (md, csv_path, *images, report)
 
 
+def by_device_types(trial: Trial) -> Trial:
+    """The trial relabelled '<label> @ <device types>', so rows split by hardware."""
+    return replace(trial, label=f"{trial.label} @ {trial.device_types or 'unknown'}")
+
+
 def log_to_parent(data: SweepData, files: tuple[Path, ...]) -> None:
     """Each file onto the parent run under names.ARTIFACT_COMPARE_DIR (files, not the folder:
     a user's --out may hold other things)."""
@@ -83,14 +88,18 @@ def log_to_parent(data: SweepData, files: tuple[Path, ...]) -> None:
 def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: str | None = None,
                   parent_run_id: str | None = None, baseline: str | None = None,
                   target_loss: float | None = None, tolerance: float = TOLERANCE,
-                  out_dir: Path | str | None = None, log: bool = True) -> CompareResult:
+                  out_dir: Path | str | None = None, log: bool = True,
+                  by_hardware: bool = False) -> CompareResult:
     """Load the sweep chosen by one selector, summarize it, write and (by default) log the files.
 
     See load.load_sweep for the selectors and summarize.summarize for baseline / target_loss.
-    out_dir defaults to ./compare/<sweep name>/.
+    out_dir defaults to ./compare/<sweep name>/. by_hardware splits each configuration by the
+    device types its trials ran on.
     """
     data = load_sweep(tracking_uri=tracking_uri, sweep=sweep, experiment=experiment,
                       parent_run_id=parent_run_id)
+    if by_hardware:
+        data = replace(data, trials=tuple(by_device_types(t) for t in data.trials))
     summary = summarize(data.trials, baseline=baseline, target_loss=target_loss, tolerance=tolerance)
     out = Path(out_dir).resolve() if out_dir else default_out_dir(data.name)
     files = write_outputs(data, summary, out_dir=out)

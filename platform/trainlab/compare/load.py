@@ -145,6 +145,8 @@ def read_trial(client, run) -> Trial:
         precision=precision, run_name=run.info.run_name or "",
         diverged_step=_int_or_none(tags.get(names.TAG_DIVERGED_STEP)), error=tags.get(names.TAG_ERROR, ""),
         attempt_key=tags.get(names.TAG_CONFIG_HASH) or tags.get(names.TAG_OVERRIDES) or run.info.run_id,
+        device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
+        world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,
         metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},
     )
 

@@ -28,6 +28,8 @@ class Trial:
     # which job this run is an attempt of (config hash): a sweep rerun retries failed jobs
     # under the same parent, and only the latest attempt counts
     attempt_key: str = ""
+    device_types: str = ""  # names.TAG_DEVICE_TYPES: what the workers ran on, e.g. 'H100:2,V100:2'
+    world_size: int = 0  # workers (devices) of the trial
     metrics: Mapping[str, Series] = field(default_factory=dict)
 
     def series(self, key: str) -> Series:
@@ -68,6 +70,8 @@ class ConfigRow:
     n_running: int
     tokens_per_s_mean: float | None = None
     tokens_per_s_std: float | None = None
+    tokens_per_s_per_device: float | None = None  # each trial's tokens/s / its world size, mean
+    hardware: str = ""  # the distinct device_types of its trials, ' | '-separated
     speedup: float | None = None  # tokens_per_s_mean / the baseline's
     mfu_mean: float | None = None  # a fraction of peak (0.41 = 41 %)
     mfu_std: float | None = None

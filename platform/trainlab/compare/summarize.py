@@ -85,6 +85,8 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
     count = {s: sum(t.status == s for t in trials) for s in (
         names.STATUS_FINISHED, names.STATUS_DIVERGED, names.STATUS_FAILED)}
     tps = curves.mean_std(_values(done, lambda t: curves.median_after_first(t.series(names.TOKENS_PER_S))))
+    per_device = curves.mean_std(_values([t for t in done if t.world_size], lambda t: _div(
+        curves.median_after_first(t.series(names.TOKENS_PER_S)), t.world_size)))
     mfu = curves.mean_std(_values(done, lambda t: curves.median_after_first(t.series(names.MFU))))
     peaks = _values(done, lambda t: curves.max_finite(t.series(names.PEAK_MEM_GB)))
     val = curves.mean_std(_values(done, lambda t: curves.last_value(t.series(names.VAL_LOSS))))
@@ -101,7 +103,8 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
         n_diverged=count[names.STATUS_DIVERGED],
         n_failed=count[names.STATUS_FAILED],
         n_running=len(trials) - sum(count.values()),
-        tokens_per_s_mean=tps[0], tokens_per_s_std=tps[1],
+        tokens_per_s_mean=tps[0], tokens_per_s_std=tps[1], tokens_per_s_per_device=per_device[0],
+        hardware=" | ".join(dict.fromkeys(t.device_types for t in trials if t.device_types)),
         mfu_mean=mfu[0], mfu_std=mfu[1],
         peak_mem_gb=max(peaks) if peaks else None,
         final_val_loss_mean=val[0], final_val_loss_std=val[1],
@@ -114,6 +117,10 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
         max_underflow=max(under) if under else None,
         max_overflow=max(over) if over else None,
     )
+
+
+def _div(x: float | None, n: int) -> float | None:
+    return None if x is None else x / n
 
 
 def _max_over(trial: Trial, stat: str) -> float | None:

@@ -59,9 +59,11 @@ COLUMNS: tuple[tuple[str, Callable[[ConfigRow], str]], ...] = (
     ("trials", lambda r: str(r.n_trials)),
     ("status", status_text),
     ("tokens/s", lambda r: _pm(r.tokens_per_s_mean, r.tokens_per_s_std, ",.0f")),
+    ("tok/s/device", lambda r: _num(r.tokens_per_s_per_device, ",.0f")),
     ("speedup", lambda r: _num(r.speedup, ".2f") + ("x" if r.speedup is not None else "")),
     ("MFU", lambda r: _pm(r.mfu_mean, r.mfu_std, ".1f", scale=100, unit="%")),
     ("peak GB", lambda r: _num(r.peak_mem_gb, ".2f")),
+    ("hardware", lambda r: r.hardware or NA),
     ("final val loss", lambda r: _pm(r.final_val_loss_mean, r.final_val_loss_std, ".4f")),
     ("Δ val @ equal tokens", lambda r: _num(r.delta_val_loss, "+.4f")),
     ("verdict", lambda r: r.verdict or NA),
@@ -78,7 +80,9 @@ COLUMNS: tuple[tuple[str, Callable[[ConfigRow], str]], ...] = (
 DEFINITIONS = (
     "Numbers are over finished trials (mean ± sample std over seeds); stability columns over all trials.",
     "tokens/s, MFU: per trial the median over logged steps after the first; speedup = tokens/s / "
-    "baseline's.",
+    "baseline's; tok/s/device = tokens/s / the trial's world size; MFU divides by the sum of each "
+    "device's own peak, so a mix of GPU types counts each at its own; hardware: the device "
+    "types the trials ran on (type:count).",
     "Δ val @ equal tokens: mean final val loss minus the baseline's mean val-loss-vs-tokens "
     "curve linearly interpolated at this configuration's mean final tokens seen (negative = better).",
     "to target: tokens seen at the first evaluation where val loss <= target, mean over the trials "

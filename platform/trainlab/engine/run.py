@@ -30,6 +30,7 @@ from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
+from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
 
 TrackerFactory = Callable[[DistInfo], Tracker]
@@ -111,15 +112,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
 
 
 def gang_peak(local: Peak) -> Peak:
-    """The mean of every rank's own peak, so MFU = model FLOP/s / the sum of the peaks: on a
-    mix of GPU types each counts at its own peak. Unknown on any rank = unknown (no MFU)."""
-    peaks = [json.loads(p) for p in gather_strings(json.dumps([local.flops_per_s, local.source]))]
-    if len(peaks) == 1:
-        return local
-    sources = sorted({src for _, src in peaks})
-    if any(not flops for flops, _ in peaks):
-        return Peak(None, ",".join(src for src in sources if src.startswith("unknown")))
-    return Peak(sum(flops for flops, _ in peaks) / len(peaks), "+".join(sources))
+    """Every rank's own peak combined (a collective): see peak_flops.mean_peak."""
+    peaks = [Peak(*json.loads(p)) for p in gather_strings(json.dumps([local.flops_per_s, local.source]))]
+    return mean_peak(peaks)
 
 
 def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):

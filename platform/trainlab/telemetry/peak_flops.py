@@ -71,6 +71,18 @@ def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
     return Peak(best, f"probe:cpu:{'bf16' if dtype == torch.bfloat16 else 'fp32'}")
 
 
+def mean_peak(peaks: list[Peak]) -> Peak:
+    """The mean of the ranks' own peaks, so that MFU = model FLOP/s / (world size x mean) divides
+    by the sum of the peaks: on a mix of GPU types each device counts at its own peak. Unknown
+    on any rank = unknown (no MFU), as for one device."""
+    if len(peaks) == 1:
+        return peaks[0]
+    sources = sorted({p.source for p in peaks})
+    if any(not p.flops_per_s for p in peaks):
+        return Peak(None, ",".join(s for s in sources if s.startswith("unknown")))
+    return Peak(sum(p.flops_per_s for p in peaks) / len(peaks), "+".join(sources))
+
+
 def device_peak(device: torch.device, compute_dtype: str) -> Peak:
     """Peak of one device for `compute_dtype` (fp32, fp16, bf16 or fp8: a recipe's peak_dtype).
 
