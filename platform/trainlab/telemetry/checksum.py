@@ -52,12 +52,13 @@ def canonical_name(name: str) -> str:
 def _whole(p: torch.Tensor) -> torch.Tensor:
     """The unsharded value of a parameter: DTensors are gathered (a collective); a tensor-parallel
     parameter that DDP holds as its local shard (torch's tp+ddp transform) is rebuilt first."""
-    info = getattr(p, "_st_info", None)
+    info = getattr(p, "_st_info", None)  # an attribute of the parameter: detach() drops it
+    t = p.detach()
     if info is not None:
         from torch.distributed.tensor.parallel._data_parallel_utils import _unflatten_tensor
 
-        p = _unflatten_tensor(p, info)
-    return full(p)
+        t = _unflatten_tensor(t, info)
+    return full(t)
 
 
 @torch.no_grad()
@@ -67,7 +68,7 @@ def param_digests(modules: Iterable[nn.Module]) -> dict[str, tuple[str, float]]:
     out: dict[str, tuple[str, float]] = {}
     for module in modules:
         for name, p in module.named_parameters():
-            t = _whole(p.detach()).to(torch.float32).cpu().contiguous()
+            t = _whole(p).to(torch.float32).cpu().contiguous()
             digest = hashlib.sha256(t.numpy().tobytes()).hexdigest()
             shape = "x".join(map(str, t.shape))
             out[canonical_name(name)] = (f"{shape}:{digest}", float(t.double().square().sum()))

@@ -63,16 +63,26 @@ def _as_trial(name: str, got: dict) -> Trial:
 DETERMINISTIC = ["parallel=ddp", "train.deterministic=true"]
 
 
+LAYOUTS = {"fsdp": ["parallel=fsdp"], "tp": ["parallel=tp"],
+           "pp": ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"]}
+
+
 @pytest.fixture(scope="module")
-def single():
-    (got,) = _run(1, [["parallel=ddp"]])
-    return got
+def singles():
+    """One process: the 2-layer model, and the 4-layer one the pipeline cuts into stages."""
+    return _run(1, [["parallel=ddp"], ["parallel=ddp", "model.n_layers=4"]])
+
+
+@pytest.fixture
+def single(singles):
+    return singles[0]
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    """DDP on 2 ranks: plain, then deterministic twice (set_deterministic resets between them)."""
-    return _run(2, [["parallel=ddp"], DETERMINISTIC, DETERMINISTIC])
+    """2 ranks: DDP plain, then deterministic twice (set_deterministic resets between them),
+    then the sharded and split layouts."""
+    return _run(2, [["parallel=ddp"], DETERMINISTIC, DETERMINISTIC, *LAYOUTS.values()])
 
 
 @pytest.fixture
@@ -81,7 +91,7 @@ def ddp(two_ranks):
 
 
 def test_deterministic_runs_on_two_ranks_have_identical_checksums(two_ranks):
-    _, first, second = two_ranks
+    _, first, second, *_ = two_ranks
     for got in (first, second):
         assert got["status"] == names.STATUS_FINISHED
         # the tags logged are the trial's own checksums, and they are SHA-256 hex digests
@@ -131,6 +141,20 @@ def test_one_process_and_two_rank_ddp_compare_reports_the_measured_difference(si
     other = _as_trial("seed1", {**ddp, "params": {**ddp["params"], "seed": "1"}})
     (again,) = reproducibility([_as_trial("single", single), _as_trial("ddp", ddp), other])
     assert len(again.runs) == 2
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sharded_and_split_layouts_checksum_the_same_full_model(singles, two_ranks, layout):
+    """FSDP's and tensor parallel's DTensors are gathered, the pipeline's stages merged by name:
+    the same math as one process, to rounding; compare groups them with it."""
+    got = two_ranks[3 + list(LAYOUTS).index(layout)]
+    ref = singles[1] if layout == "pp" else singles[0]
+    assert got["status"] == names.STATUS_FINISHED
+    assert got["extra"][names.PARAM_NORM] == pytest.approx(ref["extra"][names.PARAM_NORM], rel=1e-6)
+    (group,) = reproducibility([_as_trial("one", ref), _as_trial(layout, got)])
+    assert "parallel.name" in group.differs_in
+    assert group.rel_d_param_norm < 1e-6
+    assert group.params_identical == (got["tags"][names.TAG_PARAMS_SHA] == ref["tags"][names.TAG_PARAMS_SHA])
 
 
 # -- the rank-order sum ---------------------------------------------------------------------
