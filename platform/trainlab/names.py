@@ -190,3 +190,14 @@ PP_BUBBLE_THEORY = "sys/pp_bubble_theory"
 """Pipelines: the schedule's idle share in theory, (pp-1)/(v*m+pp-1)."""
 PP_BUBBLE = "sys/pp_bubble"
 """Pipelines: the measured idle share of this step on rank 0 (1 - its busy fraction)."""
+
+# -- reproducibility (issue 6) -----------------------------------------------------------
+# trainlab.telemetry.checksum: at the end of every trial; compare groups the runs that should
+# match (compare/repro.py) and says whether these agree and, if not, by how much
+TAG_PARAMS_SHA = "repro/params_sha256"
+"""SHA-256 of the full final parameters in canonical form (sorted by the model's parameter
+names, float32 bytes of the unsharded tensors): equal across layouts when the bits are."""
+TAG_LOSS_CURVE_SHA = "repro/loss_curve_sha256"
+"""SHA-256 of the per-step train losses as float64 bytes."""
+PARAM_NORM = "repro/param_norm"
+"""L2 norm of the full final parameters (a metric, logged at the last step)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel")
+BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism")
 
 
 def main(argv: list[str]) -> None:
@@ -28,3 +28,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.parallel import main as parallel_main
 
         parallel_main(argv[1:])
+    elif argv[0] == "determinism":
+        from trainlab.bench.determinism import main as determinism_main
+
+        determinism_main(argv[1:])

@@ -7,7 +7,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainlab.compare import tables
+from trainlab.compare import repro, tables
 from trainlab.compare.records import Summary, Trial
 
 _CSS = """
@@ -59,6 +59,7 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
 <h2>Summary</h2>
 {tables.html_table(summary)}
 <ul class="defs">{defs}</ul>
+{repro.html_section(summary.repro) if summary.repro else ""}
 <h2>Plots</h2>
 {imgs}
 <h2>Trials</h2>

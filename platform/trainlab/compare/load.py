@@ -17,7 +17,7 @@ from trainlab.tracking.runs import local_store_path
 METRICS = (
     names.VAL_LOSS, names.TOKENS_PER_S, names.MFU, names.PEAK_MEM_GB, names.GRAD_NORM,
     names.LOSS_SCALE, names.SKIPPED_STEPS, names.NONFINITE_STEPS, names.LOSS_SPIKES,
-    names.TOKENS_SEEN, names.by_tokens(names.LOSS), names.by_tokens(names.VAL_LOSS),
+    names.TOKENS_SEEN, names.LOSS, names.PARAM_NORM, names.by_tokens(names.LOSS), names.by_tokens(names.VAL_LOSS),
     *(names.cast_max_metric(kind, stat) for kind in names.CAST_TENSORS
       for stat in (names.CAST_UNDERFLOW, names.CAST_OVERFLOW)),
 )
@@ -148,6 +148,8 @@ def read_trial(client, run) -> Trial:
         device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
         world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,
         metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},
+        params=dict(run.data.params), params_sha=tags.get(names.TAG_PARAMS_SHA, ""),
+        loss_curve_sha=tags.get(names.TAG_LOSS_CURVE_SHA, ""),
     )
 
 

@@ -31,6 +31,10 @@ class Trial:
     device_types: str = ""  # names.TAG_DEVICE_TYPES: what the workers ran on, e.g. 'H100:2,V100:2'
     world_size: int = 0  # workers (devices) of the trial
     metrics: Mapping[str, Series] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+    """The flattened config as MLflow params ('train.max_steps' -> '200'): which runs should match."""
+    params_sha: str = ""  # names.TAG_PARAMS_SHA; empty for runs from before the checksums
+    loss_curve_sha: str = ""  # names.TAG_LOSS_CURVE_SHA
 
     def series(self, key: str) -> Series:
         """The history of metric `key`; empty when the trial never logged it."""
@@ -107,6 +111,7 @@ class Summary:
     target_loss: float | None
     target_source: str  # how target_loss was chosen, for the reader of the report
     notes: tuple[str, ...] = ()
+    repro: tuple = ()  # compare.repro.ReproGroup: runs that should match, and whether they do
 
     def row(self, label: str) -> ConfigRow:
         """The row of configuration `label`."""

@@ -17,6 +17,8 @@ Definitions (also printed in summary.md and report.html):
 - stability: final cumulative skipped / non-finite / loss-spike counters summed over every
   trial; divergence steps (names.TAG_DIVERGED_STEP) of diverged trials; max finite grad norm;
   the largest sampled underflow and overflow fraction of any low-precision cast.
+- reproducibility: runs that should match (same config up to layout and device set) and
+  whether they do; see compare.repro.
 - verdict: baseline; failed (every trial failed); diverged (any trial diverged); degraded
   (Δ val loss at equal tokens above `tolerance` x the baseline's final val loss); ok.
 
@@ -32,6 +34,7 @@ from dataclasses import replace
 from trainlab import names
 from trainlab.compare import curves
 from trainlab.compare.records import ConfigRow, Summary, Trial
+from trainlab.compare.repro import reproducibility
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
 TOLERANCE = 0.01  # default: worse than the baseline by more than 1 % of its val loss = degraded
@@ -187,7 +190,8 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
     if base_label is None:
         notes.append("no configuration has a finished trial: no baseline, speedup or Δ")
         return Summary(rows=tuple(rows), baseline=None, target_loss=target_loss,
-                       target_source="given" if target_loss is not None else "none", notes=tuple(notes))
+                       target_source="given" if target_loss is not None else "none", notes=tuple(notes),
+                       repro=reproducibility(trials))
 
     base = next(r for r in rows if r.label == base_label)
     base_trials = [t for t in groups[base_label] if t.status == names.STATUS_FINISHED]
@@ -217,4 +221,4 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
         out.append(replace(row, verdict=verdict(row, base_val_loss=base.final_val_loss_mean,
                                                  tolerance=tolerance)))
     return Summary(rows=tuple(out), baseline=base_label, target_loss=target_loss,
-                   target_source=source, notes=tuple(notes))
+                   target_source=source, notes=tuple(notes), repro=reproducibility(trials))

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from trainlab.compare import repro
 from trainlab.compare.records import ConfigRow, Summary
 
 NA = "-"  # where a configuration has no number (no finished trial, or nothing logged)
@@ -111,7 +112,8 @@ STABILITY_FROM = "skipped"  # the terminal splits the table here: 15 columns do 
 
 
 def rich_tables(summary: Summary, *, title: str) -> list[Table]:
-    """The summary as two terminal tables (results, then stability), each led by the config."""
+    """The summary as two terminal tables (results, then stability), each led by the config, and
+    a reproducibility table when the sweep has runs that should match (compare.repro)."""
     split = [h for h, _ in COLUMNS].index(STABILITY_FROM)
     all_cells = cells(summary)
     out = []
@@ -127,6 +129,8 @@ def rich_tables(summary: Summary, *, title: str) -> list[Table]:
             # Text, not markup: labels like 'layers=[2,4]' must print as they are
             table.add_row(*(Text(row_cells[i]) for i in idx), style=style)
         out.append(table)
+    if summary.repro:
+        out.append(repro.rich_table(summary.repro, title=title))
     return out
 
 
@@ -143,7 +147,9 @@ def markdown_document(summary: Summary, *, title: str, context: list[str]) -> st
     """summary.md: title, what it was computed against, the table and its definitions."""
     bullets = [f"- {x}" for x in [*context, *headline(summary)]]
     defs = [f"- {d}" for d in DEFINITIONS]
-    return "\n".join([f"# {title}", "", *bullets, "", markdown_table(summary), "", *defs, ""])
+    repro_section = [repro.markdown(summary.repro)] if summary.repro else []
+    return "\n".join([f"# {title}", "", *bullets, "", markdown_table(summary), "", *defs, "",
+                      *repro_section])
 
 
 def html_table(summary: Summary) -> str:

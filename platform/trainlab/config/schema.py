@@ -395,6 +395,12 @@ class TrainConfig:
     """What train.compile compiles: `model` (one graph, before any parallel wrapping; plain
     DDP / ZeRO-1 layouts) or `block` (each transformer block on its own, after tensor
     parallel and activation checkpointing and before FSDP2, as torchtitan does; every layout)."""
+    deterministic: bool = False
+    """Reproducible mode (engine.determinism): deterministic kernels
+    (torch.use_deterministic_algorithms, cuDNN deterministic without autotuning,
+    CUBLAS_WORKSPACE_CONFIG=:4096:8) and, with DDP, a fixed rank-order sum of the gradients
+    instead of the backend's all-reduce. FSDP / tensor / pipeline collectives keep the
+    backend's order (a warning says so). Costs throughput: see `trainlab bench determinism`."""
     inject_nan: str = ""
     """Fault injection for testing the stability telemetry: 'MODULE@STEP' makes the output of
     the module named MODULE (e.g. layers.1.feed_forward) NaN on optimizer step STEP."""

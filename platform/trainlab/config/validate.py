@@ -167,6 +167,11 @@ def check_parallel(run: RunConfig) -> None:
         raise ValueError(
             f"train.compile_unit=model compiles one graph of the whole model, which {' and '.join(wraps)} "
             "then shards or splits; set train.compile_unit=block (each block compiled, as torchtitan does)")
+    if run.train.deterministic and p.powersgd_rank:
+        raise ValueError(
+            f"train.deterministic=true with parallel.powersgd_rank={p.powersgd_rank}: both are DDP "
+            "communication hooks and DDP takes one; set parallel.powersgd_rank=0 (PowerSGD's "
+            "all-reduces of its factors would not be in a fixed order anyway)")
     if p.tp > 1:
         if p.data_parallel not in ("ddp", "fsdp"):
             raise ValueError(
@@ -198,6 +203,25 @@ def check_run(run: RunConfig) -> None:
         )
 
 
+def unordered_reductions(run: RunConfig) -> list[str]:
+    """With train.deterministic: the collectives whose summation order stays the backend's.
+
+    Only DDP's gradient buckets get the fixed rank-order sum (parallel.ordered_reduce); FSDP's
+    reduce-scatter, tensor parallel's activation all-reduces and the pipeline's stage exchange
+    are left to the backend (the kernels are still deterministic)."""
+    if not run.train.deterministic:
+        return []
+    p, dims = run.parallel, parallel_dims(run)
+    left = [f"parallel.{k}={v}" for k, v, on in (
+        ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1),
+        ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1)) if on]
+    if not left:
+        return []
+    return [f"train.deterministic=true fixes the reduction order of DDP gradients only; the "
+            f"collectives of {' and '.join(left)} keep the backend's order (kernels are still "
+            "deterministic), so runs on other device sets may differ in the last bits"]
+
+
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about)."""
     from trainlab.config.schema import FP8_PRECISIONS, DataConfig, PrecisionConfig
@@ -222,4 +246,4 @@ def ignored_options(run: RunConfig) -> list[str]:
                      "use data=tokens to train on a token file")
     if run.data.name == "text" and run.data.vocab_size != DataConfig().vocab_size:
         notes.append("data.vocab_size is ignored with data=text (byte-level, 256)")
-    return notes
+    return notes + unordered_reductions(run)

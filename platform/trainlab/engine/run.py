@@ -20,7 +20,9 @@ from torch import nn
 from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
 from trainlab.config.schema import FP8_PRECISIONS
+from trainlab.config.validate import unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
+from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
@@ -81,7 +83,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         model = nn.ModuleList(pipeline.stages)  # what the optimizer, clipping and telemetry see
     else:
         model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
-                            precision=run.precision.name, compile_blocks=compile_blocks)
+                            precision=run.precision.name, compile_blocks=compile_blocks,
+                            deterministic=run.train.deterministic)
     recipe.attach(model)
     optimizer, scheduler = build_optimizer(
         model, run.optim, max_steps=run.train.max_steps,
@@ -145,6 +148,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
     `where` is this worker's (node, device type) as the launcher knows it (Ray's node id and
     accelerator type); by default the host name and the device name.
     """
+    set_deterministic(run.train.deterministic)  # before CUDA starts: cuBLAS reads its workspace env once
     dist_info = setup_distributed(run.cluster.device, local_rank=local_rank)
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
@@ -170,6 +174,8 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         tracker.log_metrics(refs, step=0)
         trainer.add_hook(lambda tr, step, m: tracker.log_metrics(refs, step=step) if names.VAL_LOSS in m else None)
         warn = progress if progress is not None and dist_info.is_rank0 else _print_event
+        for note in unordered_reductions(run) if dist_info.is_rank0 else ():
+            warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
             warn({"kind": "warning", "message": f"no MFU for this run ({trainer.throughput.peak.source})"})
         if progress is not None and dist_info.is_rank0:
@@ -179,6 +185,9 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             progress(start)
             trainer.add_hook(_progress_hook(progress), every=run.train.log_every)
         result = trainer.train()
+        # the checksums: tags to find identical runs by, the norm a metric to say by how much
+        tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
+        tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM]}, step=result.steps)
         result.extra.update(corpus=corpus.name, unigram_entropy=corpus.unigram_entropy,
                             true_entropy=corpus.true_entropy, device=device_name(dist_info.device),
                             world_size=dist_info.world_size)

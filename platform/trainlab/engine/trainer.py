@@ -40,6 +40,7 @@ from trainlab.telemetry import (
     peak_memory_gb,
     update_to_weight,
 )
+from trainlab.telemetry.checksum import loss_curve_sha256, params_checksum
 from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
@@ -115,6 +116,8 @@ class Trainer:
         self._step_rates: list[float] = []
         self._mfus: list[float] = []
         self._mfus_fp8: list[float] = []
+        self.losses: list[float] = []
+        """Every step's train loss (all ranks' mean), for the loss-curve checksum."""
         self.raw_model = unwrap(model)
         """The model inside DDP / torch.compile: what the telemetry hooks and names refer to."""
         self.nonfinite = NonFiniteMonitor(self.raw_model)
@@ -164,7 +167,8 @@ class Trainer:
                                                    torch.cat([y for _, y in micro_batches]))
             self.rank_timer.add_compute(self.pipeline.last_busy_s)  # its clock excludes bubbles
             if self.pipeline.dp_group is not None:  # replicas of this stage average their gradients
-                allreduce_grads(list(self.model.parameters()), group=self.pipeline.dp_group)
+                allreduce_grads(list(self.model.parameters()), group=self.pipeline.dp_group,
+                                ordered=self.run.train.deterministic)
         else:
             with self.rank_timer.compute():
                 for i, (x, y) in enumerate(micro_batches):
@@ -261,6 +265,7 @@ class Trainer:
             lr = self.scheduler.get_last_lr()[0]
             last = self.train_step(micro_batches, sample=self.is_sample_step(self.step + 1))
             self.step += 1
+            self.losses.append(last.loss)
             self.tokens_seen += self.batches.tokens_per_step
             perf = self.throughput.step()
             if self.step > 1:  # the first step pays for warm-up and allocation
@@ -318,7 +323,18 @@ class Trainer:
             first_nonfinite=last.origin if status == names.STATUS_DIVERGED else self.counters.first_nonfinite,
             loss_scale=self.recipe.loss_scale,
             mfu_fp8=_median(self._mfus_fp8) if self._mfus_fp8 else None,
+            extra=self.checksums(),
         )
+
+    def checksums(self) -> dict:
+        """The reproducibility checksums of the parameters as they are now and of the loss curve
+        so far (telemetry.checksum); a collective: every rank calls it at the same point."""
+        if self.pipeline is not None:  # each rank holds some stages, under the model's names
+            params = params_checksum(self.pipeline.stages, partial=True)
+        else:
+            params = params_checksum([self.model])
+        return {names.TAG_PARAMS_SHA: params.sha256, names.TAG_LOSS_CURVE_SHA: loss_curve_sha256(self.losses),
+                names.PARAM_NORM: params.norm}
 
     def _step_metrics(self, last: StepResult, lr: float, perf: dict[str, float]) -> dict[str, float]:
         m = {

@@ -114,6 +114,9 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     }
     if extra.get("true_entropy"):
         rows["true entropy"] = fmt(extra["true_entropy"], ".4f")
+    if extra.get(names.TAG_PARAMS_SHA):  # the first 12 hex tell runs apart at a glance
+        rows["checksums (params / loss)"] = (f"{extra[names.TAG_PARAMS_SHA][:12]} / "
+                                             f"{extra[names.TAG_LOSS_CURVE_SHA][:12]}")
     if outcome.run_id:
         rows["MLflow run"] = f"{outcome.run_id} in {outcome.tracking_uri}"
         rows["view it"] = ui_command(outcome.tracking_uri)

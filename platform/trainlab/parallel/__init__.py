@@ -23,14 +23,16 @@ REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfl
 
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
-                precision: str = "fp32", compile_blocks: bool = False) -> nn.Module:
+                precision: str = "fp32", compile_blocks: bool = False,
+                deterministic: bool = False) -> nn.Module:
     """Wrap `model` for the layout, in torchtitan's order: tensor parallel first (it changes
     the parameters into DTensor shards), then activation checkpointing (it wraps the
     blocks' forwards, which then run on those shards; FSDP2's per-block hooks must sit
     outside the checkpoint so backward unshards a block before recomputing it), then data
     parallel, which must see the final (possibly sharded or cast) parameters it
     synchronises. `compile_blocks` compiles each block after checkpointing (torchtitan's
-    place for it). `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
+    place for it). `deterministic`: DDP sums gradients in rank order (parallel.ordered_reduce).
+    `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
     if dims.tp > 1:
         from trainlab.parallel.tp import apply_tp
 
@@ -60,11 +62,11 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
 
         _pre_dp_module_transform(model)
     model = apply_ddp(model, device=device, bucket_cap_mb=cfg.bucket_cap_mb, process_group=group)
-    if cfg.comm_dtype != "fp32" or cfg.powersgd_rank:
+    if cfg.comm_dtype != "fp32" or cfg.powersgd_rank or deterministic:
         from trainlab.parallel.comm import register_comm_hook
 
         register_comm_hook(model, comm_dtype=cfg.comm_dtype, powersgd_rank=cfg.powersgd_rank,
-                           backend=backend_for(device.type))
+                           backend=backend_for(device.type), ordered=deterministic, group=group)
     return model
 
 

@@ -101,24 +101,37 @@ def bf16_compress_hook_gloo(process_group, bucket):
 
 
 def register_comm_hook(ddp_model, *, comm_dtype: str, powersgd_rank: int = 0, backend: str,
-                       powersgd_start_iter: int = 2) -> str:
+                       powersgd_start_iter: int = 2, ordered: bool = False, group=None) -> str:
     """Register the hook for parallel.comm_dtype / parallel.powersgd_rank on a DDP model and
-    return a short description for a tag ("fp32", "bf16", "powersgd:r2+fp16").
+    return a short description for a tag ("fp32", "bf16", "powersgd:r2+fp16", "ordered+fp16").
 
     powersgd_start_iter: PowerSGD compresses from this synchronising backward pass on (counted
     from 0; an optimizer step when micro-batches run under no_sync); before it, buckets are
-    all-reduced whole, in comm_dtype. DDP allows one hook per model: call this once."""
+    all-reduced whole, in comm_dtype. ordered (train.deterministic): buckets are summed in rank
+    order (parallel.ordered_reduce), sent in comm_dtype; `group` is DDP's process group (None =
+    the world). DDP allows one hook per model: call this once."""
     check_comm(comm_dtype, powersgd_rank, backend, powersgd_start_iter=powersgd_start_iter)
-    if comm_dtype == "fp32" and not powersgd_rank:
+    if ordered and powersgd_rank:
+        raise ValueError(f"train.deterministic=true with parallel.powersgd_rank={powersgd_rank}: DDP "
+                         "takes one communication hook; set parallel.powersgd_rank=0")
+    if comm_dtype == "fp32" and not powersgd_rank and not ordered:
         return "fp32"
+    what = f"parallel.comm_dtype={comm_dtype} parallel.powersgd_rank={powersgd_rank}" + (
+        " train.deterministic=true" if ordered else "")
     if not hasattr(ddp_model, "register_comm_hook"):
-        warnings.warn(f"parallel.comm_dtype={comm_dtype} parallel.powersgd_rank={powersgd_rank} "
-                      "ignored: the model is not data parallel (one worker sends nothing)", stacklevel=2)
+        warnings.warn(f"{what} ignored: the model is not data parallel (one worker sends nothing)",
+                      stacklevel=2)
         return "fp32"
     if getattr(ddp_model, "_comm_hooks", None):  # DDP raises a bare RuntimeError otherwise
-        raise ValueError(f"parallel.comm_dtype={comm_dtype} parallel.powersgd_rank={powersgd_rank}: "
-                         "DDP takes one communication hook and this model has one already "
+        raise ValueError(f"{what}: DDP takes one communication hook and this model has one already "
                          "(precision.formats.comm_grads registers one); use one or the other")
+
+    if ordered:
+        from trainlab.parallel.ordered_reduce import SEND_DTYPES, ordered_allreduce_hook
+
+        ddp_model.register_comm_hook({"group": group, "comm_dtype": SEND_DTYPES[comm_dtype]},
+                                     ordered_allreduce_hook)
+        return "ordered" + ("" if comm_dtype == "fp32" else f"+{comm_dtype}")
 
     if powersgd_rank:
         state = powerSGD_hook.PowerSGDState(

@@ -19,9 +19,10 @@ def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
     )
 
 
-def allreduce_grads(params: list[torch.Tensor], *, group) -> None:
+def allreduce_grads(params: list[torch.Tensor], *, group, ordered: bool = False) -> None:
     """Average the gradients of `params` over `group` in one flat all-reduce: data parallel for
-    pipeline stages, whose per-micro-batch backward passes DDP's reducer cannot follow."""
+    pipeline stages, whose per-micro-batch backward passes DDP's reducer cannot follow.
+    ordered (train.deterministic): summed in rank order (parallel.ordered_reduce)."""
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
@@ -29,7 +30,12 @@ def allreduce_grads(params: list[torch.Tensor], *, group) -> None:
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
+    if ordered:
+        from trainlab.parallel.ordered_reduce import ordered_allreduce_mean
+
+        ordered_allreduce_mean(flat, group=group)
+    else:
+        dist.all_reduce(flat, group=group)
+        flat /= dist.get_world_size(group)
     for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         g.copy_(synced)
