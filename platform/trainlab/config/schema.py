@@ -210,9 +210,11 @@ class ParallelConfig:
     dp_weights: list[float] = field(default_factory=list)
     """weighted and accumulate: relative throughput of each data-parallel rank (e.g. [2, 1]);
     empty = measured: sequences per compute-second over the first dp_balance_warmup steps."""
-    dp_balance_warmup: int = 2
+    dp_balance_warmup: int = 3
     """weighted and accumulate with empty dp_weights: steps run with equal shares while each
-    rank's compute rate is measured (step 1 is left out when there are more: it warms up)."""
+    rank's compute rate is measured. Steps 1 and 2 are left out when there are later ones:
+    step 1 warms up, and in step 2 DDP rebuilds its buckets with a collective inside forward,
+    where a fast rank's wait would pass for compute."""
 
     def __post_init__(self) -> None:
         _one_of("parallel", "name", self.name, PARALLEL_LAYOUTS)

@@ -14,8 +14,10 @@ throughput), so every rank's compute lasts about as long:
 
 The weights are parallel.dp_weights, or measured: the first parallel.dp_balance_warmup steps run
 with equal shares while each rank times its forward+backward (telemetry.ranks.RankTimer's
-compute, which excludes communication wait); then every rank all-gathers the rates (sequences
-per compute-second) and the shares are fixed for the rest of the run.
+compute, which excludes communication wait; steps 1 and 2 warm up and are not measured); then
+every rank all-gathers the rates (sequences per compute-second) and the shares are fixed for
+the rest of the run. Rates assume compute grows with sequences: where a micro-batch's fixed
+cost dominates (tiny models), weighted under-corrects and accumulate balances better.
 
 The gradient is the mean over the global batch in every mode: DDP and FSDP average gradients
 over the dp ranks, so rank r's micro-batch of b sequences has its (mean) loss multiplied by
@@ -119,8 +121,9 @@ class DpBalancer:
 
     def observe(self, step: int, *, sequences: int, compute_s: float) -> None:
         """This rank's forward+backward of optimizer step `step` (1-based)."""
-        # step 1 pays for allocation and warm-up: measured only when it is the only step
-        if self.measuring and step <= self.warmup and (step > 1 or self.warmup == 1):
+        # step 1 pays for allocation, step 2 for DDP's bucket rebuild (a collective in forward:
+        # a fast rank's wait there looks like compute); left out unless nothing follows them
+        if self.measuring and step <= self.warmup and step > min(2, self.warmup - 1):
             self._sequences += sequences
             self._compute_s += compute_s
 
