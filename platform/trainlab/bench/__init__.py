@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel")
+BENCHES = ("overhead", "sweep", "fp8", "parallel", "balance")
 
 
 def main(argv: list[str]) -> None:
@@ -28,3 +28,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.parallel import main as parallel_main
 
         parallel_main(argv[1:])
+    elif argv[0] == "balance":
+        from trainlab.bench.balance import main as balance_main
+
+        balance_main(argv[1:])
