@@ -212,9 +212,10 @@ class ParallelConfig:
     empty = measured: sequences per compute-second over the first dp_balance_warmup steps."""
     dp_balance_warmup: int = 3
     """weighted and accumulate with empty dp_weights: steps run with equal shares while each
-    rank's compute rate is measured. Steps 1 and 2 are left out when there are later ones:
-    step 1 warms up, and in step 2 DDP rebuilds its buckets with a collective inside forward,
-    where a fast rank's wait would pass for compute."""
+    rank's compute rate is measured; the rates are measured again over as many steps at the
+    shares they give, and the second shares kept (trainlab.engine.balance). Steps 1 and 2 are
+    left out when there are later ones: step 1 warms up, and in step 2 DDP rebuilds its
+    buckets with a collective inside forward, where a fast rank's wait would pass for compute."""
 
     def __post_init__(self) -> None:
         _one_of("parallel", "name", self.name, PARALLEL_LAYOUTS)

@@ -15,9 +15,11 @@ throughput), so every rank's compute lasts about as long:
 The weights are parallel.dp_weights, or measured: the first parallel.dp_balance_warmup steps run
 with equal shares while each rank times its forward+backward (telemetry.ranks.RankTimer's
 compute, which excludes communication wait; steps 1 and 2 warm up and are not measured); then
-every rank all-gathers the rates (sequences per compute-second) and the shares are fixed for
-the rest of the run. Rates assume compute grows with sequences: where a micro-batch's fixed
-cost dominates (tiny models), weighted under-corrects and accumulate balances better.
+every rank all-gathers the rates (sequences per compute-second) and the shares follow them.
+A micro-batch has a fixed cost besides its per-sequence cost, so a rate measured at equal
+shares over-states what a slow rank does with a smaller share: the rates are measured once
+more over as many steps at the new shares, and the shares re-apportioned from those (for an
+affine cost that lands near equal compute times), then fixed for the rest of the run.
 
 The gradient is the mean over the global batch in every mode: DDP and FSDP average gradients
 over the dp ranks, so rank r's micro-batch of b sequences has its (mean) loss multiplied by
@@ -101,9 +103,10 @@ def loss_weight(sequences: int, *, dp_size: int, global_batch_size: int) -> floa
 
 # ---------------------------------------------------------------------------------------
 class DpBalancer:
-    """Fixes the shares of a TokenBatches: at once from configured weights, or after the
-    warm-up steps from measured compute rates (a collective: every rank calls after_step at
-    every step). The trainer reports each step's sequences and compute time via observe()."""
+    """Sets the shares of a TokenBatches: at once from configured weights, or from measured
+    compute rates after the warm-up and once more after as many steps at those shares (a
+    collective: every rank calls after_step at every step). The trainer reports each step's
+    sequences and compute time via observe(). The shares are logged each time they are set."""
 
     def __init__(self, *, mode: str, weights: Sequence[float], warmup: int, batches,
                  device: torch.device) -> None:
@@ -112,26 +115,29 @@ class DpBalancer:
         self._log_pending = False
         self._sequences = 0
         self._compute_s = 0.0
+        # measured: steps (first, last] of the equal warm-up, then as many at the first shares;
+        # step 1 warms up and step 2 rebuilds DDP's buckets (a collective in forward, where a
+        # fast rank's wait would look like compute): left out unless nothing follows them
+        first = min(2, warmup - 1)
+        self._windows = [(first, warmup), (warmup, 2 * warmup - first)]
+        self.fixed = bool(weights)
         if weights:
             self._apply(list(weights))
 
-    @property
-    def measuring(self) -> bool:
-        return self.weights is None
-
     def observe(self, step: int, *, sequences: int, compute_s: float) -> None:
         """This rank's forward+backward of optimizer step `step` (1-based)."""
-        # step 1 pays for allocation, step 2 for DDP's bucket rebuild (a collective in forward:
-        # a fast rank's wait there looks like compute); left out unless nothing follows them
-        if self.measuring and step <= self.warmup and step > min(2, self.warmup - 1):
+        if not self.fixed and self._windows[0][0] < step <= self._windows[0][1]:
             self._sequences += sequences
             self._compute_s += compute_s
 
     def after_step(self, step: int) -> dict[str, float]:
         """After optimizer step `step`: the metrics to log (each rank's share, micro-batches and
         weight) at the step the shares are fixed, else {}."""
-        if self.measuring and step == self.warmup:
+        if not self.fixed and step == self._windows[0][1]:
             rate = self._sequences / self._compute_s if self._compute_s > 0 else float("nan")
+            self._sequences, self._compute_s = 0, 0.0
+            self._windows.pop(0)
+            self.fixed = not self._windows
             rates = _all_gather(rate, device=self.device)
             if not all(math.isfinite(r) and r > 0 for r in rates):
                 warnings.warn(f"parallel.dp_balance={self.mode}: measured rates {rates} are not all "
