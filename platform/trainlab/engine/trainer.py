@@ -169,6 +169,8 @@ class Trainer:
             self.probe.arm(loss_scale=self.recipe.loss_scale)
             self.swiglu.arm()
         n = len(micro_batches)
+        # uneven shares (set by the balancer): weight each micro-batch by its share of the batch
+        weighted = self.balancer is not None and self.batches.balanced
         loss_sum = torch.zeros((), device=self.dist.device)
         if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
             with self.recipe.autocast():
@@ -183,7 +185,7 @@ class Trainer:
                     x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
                     # all-reduce gradients only once per optimizer step, on the last micro-batch
                     with no_sync(self.model, last_micro_batch=i == n - 1), self._slowed(len(x)):
-                        if self.batches.balanced:  # uneven shares: weight by share of the global batch
+                        if weighted:
                             w = loss_weight(len(x), dp_size=self.batches.dp_size,
                                             global_batch_size=self.batches.global_batch_size)
                             loss_sum += w * self.forward_backward_step(x, y, weight=w)
@@ -201,7 +203,7 @@ class Trainer:
             applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
         # weighted losses already sum to this rank's part of the global mean (times dp)
-        local = float(loss_sum) if self.pipeline is None and self.batches.balanced else float(loss_sum) / n
+        local = float(loss_sum) if weighted else float(loss_sum) / n
         (loss,) = all_reduce_mean([local], device=self.dist.device)
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
         if not result.finite:
