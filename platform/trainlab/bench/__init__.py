@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism")
+BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance")
 
 
 def main(argv: list[str]) -> None:
@@ -32,3 +32,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.determinism import main as determinism_main
 
         determinism_main(argv[1:])
+    elif argv[0] == "balance":
+        from trainlab.bench.balance import main as balance_main
+
+        balance_main(argv[1:])

@@ -31,6 +31,7 @@ TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
 PARALLEL_LAYOUTS = ("ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "pp", "dp_tp", "dp_pp", "fsdp_tp")
 DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+DP_BALANCE = ("equal", "weighted", "accumulate")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
 COMPILE_UNITS = ("model", "block")
@@ -198,6 +199,23 @@ class ParallelConfig:
     """ddp: PowerSGD low-rank gradient compression of this rank; 0 = off."""
     activation_checkpoint: str = "none"
     """none, block (recompute every block in backward) or selective (every other block)."""
+    dp_balance: str = "equal"
+    """How the global batch is cut over data-parallel ranks of unequal speed (pure data
+    parallel only: tp = pp = 1). equal: global_batch_size / dp sequences each; weighted: each
+    rank's sequences per step proportional to its weight, cut into the same number of
+    micro-batches on every rank (a faster rank gets larger micro-batches); accumulate: every
+    micro-batch has train.micro_batch_size sequences, a rank's number of micro-batches
+    (accumulation steps) is proportional to its weight (ddp and zero1 only). The gradient is
+    the global-batch mean in every mode (trainlab.engine.balance)."""
+    dp_weights: list[float] = field(default_factory=list)
+    """weighted and accumulate: relative throughput of each data-parallel rank (e.g. [2, 1]);
+    empty = measured: sequences per compute-second over the first dp_balance_warmup steps."""
+    dp_balance_warmup: int = 3
+    """weighted and accumulate with empty dp_weights: steps run with equal shares while each
+    rank's compute rate is measured; the rates are measured again over as many steps at the
+    shares they give, and the second shares kept (trainlab.engine.balance). Steps 1 and 2 are
+    left out when there are later ones: step 1 warms up, and in step 2 DDP rebuilds its
+    buckets with a collective inside forward, where a fast rank's wait would pass for compute."""
 
     def __post_init__(self) -> None:
         _one_of("parallel", "name", self.name, PARALLEL_LAYOUTS)
@@ -205,8 +223,14 @@ class ParallelConfig:
         _one_of("parallel", "pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _one_of("parallel", "comm_dtype", self.comm_dtype, COMM_DTYPES)
         _one_of("parallel", "activation_checkpoint", self.activation_checkpoint, CHECKPOINTING)
+        _one_of("parallel", "dp_balance", self.dp_balance, DP_BALANCE)
         _positive("parallel", tp=self.tp, pp=self.pp, dp_replicate=self.dp_replicate,
-                  pp_virtual_stages=self.pp_virtual_stages, bucket_cap_mb=self.bucket_cap_mb)
+                  pp_virtual_stages=self.pp_virtual_stages, bucket_cap_mb=self.bucket_cap_mb,
+                  dp_balance_warmup=self.dp_balance_warmup)
+        bad = [w for w in self.dp_weights if not w > 0 or w == float("inf")]
+        if bad:
+            raise ValueError(f"parallel.dp_weights={list(self.dp_weights)} holds {bad[0]!r}; every weight "
+                             "is a rank's relative throughput, a finite number above 0 (e.g. [2, 1])")
         for name in ("dp", "pp_microbatches", "powersgd_rank"):
             if getattr(self, name) < 0:
                 raise ValueError(f"parallel.{name}={getattr(self, name)} must be >= 0 (0 = "
@@ -460,6 +484,11 @@ class ClusterConfig:
     on CPU: for rehearsing placement on a cluster of logical GPUs (`ray start --num-gpus N
     --resources '{"accelerator_type:H100": 1}'`) on machines without GPUs. Needs cluster.device
     cpu or auto."""
+    slowdown: list[float] = field(default_factory=list)
+    """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
+    rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
+    the extra (f - 1) asleep before its gradients are synchronized, counted as compute.
+    Empty = every worker at its own speed."""
 
     def __post_init__(self) -> None:
         _one_of("cluster", "device", self.device, DEVICES)
@@ -469,6 +498,13 @@ class ClusterConfig:
                              "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
         _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
                   start_timeout_s=self.start_timeout_s)
+        if self.slowdown and len(self.slowdown) != self.num_workers:
+            raise ValueError(f"cluster.slowdown={list(self.slowdown)} has {len(self.slowdown)} factors for "
+                             f"cluster.num_workers={self.num_workers}; give one per worker or [] for none")
+        bad = [f for f in self.slowdown if not 1.0 <= f < float("inf")]
+        if bad:
+            raise ValueError(f"cluster.slowdown={list(self.slowdown)} holds {bad[0]!r}; a factor is how many "
+                             "times slower the worker runs, a finite number >= 1 (1 = full speed)")
 
 
 @dataclass

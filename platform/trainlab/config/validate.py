@@ -185,11 +185,35 @@ def check_parallel(run: RunConfig) -> None:
             )
 
 
+def check_balance(run: RunConfig) -> None:
+    """parallel.dp_balance other than equal: pure data parallel, one weight per dp rank, and
+    (accumulate) a layout whose ranks may run different numbers of micro-batches."""
+    p = run.parallel
+    if p.dp_balance == "equal":
+        return
+    if p.tp > 1 or p.pp > 1:
+        raise ValueError(
+            f"parallel.dp_balance={p.dp_balance} with parallel.tp={p.tp} and parallel.pp={p.pp} is not "
+            "supported: uneven shares need pure data parallelism (tensor and pipeline peers must "
+            "read the same batch); set parallel.tp=1 parallel.pp=1 or parallel.dp_balance=equal")
+    dims = parallel_dims(run)
+    if p.dp_weights and len(p.dp_weights) != dims.dp:
+        raise ValueError(
+            f"parallel.dp_weights={list(p.dp_weights)} has {len(p.dp_weights)} weights for dp={dims.dp} "
+            f"data-parallel ranks; give one per rank (e.g. [{', '.join(['1'] * dims.dp)}]) or [] to measure")
+    if p.dp_balance == "accumulate" and p.data_parallel not in ("ddp", "zero1"):
+        raise ValueError(
+            f"parallel.dp_balance=accumulate with parallel.data_parallel={p.data_parallel} is not "
+            "supported: FSDP2 gathers and reduces on every micro-batch, so every rank must run as many "
+            "micro-batches; use parallel.dp_balance=weighted (same count, uneven sizes) or ddp/zero1")
+
+
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
     parallel_dims(run)
     grad_accum_steps(run)
     check_parallel(run)
+    check_balance(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
@@ -224,7 +248,7 @@ def unordered_reductions(run: RunConfig) -> list[str]:
 
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about)."""
-    from trainlab.config.schema import FP8_PRECISIONS, DataConfig, PrecisionConfig
+    from trainlab.config.schema import FP8_PRECISIONS, DataConfig, ParallelConfig, PrecisionConfig
 
     notes = []
     if run.precision.name != "fp16":
@@ -241,6 +265,13 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to fp8 and emulated "
                          f"modes; ignored with precision={run.precision.name}")
+    p = run.parallel
+    if p.dp_balance == "equal" and (p.dp_weights or p.dp_balance_warmup != ParallelConfig().dp_balance_warmup):
+        notes.append("parallel.dp_weights and parallel.dp_balance_warmup only apply to parallel.dp_balance="
+                     "weighted or accumulate; ignored with parallel.dp_balance=equal")
+    if p.dp_balance != "equal" and p.dp_weights and p.dp_balance_warmup != ParallelConfig().dp_balance_warmup:
+        notes.append("parallel.dp_balance_warmup is ignored when parallel.dp_weights is given "
+                     "(nothing is measured)")
     if run.data.name != "tokens" and run.data.path:
         notes.append(f"data.path={run.data.path!r} is ignored with data={run.data.name}; "
                      "use data=tokens to train on a token file")

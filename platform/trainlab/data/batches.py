@@ -11,6 +11,10 @@ contiguous slice [r*L, (r+1)*L), L = global_batch_size // dp_size, as L // micro
 micro-batches. So ranks 0..dp_size-1 concatenated see exactly what one process sees, which
 is what makes an N-rank data-parallel run equal a one-process run with gradient
 accumulation.
+
+Uneven shares (parallel.dp_balance, trainlab.engine.balance): after set_shares(n_0..n_{dp-1})
+rank r takes the slice [n_0 + ... + n_{r-1}, n_0 + ... + n_r) of the same global batch, cut
+into a given number of near-equal micro-batches. The global order does not change.
 """
 
 from __future__ import annotations
@@ -128,6 +132,27 @@ class TokenBatches:
         self._step = 0
         self._perm: np.ndarray | None = None
         self._perm_epoch = -1
+        self._bounds: tuple[int, int] | None = None  # set_shares: this rank's slice of the batch
+
+    @property
+    def balanced(self) -> bool:
+        """True once set_shares was called: micro-batch sizes then vary across ranks."""
+        return self._bounds is not None
+
+    def set_shares(self, shares: list[int], *, num_micro_batches: int) -> None:
+        """From the next step on, rank r takes shares[r] sequences of each global batch (the
+        ranks' slices in rank order), as `num_micro_batches` near-equal micro-batches."""
+        if len(shares) != self.dp_size or sum(shares) != self.global_batch_size:
+            raise ValueError(f"shares {list(shares)} must be {self.dp_size} numbers (one per data-"
+                             f"parallel rank) summing to train.global_batch_size={self.global_batch_size}")
+        mine = shares[self.dp_rank]
+        if not 1 <= num_micro_batches <= mine:
+            raise ValueError(f"rank {self.dp_rank}'s share of {mine} sequences cannot be cut into "
+                             f"{num_micro_batches} micro-batches of at least one sequence")
+        lo = sum(shares[:self.dp_rank])
+        self._bounds = (lo, lo + mine)
+        self.per_rank = mine
+        self.accum_steps = num_micro_batches
 
     @property
     def tokens_per_step(self) -> int:
@@ -170,8 +195,15 @@ class TokenBatches:
         """This rank's ``accum_steps`` micro-batches for one optimizer step."""
         # Every rank walks the whole global stream, so all ranks hold the same state.
         global_batch = self._take(self.global_batch_size)
-        mine = global_batch[self.dp_rank * self.per_rank:(self.dp_rank + 1) * self.per_rank]
         self._step += 1
+        if self._bounds is not None:
+            lo, hi = self._bounds
+            inputs, targets = _gather(self._tokens, global_batch[lo:hi], seq_len=self.seq_len)
+            k, extra = divmod(hi - lo, self.accum_steps)
+            sizes = [k + (i < extra) for i in range(self.accum_steps)]
+            x, y = torch.from_numpy(inputs), torch.from_numpy(targets)
+            return list(zip(x.split(sizes), y.split(sizes)))
+        mine = global_batch[self.dp_rank * self.per_rank:(self.dp_rank + 1) * self.per_rank]
         inputs, targets = _gather(self._tokens, mine, seq_len=self.seq_len)
         return _as_batches(inputs, targets, self.micro_batch_size)
 

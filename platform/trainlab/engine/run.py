@@ -22,9 +22,11 @@ from trainlab.config import RunConfig, parallel_dims
 from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.config.validate import unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
+from trainlab.engine.balance import DpBalancer
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
 from trainlab.engine.schedule import build_optimizer
+from trainlab.engine.slowdown import Slowdown
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.parallel import parallelize
@@ -105,9 +107,18 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         world_size=dist_info.world_size,
         fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if run.precision.name in FP8_PRECISIONS else None,
     )
+    balancer = None
+    if run.parallel.dp_balance != "equal" and dims.dp > 1:
+        balancer = DpBalancer(mode=run.parallel.dp_balance, weights=run.parallel.dp_weights,
+                              warmup=run.parallel.dp_balance_warmup, batches=batches,
+                              device=dist_info.device)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline)
+                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline,
+                      balancer=balancer)
+    factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
+    if factor > 1.0:  # after the Trainer: the emulation reads its RankTimer's clock
+        trainer.slowdown = Slowdown(factor, timer=trainer.rank_timer)
     if t.nan_injection is not None:
         module, step = t.nan_injection
         inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)

@@ -9,11 +9,15 @@ forward to name the tensor that went first (healthy steps pay nothing for it); e
 train.numerics_every steps one step is sampled: the casts of every low-precision layer,
 SwiGLU outliers, the update-to-weight ratio and the grad-norm percentiles.
 
+Unequal data-parallel shares (parallel.dp_balance, engine.balance) weight each micro-batch's
+loss by its share of the global batch; cluster.slowdown (engine.slowdown) emulates slow ranks.
+
 The Trainer knows nothing of Ray or MLflow: it logs through a Tracker and calls hooks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,7 +30,9 @@ from torch import nn
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.engine.balance import DpBalancer, loss_weight
 from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
+from trainlab.engine.slowdown import Slowdown
 from trainlab.parallel import no_sync, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.precision import PrecisionRecipe
@@ -98,7 +104,8 @@ class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
                  dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None,
-                 corpus: Corpus | None = None, pipeline=None):
+                 corpus: Corpus | None = None, pipeline=None, balancer: DpBalancer | None = None,
+                 slowdown: Slowdown | None = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.recipe, self.batches, self.val = recipe, batches, val
         self.run, self.dist = run, dist_info
@@ -107,6 +114,10 @@ class Trainer:
         """The corpus it trains on (for reference lines and tags); the loop itself reads `batches`."""
         self.pipeline = pipeline
         """parallel.pp > 1: this rank's stages and their schedule (`model` is then the stages)."""
+        self.balancer = balancer
+        """parallel.dp_balance weighted / accumulate: fixes the uneven shares of `batches`."""
+        self.slowdown = slowdown
+        """cluster.slowdown above 1 on this rank: the emulated slower device."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
         self.tokens_seen = 0
@@ -138,12 +149,13 @@ class Trainer:
 
     # -- one micro-batch -------------------------------------------------------------------
     def forward_backward_step(self, inputs: torch.Tensor, targets: torch.Tensor,
-                              *, accum_steps: int) -> torch.Tensor:
-        """Forward and scaled backward of one micro-batch; returns its detached loss."""
+                              *, accum_steps: int = 1, weight: float | None = None) -> torch.Tensor:
+        """Forward and scaled backward of one micro-batch; returns its detached loss. The loss
+        is multiplied by `weight` (uneven shares) or else divided by accum_steps."""
         with self.recipe.autocast():
             logits = self.model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        self.recipe.scale(loss / accum_steps).backward()
+        self.recipe.scale(loss / accum_steps if weight is None else loss * weight).backward()
         return loss.detach()
 
     # -- one optimizer step ----------------------------------------------------------------
@@ -160,6 +172,8 @@ class Trainer:
             self.probe.arm(loss_scale=self.recipe.loss_scale)
             self.swiglu.arm()
         n = len(micro_batches)
+        # uneven shares (set by the balancer): weight each micro-batch by its share of the batch
+        weighted = self.balancer is not None and self.batches.balanced
         loss_sum = torch.zeros((), device=self.dist.device)
         if self.pipeline is not None:  # the schedule runs the micro-batches through the stages
             with self.recipe.autocast():
@@ -174,8 +188,16 @@ class Trainer:
                 for i, (x, y) in enumerate(micro_batches):
                     x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
                     # all-reduce gradients only once per optimizer step, on the last micro-batch
-                    with no_sync(self.model, last_micro_batch=i == n - 1):
-                        loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+                    with no_sync(self.model, last_micro_batch=i == n - 1), self._slowed(len(x)):
+                        if weighted:
+                            w = loss_weight(len(x), dp_size=self.batches.dp_size,
+                                            global_batch_size=self.batches.global_batch_size)
+                            loss_sum += w * self.forward_backward_step(x, y, weight=w)
+                        else:
+                            loss_sum += self.forward_backward_step(x, y, accum_steps=n)
+            if self.balancer is not None:
+                self.balancer.observe(self.step + 1, sequences=sum(len(x) for x, _ in micro_batches),
+                                      compute_s=self.rank_timer.step_compute_s)
         numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -184,7 +206,9 @@ class Trainer:
         with self.rank_timer.compute():
             applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
-        (loss,) = all_reduce_mean([float(loss_sum) / n], device=self.dist.device)
+        # weighted losses already sum to this rank's part of the global mean (times dp)
+        local = float(loss_sum) if weighted else float(loss_sum) / n
+        (loss,) = all_reduce_mean([local], device=self.dist.device)
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
         if not result.finite:
             result.origin = self._nonfinite_origin([x for x, _ in micro_batches],
@@ -196,6 +220,10 @@ class Trainer:
             numerics |= w13_alignment(self.raw_model) | self.grad_norms.percentiles()
             result.numerics = numerics
         return result
+
+    def _slowed(self, sequences: int):
+        """The emulated slower device around one micro-batch (a no-op at full speed)."""
+        return self.slowdown.micro_batch(sequences) if self.slowdown is not None else contextlib.nullcontext()
 
     def _clip_gradients(self, params: list[torch.Tensor]) -> float:
         """The global gradient norm before clipping; clips only a finite norm, since scaling by
@@ -274,6 +302,8 @@ class Trainer:
                     self._mfus.append(perf["mfu"])
                 if "mfu_fp8" in perf:
                     self._mfus_fp8.append(perf["mfu_fp8"])
+            # a collective at the step the measured shares are fixed: after the timed step
+            balance = self.balancer.after_step(self.step) if self.balancer is not None else {}
 
             # ---- stability bookkeeping (every step, cheap) ----
             self.counters.record(step=self.step, loss=last.loss, grad_norm=last.grad_norm,
@@ -285,6 +315,8 @@ class Trainer:
                 not math.isfinite(last.loss) or not self.recipe.skips_overflow)
 
             # ---- metrics, validation, hooks ----
+            if balance:
+                self.tracker.log_metrics(balance, step=self.step)
             metrics: dict[str, float] = {}
             if self.step % t.log_every == 0 or diverged or self.step == t.max_steps:
                 metrics = self._step_metrics(last, lr, perf)

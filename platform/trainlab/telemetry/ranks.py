@@ -86,7 +86,8 @@ class RankTimer:
         self._compute = self._wait = 0.0
         self._window: dict[str, float] = {}
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """The timer's clock: time.perf_counter, after synchronizing the device on CUDA."""
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
@@ -131,7 +132,7 @@ class RankTimer:
     def start_step(self) -> None:
         self._compute = self._wait = 0.0
         self._blocking, self._inflight = [], []
-        self._step_start = self._now()
+        self._step_start = self.now()
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -139,11 +140,11 @@ class RankTimer:
         assert self._step_start is not None, "RankTimer.compute() outside start_step/end_step"
         assert self._block_start is None, "RankTimer.compute() blocks do not nest"
         self._last_grad = None
-        self._block_start = start = self._now()
+        self._block_start = start = self.now()
         try:
             yield
         finally:
-            end = self._now()
+            end = self.now()
             waits = [(s, e) for s, e in self._blocking if e > start and s < end]
             if self._last_grad is not None:
                 waits.append((self._last_grad, end))
@@ -152,6 +153,18 @@ class RankTimer:
             self._wait += wait
             self._block_start = self._last_grad = None
 
+    @property
+    def step_compute_s(self) -> float:
+        """Compute time of the current step so far (closed compute blocks only)."""
+        return self._compute
+
+    @property
+    def last_grad_ready(self) -> float | None:
+        """When the latest gradient of the open compute block was ready (host clock); None
+        before the first or when gradients are not watched (CUDA). What follows it in the
+        block is communication: a fast rank waiting in DDP's all-reduce."""
+        return self._last_grad
+
     def add_compute(self, seconds: float) -> None:
         """Credit compute measured elsewhere to the current step (a pipeline's own clock)."""
         self._compute += seconds
@@ -159,7 +172,7 @@ class RankTimer:
     def end_step(self) -> dict[str, float]:
         """This step's times; keys are names.RANK_* (the same on every rank of a run)."""
         assert self._step_start is not None, "RankTimer.end_step() without start_step()"
-        end = self._now()
+        end = self.now()
         wall = end - self._step_start
         out = {names.RANK_STEP_TIME: wall, names.RANK_COMPUTE: self._compute,
                names.RANK_BUSY_FRACTION: self._compute / wall if wall > 0 else float("nan")}
