@@ -14,10 +14,10 @@ from conftest import trainlab_cmd
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-LAYOUTS = ("ddp", "fsdp", "pp")
-"""The grid narrowed on the command line, as a user narrows a sweep (`parallel=ddp,fsdp,pp`
-overrides the sweep file's list): each 2-worker trial costs ~30 s on 2 cores, and every layout
-already trains like one process through the trainer in tests/distributed/test_layouts.py."""
+LAYOUTS = ("ddp", "pp")
+"""The grid narrowed on the command line, as a user narrows a sweep (`parallel=ddp,pp` overrides
+the sweep file's list): each 2-worker trial costs ~45 s on 2 cores, and every layout already
+trains like one process through the trainer in tests/distributed/test_layouts.py."""
 
 
 def test_parallel_grid_sweep_and_compare(tmp_path):

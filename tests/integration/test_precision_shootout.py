@@ -1,6 +1,7 @@
 """The precision shoot-out as a user runs it: `trainlab train -m +sweep=precision_shootout` on
 local Ray into an MLflow store, then `trainlab compare`. Same seed and tokens for every mode:
-bf16, fp16 (scaled) and every FP8 recipe end within 0.5 % of fp32's validation loss, and FP4
+bf16, fp16 (scaled), FP8 (torchao tensorwise) and emulated FP8 end within 0.5 % of fp32's
+validation loss, and FP4
 (e2m1 on activations, weights and gradients) is flagged degraded (or diverged)."""
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from trainlab import names
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-MODES = ("fp32", "fp16", "bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp",
-         "fp8_delayed", "emulated", "emulated_fp4")
-CLOSE = ("fp16", "bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "fp8_delayed",
-         "emulated")
+# one of each kind (the other FP8 recipes train in tests/unit/test_fp8.py and are in the README's
+# full shoot-out); 9 trials of 200 steps took 6.6 min of CI's 30, these 6 about 4
+MODES = ("fp32", "fp16", "bf16", "fp8_tensorwise", "emulated", "emulated_fp4")
+CLOSE = ("fp16", "bf16", "fp8_tensorwise", "emulated")
 STATED_DISTANCE = 0.005  # |val loss - fp32's| / fp32's; measured at most 0.32 % (fp8_rowwise)
 # 200 steps of 16 x 64 tokens of the embedded text corpus: far enough down the loss curve that
 # run-to-run rounding differences no longer move the end point by more than ~0.2 %
