@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -67,7 +68,6 @@ def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) ->
     `overrides` (cluster.num_workers is set to `world`). Rank 0 puts (train losses, val
     losses, status) on `out`; a rank that fails puts its error there."""
     rank_env(rank, world, port)
-    import torch.distributed as dist
 
     from trainlab import names
     from trainlab.config import compose_run_config
@@ -75,11 +75,21 @@ def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) ->
 
     run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
-    try:
+    with reporting_to(out):
         result = run_trial(run, tracker_factory=lambda _: tracker)
         if rank == 0:
             out.put(([v for _, v in tracker.series(names.LOSS)],
                      [v for _, v in tracker.series(names.VAL_LOSS)], result.status))
+
+
+@contextlib.contextmanager
+def reporting_to(out):
+    """Around a spawn_ranks target's body: an error goes onto `out` for the test to show, and
+    the process group is closed after every rank got there."""
+    import torch.distributed as dist
+
+    try:
+        yield
     except Exception as e:  # noqa: BLE001 - reported to the test
         out.put(repr(e))
         raise

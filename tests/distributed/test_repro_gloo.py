@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import RecordingTracker, rank_env, spawn_ranks
+from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.compare.records import Trial
 from trainlab.compare.repro import reproducibility
@@ -22,13 +22,12 @@ def _trials(rank: int, world: int, port: int, out, runs: list[list[str]]) -> Non
     """One rank of several trials in turn through run_trial, in one process group (spawning
     ranks costs more than these trials); rank 0 reports what a compare Trial holds of each."""
     rank_env(rank, world, port)
-    import torch.distributed as dist
 
     from trainlab.config import compose_run_config, flatten
     from trainlab.engine.run import run_trial
 
     reports = []
-    try:
+    with reporting_to(out):
         for overrides in runs:
             run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}", "cluster.device=cpu"])
             tracker = RecordingTracker()
@@ -39,13 +38,6 @@ def _trials(rank: int, world: int, port: int, out, runs: list[list[str]]) -> Non
                                          for k in (names.LOSS, names.VAL_LOSS, names.PARAM_NORM)}))
         if rank == 0:
             out.put(reports)
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        out.put(repr(e))
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
 
 
 def _run(world: int, runs: list[list[str]]) -> list[dict]:
