@@ -26,7 +26,6 @@ from trainlab.engine.balance import DpBalancer
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
 from trainlab.engine.schedule import build_optimizer
-from trainlab.engine.slowdown import Slowdown
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.parallel import parallelize
@@ -116,9 +115,6 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline,
                       balancer=balancer)
-    factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
-    if factor > 1.0:  # after the Trainer: the emulation reads its RankTimer's clock
-        trainer.slowdown = Slowdown(factor, timer=trainer.rank_timer)
     if t.nan_injection is not None:
         module, step = t.nan_injection
         inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)

@@ -104,8 +104,7 @@ class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
                  dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None,
-                 corpus: Corpus | None = None, pipeline=None, balancer: DpBalancer | None = None,
-                 slowdown: Slowdown | None = None):
+                 corpus: Corpus | None = None, pipeline=None, balancer: DpBalancer | None = None):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.recipe, self.batches, self.val = recipe, batches, val
         self.run, self.dist = run, dist_info
@@ -116,8 +115,6 @@ class Trainer:
         """parallel.pp > 1: this rank's stages and their schedule (`model` is then the stages)."""
         self.balancer = balancer
         """parallel.dp_balance weighted / accumulate: fixes the uneven shares of `batches`."""
-        self.slowdown = slowdown
-        """cluster.slowdown above 1 on this rank: the emulated slower device."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
         self.tokens_seen = 0
@@ -137,6 +134,9 @@ class Trainer:
         self.grad_norms = GradNormWindow()
         self.rank_timer = RankTimer(dist_info.device)
         self.rank_timer.watch(model)  # after parallelize: the wait after the last gradient is communication
+        factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
+        self.slowdown = Slowdown(factor, timer=self.rank_timer) if factor > 1.0 else None
+        """cluster.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
 
     def is_sample_step(self, step: int) -> bool:
         """Numerics are sampled on the first step and every train.numerics_every-th."""
