@@ -56,7 +56,8 @@ def _gather(tokens: np.ndarray, windows: np.ndarray, *, seq_len: int) -> tuple[n
     return np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])
 
 
-def _as_batches(inputs: np.ndarray, targets: np.ndarray, micro_batch_size: int) -> list[Batch]:
+def _as_batches(inputs: np.ndarray, targets: np.ndarray, micro_batch_size: int | list[int]) -> list[Batch]:
+    """Micro-batches of `micro_batch_size` rows each (or of the listed sizes, as torch.split)."""
     x, y = torch.from_numpy(inputs), torch.from_numpy(targets)
     return list(zip(x.split(micro_batch_size), y.split(micro_batch_size)))
 
@@ -132,12 +133,12 @@ class TokenBatches:
         self._step = 0
         self._perm: np.ndarray | None = None
         self._perm_epoch = -1
-        self._bounds: tuple[int, int] | None = None  # set_shares: this rank's slice of the batch
+        self._start: int | None = None  # set_shares: where this rank's slice of the batch begins
 
     @property
     def balanced(self) -> bool:
         """True once set_shares was called: micro-batch sizes then vary across ranks."""
-        return self._bounds is not None
+        return self._start is not None
 
     def set_shares(self, shares: list[int], *, num_micro_batches: int) -> None:
         """From the next step on, rank r takes shares[r] sequences of each global batch (the
@@ -150,7 +151,7 @@ class TokenBatches:
             raise ValueError(f"rank {self.dp_rank}'s share of {mine} sequences cannot be cut into "
                              f"{num_micro_batches} micro-batches of at least one sequence")
         lo = sum(shares[:self.dp_rank])
-        self._bounds = (lo, lo + mine)
+        self._start = lo
         self.per_rank = mine
         self.accum_steps = num_micro_batches
 
@@ -196,16 +197,14 @@ class TokenBatches:
         # Every rank walks the whole global stream, so all ranks hold the same state.
         global_batch = self._take(self.global_batch_size)
         self._step += 1
-        if self._bounds is not None:
-            lo, hi = self._bounds
-            inputs, targets = _gather(self._tokens, global_batch[lo:hi], seq_len=self.seq_len)
-            k, extra = divmod(hi - lo, self.accum_steps)
+        if self._start is None:  # equal shares of micro_batch_size-sequence micro-batches
+            lo, sizes = self.dp_rank * self.per_rank, self.micro_batch_size
+        else:  # set_shares: accum_steps near-equal micro-batches of this rank's slice
+            lo = self._start
+            k, extra = divmod(self.per_rank, self.accum_steps)
             sizes = [k + (i < extra) for i in range(self.accum_steps)]
-            x, y = torch.from_numpy(inputs), torch.from_numpy(targets)
-            return list(zip(x.split(sizes), y.split(sizes)))
-        mine = global_batch[self.dp_rank * self.per_rank:(self.dp_rank + 1) * self.per_rank]
-        inputs, targets = _gather(self._tokens, mine, seq_len=self.seq_len)
-        return _as_batches(inputs, targets, self.micro_batch_size)
+        inputs, targets = _gather(self._tokens, global_batch[lo:lo + self.per_rank], seq_len=self.seq_len)
+        return _as_batches(inputs, targets, sizes)
 
     def state_dict(self) -> dict:
         """Position in the stream as plain ints (JSON-safe). The position is counted in
