@@ -76,7 +76,7 @@ def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) ->
     run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
     with reporting_to(out):
-        result = run_trial(run, tracker_factory=lambda _: tracker)
+        result = run_trial(run, tracker_factory=lambda *_: tracker)
         if rank == 0:
             out.put(([v for _, v in tracker.series(names.LOSS)],
                      [v for _, v in tracker.series(names.VAL_LOSS)], result.status))

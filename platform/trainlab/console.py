@@ -70,8 +70,13 @@ class ProgressLine:
             self._step(event)
         elif kind == "warning":
             console.print(f"[yellow]warning:[/] {event['message']}")
+        elif kind == "resumed":  # a restarted gang goes on from a checkpoint
+            console.print(f"[cyan]{event['message']}[/]")
 
     def _start(self, event: dict) -> None:
+        if self._progress is not None:  # a restart: one bar, continued
+            self._progress.stop()
+            self._progress = None
         self._max_steps = event["max_steps"]
         self._every = max(1, self._max_steps // 10)
         self._t0 = time.perf_counter()
@@ -86,7 +91,8 @@ class ProgressLine:
                 TimeRemainingColumn(), console=console, transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.description, total=self._max_steps, stats="")
+            self._task = self._progress.add_task(self.description, total=self._max_steps, stats="",
+                                                 completed=event.get("step", 0))
 
     def _step(self, event: dict) -> None:
         if "val_loss" in event:

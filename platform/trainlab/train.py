@@ -33,6 +33,7 @@ def run_engine_here(run: RunConfig):
     """torchrun path: every process runs the engine; rank 0 tracks, prints progress and, with
     tracking=mlflow, opens the trial's run and closes it with the trial's status."""
     from trainlab.console import ProgressLine, print0, status_text
+    from trainlab.engine.checkpoint import checkpoint_root
     from trainlab.engine.run import run_trial
     from trainlab.tracking import JsonlTracker
     from trainlab.tracking.runs import (
@@ -44,9 +45,10 @@ def run_engine_here(run: RunConfig):
 
     opened = []  # the TrialRun rank 0 opened, if any
 
-    def tracker_factory(dist_info):
+    def tracker_factory(dist_info, resumed: bool):
         if run.tracking.name == "mlflow":
-            trial, tracker = start_trial_tracking(run, tracking_uri=resolve_tracking_uri(run.tracking.uri))
+            trial, tracker = start_trial_tracking(run, tracking_uri=resolve_tracking_uri(run.tracking.uri),
+                                                  checkpoint_root=checkpoint_root(run), resumed=resumed)
             opened.append(trial)
             return tracker
         return JsonlTracker(os.path.join(run.output_dir, "metrics.jsonl"))

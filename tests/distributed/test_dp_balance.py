@@ -44,7 +44,7 @@ def _trials(rank: int, world: int, port: int, out) -> None:
         tracker = RecordingTracker()
         try:
             run = compose_run_config([*COMMON, *overrides, f"cluster.num_workers={world}"])
-            result = run_trial(run, tracker_factory=lambda _, t=tracker: t)
+            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
             last = tracker.metrics[-1][1] | {k: v for _, m in tracker.metrics for k, v in m.items()
                                              if k.startswith(names.RANK_PREFIX)}
             results[mode] = {"loss": [v for _, v in tracker.series(names.LOSS)], "last": last,

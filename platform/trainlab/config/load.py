@@ -20,7 +20,10 @@ CONF_DIR = Path(os.environ.get("TRAINLAB_CONF_DIR", REPO_ROOT / "conf"))
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 
 # keys that say where results go, not what was trained: left out of the config hash
-_NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "cluster.start_timeout_s")
+_NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "cluster.start_timeout_s",
+               # how a trial survives faults, not what it trains
+               "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
+               "cluster.max_failures", "cluster.min_workers", "cluster.elastic_resize_s")
 
 
 class ConfigError(ValueError):

@@ -11,6 +11,7 @@ string means "unset / default".
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 DP_BALANCE = ("equal", "weighted", "accumulate")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
+ON_DIVERGE = ("stop", "rollback")
 COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
@@ -428,6 +430,31 @@ class TrainConfig:
     inject_nan: str = ""
     """Fault injection for testing the stability telemetry: 'MODULE@STEP' makes the output of
     the module named MODULE (e.g. layers.1.feed_forward) NaN on optimizer step STEP."""
+    inject_fault: str = ""
+    """Fault injection for testing recovery: 'SIGNAL@STEP[:RANK]' sends SIGTERM or SIGKILL to the
+    process of global rank RANK (default 0) after optimizer step STEP, e.g. sigkill@5:1. Only
+    on a trial's first attempt: a trial restarted from a checkpoint is not hit again."""
+    checkpoint_every: int = 100
+    """Save a checkpoint (engine.checkpoint) every N optimizer steps; 0 = only on SIGTERM."""
+    checkpoint_keep: int = 2
+    """Checkpoints kept on disk; older ones are deleted once a newer one is complete."""
+    checkpoint_dir: str = ""
+    """Where the trial's checkpoints go; empty = <output_dir>/checkpoints."""
+    resume: str = "auto"
+    """auto: continue from the latest checkpoint in checkpoint_dir if there is one (a restarted
+    worker, a rerun sweep); never: always start fresh; or a path to a checkpoint (step_*
+    folder) or to a folder of them."""
+    on_diverge: str = "stop"
+    """A non-finite loss: `stop` ends the trial as diverged; `rollback` reloads the last
+    checkpoint and retries with the learning rate times rollback_lr_factor and, if set,
+    precision rollback_precision (each rollback is recorded on the run)."""
+    rollback_lr_factor: float = 0.5
+    """on_diverge=rollback: each retry multiplies the learning rate by this (0 < f <= 1)."""
+    rollback_precision: str = ""
+    """on_diverge=rollback: the precision option (conf/precision) to fall back to, e.g. bf16;
+    empty = keep the precision."""
+    max_rollbacks: int = 2
+    """on_diverge=rollback: retries before the trial ends as diverged."""
 
     def __post_init__(self) -> None:
         _positive("train", max_steps=self.max_steps, global_batch_size=self.global_batch_size,
@@ -439,11 +466,32 @@ class TrainConfig:
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
+        _one_of("train", "on_diverge", self.on_diverge, ON_DIVERGE)
+        if self.inject_fault and self.fault_injection is None:
+            raise ValueError(f"train.inject_fault={self.inject_fault!r} is not SIGNAL@STEP[:RANK] with SIGNAL "
+                             "sigterm or sigkill; write e.g. train.inject_fault=sigkill@5:1")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"train.checkpoint_every={self.checkpoint_every} must be >= 0 (0 = only on SIGTERM)")
+        _positive("train", checkpoint_keep=self.checkpoint_keep, max_rollbacks=self.max_rollbacks)
+        if not 0.0 < self.rollback_lr_factor <= 1.0:
+            raise ValueError(f"train.rollback_lr_factor={self.rollback_lr_factor} must lie in (0, 1]; "
+                             "it multiplies the learning rate on each rollback")
+        if self.on_diverge == "rollback" and not self.stop_on_nonfinite:
+            raise ValueError("train.on_diverge=rollback needs train.stop_on_nonfinite=true (divergence is "
+                             "noticed by stopping on a non-finite loss)")
         if self.inject_nan and self.nan_injection is None:
             raise ValueError(
                 f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
                 "train.inject_nan=layers.1.feed_forward@5"
             )
+
+    @property
+    def fault_injection(self) -> tuple[str, int, int] | None:
+        """train.inject_fault as (signal name, optimizer step, global rank); None when unset or malformed."""
+        m = re.fullmatch(r"(sigterm|sigkill)@(\d+)(?::(\d+))?", self.inject_fault.strip().lower())
+        if m is None or int(m.group(2)) < 1:
+            return None
+        return m.group(1), int(m.group(2)), int(m.group(3) or 0)
 
     @property
     def nan_injection(self) -> tuple[str, int] | None:
@@ -484,6 +532,15 @@ class ClusterConfig:
     on CPU: for rehearsing placement on a cluster of logical GPUs (`ray start --num-gpus N
     --resources '{"accelerator_type:H100": 1}'`) on machines without GPUs. Needs cluster.device
     cpu or auto."""
+    max_failures: int = 0
+    """Worker failures (a process killed, a node lost) Ray Train survives per trial by
+    restarting the gang from the last checkpoint; past it the trial ends failed."""
+    min_workers: int = 0
+    """Elastic data parallel (parallel=ddp only): the trial goes on with as few as min_workers
+    after losing some and grows back to num_workers when they return, keeping the global
+    batch by gradient accumulation; 0 = a fixed gang of num_workers."""
+    elastic_resize_s: float = 10.0
+    """Elastic trials: how often Ray Train checks whether more workers can be had."""
     slowdown: list[float] = field(default_factory=list)
     """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
     rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
@@ -497,7 +554,12 @@ class ClusterConfig:
             raise ValueError("cluster.logical_gpus=true computes on CPU but cluster.device=cuda; "
                              "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
         _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
-                  start_timeout_s=self.start_timeout_s)
+                  start_timeout_s=self.start_timeout_s, elastic_resize_s=self.elastic_resize_s)
+        if self.max_failures < 0:
+            raise ValueError(f"cluster.max_failures={self.max_failures} must be >= 0 (0 = a failure ends the trial)")
+        if not 0 <= self.min_workers <= self.num_workers:
+            raise ValueError(f"cluster.min_workers={self.min_workers} must lie in [1, cluster.num_workers="
+                             f"{self.num_workers}] for an elastic trial, or be 0 for a fixed gang")
         if self.slowdown and len(self.slowdown) != self.num_workers:
             raise ValueError(f"cluster.slowdown={list(self.slowdown)} has {len(self.slowdown)} factors for "
                              f"cluster.num_workers={self.num_workers}; give one per worker or [] for none")

@@ -10,6 +10,7 @@ import json
 import random
 import socket
 from collections import Counter
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -23,6 +24,7 @@ from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.config.validate import unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
+from trainlab.engine.checkpoint import Checkpoint, Checkpointer, checkpoint_root, resolve_resume
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
 from trainlab.engine.schedule import build_optimizer
@@ -36,7 +38,9 @@ from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
 
-TrackerFactory = Callable[[DistInfo], Tracker]
+TrackerFactory = Callable[[DistInfo, bool], Tracker]
+"""(dist_info, resumed) -> rank 0's tracker; `resumed`: the trial goes on from a checkpoint in
+the same run, so steps it replays must not be logged twice."""
 Progress = Callable[[dict], None]
 
 
@@ -159,9 +163,23 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
     dist_info = setup_distributed(run.cluster.device, local_rank=local_rank)
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
-    tracker = tracker_factory(dist_info) if tracker_factory and dist_info.is_rank0 else NullTracker()
+    root = checkpoint_root(run)
+    resume_from = agreed_resume(run, root)
+    resumed = resume_from is not None
+    tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     try:
         trainer = build_trainer(run, dist_info, tracker=tracker)
+        dims = parallel_dims(run)
+        trainer.checkpointer = Checkpointer(
+            root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
+            shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+        if resumed:
+            trainer.checkpointer.load(trainer, resume_from)
+        counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
+        trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
+        tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size}, step=trainer.step)
+        if resumed:
+            tracker.set_tags({names.TAG_RESUMED_FROM: str(resume_from.path)})
         corpus = trainer.corpus
         tracker.set_tags({
             names.TAG_DEVICE_NAME: device_name(dist_info.device),
@@ -185,8 +203,11 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
             warn({"kind": "warning", "message": f"no MFU for this run ({trainer.throughput.peak.source})"})
+        if resumed and dist_info.is_rank0:
+            warn({"kind": "resumed", "message": f"resumed from {resume_from.path} at step {trainer.step} "
+                                                f"(restart {restarts}) on {dist_info.world_size} workers"})
         if progress is not None and dist_info.is_rank0:
-            start = {"kind": "start", "max_steps": run.train.max_steps,
+            start = {"kind": "start", "max_steps": run.train.max_steps, "step": trainer.step,
                      "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
                      "device": device_name(dist_info.device), "world_size": dist_info.world_size}
             progress(start)
@@ -201,6 +222,27 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         return result
     finally:
         tracker.close()
+
+
+def agreed_resume(run: RunConfig, root: Path) -> Checkpoint | None:
+    """The checkpoint train.resume points at, as rank 0 sees it (every rank loads the same one,
+    even if a save landed between their looks); a collective."""
+    found = resolve_resume(run.train.resume, root)
+    chosen = gather_strings(json.dumps([str(found.path), found.step] if found else None))[0]
+    if chosen == "null":
+        return None
+    path, step = json.loads(chosen)
+    return Checkpoint(Path(path), step)
+
+
+def count_start(root: Path, *, resumed: bool) -> int:
+    """How many times this trial has restarted from a checkpoint (a file beside them)."""
+    counter = root / "restarts"
+    n = int(counter.read_text() or 0) if resumed and counter.is_file() else 0
+    n = n + 1 if resumed else 0
+    root.mkdir(parents=True, exist_ok=True)
+    counter.write_text(str(n))
+    return n
 
 
 def hardware_tags(where: tuple[str, str]) -> dict[str, str | int]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,6 +34,7 @@ from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
 from trainlab.engine.balance import DpBalancer, loss_weight
 from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
+from trainlab.engine.preemption import Preemption
 from trainlab.engine.slowdown import Slowdown
 from trainlab.parallel import no_sync, unwrap
 from trainlab.parallel.ddp import allreduce_grads
@@ -134,6 +137,11 @@ class Trainer:
         self.grad_norms = GradNormWindow()
         self.rank_timer = RankTimer(dist_info.device)
         self.rank_timer.watch(model)  # after parallelize: the wait after the last gradient is communication
+        self.checkpointer = None
+        """engine.checkpoint.Checkpointer: saves every train.checkpoint_every steps and on SIGTERM."""
+        self.preemption = Preemption()
+        self.restarts = 0
+        """How many times this trial restarted from a checkpoint before this attempt."""
         factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
         self.slowdown = Slowdown(factor, timer=self.rank_timer) if factor > 1.0 else None
         """cluster.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
@@ -283,7 +291,7 @@ class Trainer:
     def _train(self) -> TrialResult:
         t = self.run.train
         status = names.STATUS_FINISHED
-        last = StepResult(float("nan"), float("nan"), True)
+        last = StepResult(self.losses[-1] if self.losses else float("nan"), float("nan"), True)
         val_loss = float("nan")
         t_start = time.perf_counter()
         self.model.train()
@@ -340,6 +348,13 @@ class Trainer:
             if diverged:
                 status = names.STATUS_DIVERGED
                 break
+            self._inject_fault()
+            preempted = self.preemption.requested(self.dist.device)
+            if self.checkpointer is not None and (preempted or self._checkpoint_due()):
+                self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)
+            if preempted:
+                status = names.STATUS_PREEMPTED
+                break
             self.throughput.restart()  # logging and validation are not training time
 
         return TrialResult(
@@ -357,6 +372,18 @@ class Trainer:
             mfu_fp8=_median(self._mfus_fp8) if self._mfus_fp8 else None,
             extra=self.checksums(),
         )
+
+    def _inject_fault(self) -> None:
+        """train.inject_fault: signal this rank's own process at the chosen step (first attempt only)."""
+        fault = self.run.train.fault_injection
+        if fault is None or self.restarts or fault[1:] != (self.step, self.dist.rank):
+            return
+        os.kill(os.getpid(), {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[fault[0]])
+        time.sleep(0.1)  # let the handler run before the step's preemption vote
+
+    def _checkpoint_due(self) -> bool:
+        every = self.run.train.checkpoint_every
+        return bool(every) and self.step % every == 0 and self.step < self.run.train.max_steps
 
     def checksums(self) -> dict:
         """The reproducibility checksums of the parameters as they are now and of the loss curve

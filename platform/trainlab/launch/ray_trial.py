@@ -62,8 +62,11 @@ class Gang:
     def scaling(self, run: RunConfig) -> dict:
         """Ray Train ScalingConfig keywords."""
         resources = {"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if self.gpus else {})}
-        options = {"num_workers": run.cluster.num_workers, "use_gpu": self.gpus,
-                   "resources_per_worker": resources, "placement_strategy": "PACK"}
+        c = run.cluster
+        options = {"num_workers": (c.min_workers, c.num_workers) if c.min_workers else c.num_workers,
+                   "use_gpu": self.gpus, "resources_per_worker": resources, "placement_strategy": "PACK"}
+        if c.min_workers:  # elastic: Ray Train restarts the gang smaller, then grows it back
+            options["elastic_resize_monitor_interval_s"] = c.elastic_resize_s
         if self.placement is not None:
             options |= scaling_options(self.placement, all_types=self.all_types)
         return options
@@ -94,6 +97,8 @@ def _worker(payload: dict) -> None:
 
     ctx = ray.train.get_context()
     run = from_dict(payload["config"])
+    if run.cluster.min_workers:  # elastic: the gang Ray Train could get this time
+        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, num_workers=ctx.get_world_size()))
     events = payload["events"]
     rank0 = ctx.get_world_rank() == 0
 
@@ -126,11 +131,11 @@ def _where(run: RunConfig) -> tuple[str, str] | None:
 def _tracker_factory(payload: dict):
     mlflow_run = payload.get("mlflow")
 
-    def factory(dist_info):
+    def factory(dist_info, resumed: bool = False):
         if mlflow_run:
             from trainlab.tracking.mlflow_tracker import MlflowTracker
 
-            return MlflowTracker(**mlflow_run)
+            return MlflowTracker(**mlflow_run, resume=resumed)
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))
@@ -163,7 +168,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
         torch_config=TorchConfig(backend=backend_for(gang.device)),
         scaling_config=ScalingConfig(**gang.scaling(run)),
         run_config=RayRunConfig(name=name, storage_path=storage_path,
-                                failure_config=FailureConfig(max_failures=0)),
+                                failure_config=FailureConfig(max_failures=run.cluster.max_failures)),
     )
     outcome: dict = {}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,13 +11,14 @@ from typing import Callable
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
+from trainlab.engine.checkpoint import CheckpointError, checkpoint_root, resolve_resume
 from trainlab.launch.preflight import preflight
+from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import (
     TrialRun,
     close_trial_run,
     closing_tags,
     default_run_name,
-    open_trial_run,
     resolve_tracking_uri,
     trial_tags,
     ui_command,
@@ -39,14 +41,20 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
+    root = checkpoint_root(run)
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
+    try:
+        resuming = resolve_resume(run.train.resume, root) is not None
+    except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
+        raise ConfigError(str(e)) from None
     gang = plan(run, device)
     out_dir = Path(run.output_dir or ".").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
 
     trial: TrialRun | None = None
     if uses_mlflow:
-        trial = open_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
-                               parent_run_id=parent_run_id)
+        trial, _ = open_or_resume_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
+                                            root=root, resuming=resuming, parent_run_id=parent_run_id)
     mlflow_payload = None if trial is None else {
         "run_id": trial.run_id, "tracking_uri": trial.tracking_uri,
         "flush_every_s": run.tracking.flush_every_s, "system_metrics": run.tracking.system_metrics,

@@ -105,17 +105,25 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
 
 
 def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, str] | None = None,
-                         parent_run_id: str | None = None):
-    """Open the trial's run and start rank 0's tracker on it, in this process (torchrun, bench).
+                         parent_run_id: str | None = None, checkpoint_root: Path | None = None,
+                         resumed: bool = False):
+    """Open the trial's run (or, `resumed` from a checkpoint under `checkpoint_root`, reopen
+    the run it started in) and start rank 0's tracker on it, in this process (torchrun, bench).
 
     Returns (TrialRun, MlflowTracker); under Ray the tracker starts in the worker instead."""
     from trainlab.tracking.mlflow_tracker import MlflowTracker
 
-    trial = open_trial_run(run, tracking_uri=tracking_uri, tags={**trial_tags(run), **(tags or {})},
-                           parent_run_id=parent_run_id)
+    tags = {**trial_tags(run), **(tags or {})}
+    if checkpoint_root is None:
+        trial = open_trial_run(run, tracking_uri=tracking_uri, tags=tags, parent_run_id=parent_run_id)
+    else:
+        from trainlab.tracking.resume import open_or_resume_trial_run
+
+        trial, resumed = open_or_resume_trial_run(run, tracking_uri=tracking_uri, tags=tags, root=checkpoint_root,
+                                                  resuming=resumed, parent_run_id=parent_run_id)
     tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri,
                             flush_every_s=run.tracking.flush_every_s,
-                            system_metrics=run.tracking.system_metrics)
+                            system_metrics=run.tracking.system_metrics, resume=resumed)
     return trial, tracker
 
 

@@ -1,0 +1,302 @@
+"""Trial checkpoints: save every N steps (and on SIGTERM), resume exactly where a run stopped.
+
+One checkpoint is one folder, ``<root>/step_00000100/``:
+
+- the model and optimizer through torch.distributed.checkpoint (DCP): every rank writes its
+  own shards in parallel (FSDP and tensor-parallel DTensors are saved sharded, DDP replicas
+  once), and a different layout of the same math can load them (DDP on 2 workers -> 1);
+  pipeline stages are keyed by their pipeline rank, since each rank holds different ones;
+- ``rank_<r>.pt`` per rank: what is small and rank-local (LR schedule, loss scaler, data
+  position, RNG states, the loop's counters and loss curve, a ZeRO-1 optimizer shard), saved
+  as tensors and plain values only, so it loads with ``torch.load(weights_only=True)``;
+- ``trainlab.json``: step, world size, layout and config hash, written last.
+
+Atomic: everything is written into ``step_XXXXXXXX.tmp/``; once every rank has finished
+(a barrier), rank 0 renames it to its final name. A crash mid-write leaves a ``.tmp`` folder
+that is never read and is removed at the next start, so the previous checkpoint stays the
+latest. Retention: rank 0 keeps the newest ``keep`` and deletes the rest.
+
+The root must be storage every rank sees (one machine, or a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from trainlab import names
+from trainlab.config import config_hash
+
+if TYPE_CHECKING:
+    from trainlab.engine.trainer import Trainer
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+META_FILE = "trainlab.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or of another run."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+
+
+def checkpoint_root(run) -> Path:
+    """train.checkpoint_dir, or <output_dir>/checkpoints (absolute: workers run elsewhere)."""
+    return Path(run.train.checkpoint_dir or Path(run.output_dir or ".") / "checkpoints").resolve()
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[Checkpoint]:
+    """The finished checkpoints under `root`, oldest first (``.tmp`` folders are ignored)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir() and (p / META_FILE).is_file():
+            found.append(Checkpoint(p, int(m.group(1))))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(root: Path) -> Checkpoint | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def resolve_resume(resume: str, root: Path) -> Checkpoint | None:
+    """train.resume: `auto` = the latest checkpoint under the trial's checkpoint folder if
+    there is one; `never`; or a path to a checkpoint (a step_* folder) or to a folder of them.
+    An explicit path that holds no usable checkpoint is an error, never a fresh start."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(root)
+    path = Path(resume).expanduser()
+    if _STEP_DIR.match(path.name):
+        check_checkpoint(path)
+        return Checkpoint(path, int(_STEP_DIR.match(path.name).group(1)))
+    found = latest_checkpoint(path) if path.is_dir() else None
+    if found is None:
+        raise CheckpointError(f"train.resume={resume!r} holds no complete checkpoint (no step_* folder with "
+                              f"{META_FILE}); give a checkpoint folder, or train.resume=auto / never")
+    check_checkpoint(found.path)
+    return found
+
+
+def check_checkpoint(path: Path, *, world_size: int | None = None) -> dict:
+    """The checkpoint's metadata, after checking every file it names is there with its size:
+    a truncated or half-copied checkpoint is refused before any worker loads it."""
+    meta_path = path / META_FILE
+    where = f"checkpoint {path}"
+    if not meta_path.is_file():
+        raise CheckpointError(f"{where} is incomplete ({META_FILE} is missing): it was not finished "
+                              "or was copied in part; resume from an earlier one or with train.resume=never")
+    try:
+        meta = json.loads(meta_path.read_text())
+        files = dict(meta["files"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{where}: {META_FILE} is corrupt ({e}); resume from an earlier checkpoint") from None
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size:
+            got = f.stat().st_size if f.is_file() else "missing"
+            raise CheckpointError(f"{where} is damaged: {name} should have {size} bytes, has {got}; "
+                                  "resume from an earlier checkpoint (train.resume=PATH) or start over "
+                                  "(train.resume=never)")
+    if world_size is not None and meta.get("layout_bound") and meta["world_size"] != world_size:
+        raise CheckpointError(f"{where} was written by {meta['world_size']} workers in a layout that "
+                              f"cannot change size ({meta['parallel']}); resume with cluster.num_workers="
+                              f"{meta['world_size']}")
+    return meta
+
+
+class Checkpointer:
+    """Saves and loads a Trainer's whole state under `root` (see the module docstring)."""
+
+    def __init__(self, root: Path, *, keep: int, rank: int, world_size: int, shard_key: str = ""):
+        self.root = Path(root)
+        self.keep = keep
+        self.rank, self.world_size = rank, world_size
+        self.shard_key = shard_key
+        """Pipeline layouts: this rank's stages' key (each pipeline rank holds other modules)."""
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob("step_*.tmp"):  # a save that crashed: never complete
+                shutil.rmtree(stale, ignore_errors=True)
+        _barrier()
+
+    # -- save ------------------------------------------------------------------------------
+    def save(self, trainer: Trainer) -> dict[str, float]:
+        """Write a checkpoint of `trainer` at its current step (a collective); returns the
+        metrics ckpt/save_s and ckpt/size_mb, the same on every rank."""
+        t0 = time.perf_counter()
+        final = step_dir(self.root, trainer.step)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.rank == 0:
+            tmp.mkdir(parents=True, exist_ok=True)
+        _barrier()
+        dcp.save(self._sharded_state(trainer), checkpoint_id=str(tmp))
+        local = tmp / f"rank_{self.rank}.pt"
+        torch.save(rank_state(trainer), local)
+        _fsync(local)
+        _barrier()  # every rank's shards and rank file are on disk
+        size = 0
+        if self.rank == 0:
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            size = sum(files.values())
+            meta = {"version": FORMAT_VERSION, "step": trainer.step, "tokens_seen": trainer.tokens_seen,
+                    "world_size": self.world_size, "parallel": trainer.run.parallel.name,
+                    "layout_bound": not elastic_layout(trainer.run),
+                    "config_hash": config_hash(trainer.run), "time": time.time(), "files": files}
+            _write_synced(tmp / META_FILE, json.dumps(meta, indent=1))
+            if final.exists():  # the same step again (a resumed run re-saving): replace it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync(self.root)
+            for old in complete_checkpoints(self.root)[:-self.keep]:
+                shutil.rmtree(old.path, ignore_errors=True)
+        _barrier()
+        return {names.CKPT_SAVE_S: time.perf_counter() - t0, names.CKPT_SIZE_MB: size / 2**20}
+
+    def _sharded_state(self, trainer: Trainer) -> dict:
+        state = {"model": get_model_state_dict(trainer.model)}
+        if not _zero1(trainer.optimizer):
+            state["optim"] = get_optimizer_state_dict(trainer.model, trainer.optimizer)
+        return {self.shard_key: state} if self.shard_key else state
+
+    # -- load ------------------------------------------------------------------------------
+    def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
+        """Put `trainer` back in the state it had at `ckpt` (a collective)."""
+        check_checkpoint(ckpt.path, world_size=self.world_size)
+        state = self._sharded_state(trainer)
+        try:
+            dcp.load(state, checkpoint_id=str(ckpt.path))
+        except Exception as e:  # DCP's own errors are long and wrapped per rank
+            raise CheckpointError(f"checkpoint {ckpt.path} could not be loaded into this model "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); it was written "
+                                  "for another model or layout; resume with that config or train.resume=never") from e
+        inner = state[self.shard_key] if self.shard_key else state
+        set_model_state_dict(trainer.model, inner["model"])
+        if "optim" in inner:
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, inner["optim"])
+        local = ckpt.path / f"rank_{self.rank}.pt"
+        if not local.is_file():  # elastic: more ranks than wrote it; rank 0's holds the shared state
+            local = ckpt.path / "rank_0.pt"
+        load_rank_state(trainer, torch.load(local, weights_only=True, map_location="cpu"))
+
+
+def elastic_layout(run) -> bool:
+    """Pure data parallel (DDP) with a replicated optimizer: the checkpoint does not depend
+    on the number of workers, so a run may resume on fewer or more of them."""
+    p = run.parallel
+    return p.tp == 1 and p.pp == 1 and p.data_parallel == "ddp"
+
+
+def rank_state(trainer: Trainer) -> dict:
+    """This rank's small state as tensors and plain values (loads with weights_only=True)."""
+    np_state = np.random.get_state()
+    state = {
+        "step": trainer.step,
+        "tokens_seen": trainer.tokens_seen,
+        "losses": list(trainer.losses),
+        "counters": vars(trainer.counters).copy(),
+        "spikes": vars(trainer.spikes).copy(),
+        "grad_norms": list(trainer.grad_norms.norms),
+        "step_rates": list(trainer._step_rates),
+        "scheduler": trainer.scheduler.state_dict(),
+        "recipe": trainer.recipe.state_dict(),
+        "batches": trainer.batches.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+            "python": _python_rng(),
+        },
+    }
+    if _zero1(trainer.optimizer):  # each rank's shard of a ZeRO-1 optimizer: same layout only
+        state["zero1_optim"] = trainer.optimizer.optim.state_dict()
+        # the wrapper's own groups carry the scheduled lr (copied into the shard's at each step)
+        state["zero1_lrs"] = [g["lr"] for g in trainer.optimizer.param_groups]
+    return state
+
+
+def load_rank_state(trainer: Trainer, state: dict) -> None:
+    trainer.step = int(state["step"])
+    trainer.tokens_seen = int(state["tokens_seen"])
+    trainer.losses[:] = state["losses"]
+    vars(trainer.counters).update(state["counters"])
+    vars(trainer.spikes).update(state["spikes"])
+    trainer.grad_norms.norms[:] = state["grad_norms"]
+    trainer._step_rates[:] = state["step_rates"]
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.recipe.load_state_dict(state["recipe"])
+    trainer.batches.load_state_dict(state["batches"])
+    if "zero1_optim" in state:
+        trainer.optimizer.optim.load_state_dict(state["zero1_optim"])
+        for group, lr in zip(trainer.optimizer.param_groups, state["zero1_lrs"]):
+            group["lr"] = lr
+    rng = state["rng"]  # last: loading the optimizer may have drawn random numbers
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    kind, keys, *rest = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _python_rng() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _zero1(optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
