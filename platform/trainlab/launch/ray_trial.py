@@ -129,8 +129,10 @@ def _tracker_factory(payload: dict):
     def factory(dist_info):
         if mlflow_run:
             from trainlab.tracking.mlflow_tracker import MlflowTracker
+            from trainlab.tracking.runs import spill_path
 
-            return MlflowTracker(**mlflow_run)
+            # the spill file the driver's close also uses: held metrics come before the status
+            return MlflowTracker(**{"spill_path": spill_path(payload["output_dir"]), **mlflow_run})
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))
