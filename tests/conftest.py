@@ -1,13 +1,17 @@
-"""Shared fixtures: a session-wide local Ray cluster, composed configs, recording trackers."""
+"""Shared fixtures: a session-wide local Ray cluster, composed configs, recording trackers,
+a real MLflow tracking server that a test can kill and restart."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import queue
+import signal
 import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -178,3 +182,57 @@ def cli_env(tmp_path):
 def trainlab_cmd(*args: str) -> list[str]:
     """The installed console script, next to this interpreter."""
     return [str(Path(sys.executable).parent / "trainlab"), *args]
+
+
+class MlflowServer:
+    """A real `mlflow server` on loopback, as a user would start it, with a sqlite backend
+    store and proxied artifacts under `root`. `kill` is a SIGKILL (a crash, no goodbye);
+    `start` again serves the same port and store."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, *, timeout: float = 120) -> None:
+        mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+        log = open(self.root / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [mlflow_bin, "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root / 'store.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"],
+            cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # no job runner: one process fewer to start on a busy machine, tracking needs none
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((self.root / "server.log").read_text()[-3000:]) from None
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process it started (its workers)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A running MlflowServer for the module (its `.uri` is the tracking URI)."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    server.start()
+    yield server
+    server.stop()

@@ -15,6 +15,8 @@ commands:
   bench overhead|sweep|fp8|parallel|determinism|balance   benchmarks; each prints ratios measured side by side
   submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
   status|logs|stop JOB_ID --address URL         follow a submitted job
+  import-spill PATH [--tracking-uri URI]        deliver the metrics a trial kept in its spill file
+                         while the MLflow server was unreachable (idempotent)
 """
 
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> None:
         from trainlab.bench import main as bench_main
 
         bench_main(rest)
+    elif command == "import-spill":
+        from trainlab.tracking.import_spill import main as import_main
+
+        import_main(rest)
     elif command in ("submit", "status", "logs", "stop"):
         from trainlab.jobs import main as jobs_main
 

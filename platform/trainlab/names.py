@@ -157,6 +157,9 @@ STATUS_PREEMPTED = "preempted"
 ARTIFACT_CONFIG = "config.yaml"
 ARTIFACT_SWEEP_DIR = "sweep"      # on a parent: the sweep definition and the trial summary
 ARTIFACT_COMPARE_DIR = "compare"  # on a parent: `trainlab compare` tables, plots, report.html
+SPILL_FILE = "mlflow_spill.jsonl"
+"""In a trial's output dir: MLflow records kept while the tracking server was unreachable
+(`trainlab import-spill` delivers them)."""
 
 # precision modes from most to least precise: compare's default baseline is the first present
 PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure", "fp8_delayed", "fp8_tensorwise",

@@ -40,10 +40,12 @@ def run_engine_here(run: RunConfig):
         close_trial_run,
         closing_tags,
         resolve_tracking_uri,
+        spill_path,
         start_trial_tracking,
     )
 
     opened = []  # the TrialRun rank 0 opened, if any
+    spill = spill_path(run.output_dir)  # held MLflow records if the server goes away
 
     def tracker_factory(dist_info, resumed: bool):
         if run.tracking.name == "mlflow":
@@ -58,12 +60,14 @@ def run_engine_here(run: RunConfig):
         result = run_trial(run, tracker_factory=tracker_factory, progress=progress)
     except Exception as e:
         for trial in opened:
-            close_trial_run(trial, status=names.STATUS_FAILED, tags=closing_tags(None, f"{type(e).__name__}: {e}"))
+            close_trial_run(trial, status=names.STATUS_FAILED, tags=closing_tags(None, f"{type(e).__name__}: {e}"),
+                            spill=spill)
         raise
     finally:
         progress.close()
     for trial in opened:
-        close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""))
+        close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""),
+                        spill=spill)
     print0(f"status {status_text(result.status, dataclasses.asdict(result))}: {result.steps} steps, "
            f"loss {result.final_loss:.4f}, "
            f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s")

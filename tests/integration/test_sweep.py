@@ -8,16 +8,13 @@ import json
 import os
 import statistics
 import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import free_port, trainlab_cmd
+from conftest import trainlab_cmd
 from trainlab import names
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -26,32 +23,6 @@ TRIAL = ["model=tiny", "train.max_steps=12", "train.eval_every=6", "train.global
          "train.micro_batch_size=8", "train.seq_len=64", "cluster.num_workers=1",
          "tracking.system_metrics=false"]
 SWEEP = [*TRIAL, "precision=fp32,fp16", "seed=0,1", "sweep_name=itest_sweep", "tracking.experiment=itest_sweep"]
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on loopback, as a user would start it."""
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    mlflow_bin = str(Path(sys.executable).parent / "mlflow")
-    proc = subprocess.Popen(
-        [mlflow_bin, "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'store.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
-        cwd=root, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError((root / "server.log").read_text()[-3000:]) from None
-            time.sleep(0.5)
-    yield uri
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def _trainlab(args, *, cwd, uri, timeout=600):
@@ -69,7 +40,7 @@ def _rest(uri, path, body):
 
 
 def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path):
-    uri = mlflow_server
+    uri = mlflow_server.uri
     proc = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -129,10 +100,10 @@ def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
     tokens = tmp_path / "tokens.bin"
     write_token_file(tokens, np.arange(20000) % 200, "uint16")
     proc = _trainlab(["train", "-m", *TRIAL, "data=tokens", f"data.path={tokens}",
-                      "data.vocab_size=256,128", "tracking.experiment=itest_fail"], cwd=tmp_path, uri=mlflow_server)
+                      "data.vocab_size=256,128", "tracking.experiment=itest_fail"], cwd=tmp_path, uri=mlflow_server.uri)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 of 2 trials failed" in proc.stdout
-    client = MlflowClient(tracking_uri=mlflow_server)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("itest_fail").experiment_id],
                               filter_string=f"tags.`{names.TAG_ROLE}` = '{names.ROLE_TRIAL}'")
     status = {r.data.params["data.vocab_size"]: r.data.tags[names.TAG_STATUS] for r in runs}

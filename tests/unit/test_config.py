@@ -114,6 +114,8 @@ def test_unknown_device():
     "precision.init_scale=-1",
     "parallel.bucket_cap_mb=0",
     "tracking.flush_every_s=-1",
+    "tracking.outage_buffer=0",
+    "tracking.close_timeout_s=-5",
 ])
 def test_zero_and_negative_sizes(override):
     field, value = override.split("=")

@@ -586,10 +586,17 @@ class TrackingConfig:
     """Log MLflow system metrics (CPU, memory, GPU) on the trial's run."""
     flush_every_s: float = 2.0
     """Background flush interval of batched metrics, seconds."""
+    outage_buffer: int = 100_000
+    """Metric points held in memory while the MLflow server is unreachable; past it they go to
+    the trial's spill file (<output_dir>/mlflow_spill.jsonl). Training never waits either way."""
+    close_timeout_s: float = 30.0
+    """At a trial's end, seconds to wait for an unreachable MLflow server before leaving the
+    held metrics in the spill file (deliver them later with `trainlab import-spill PATH`)."""
 
     def __post_init__(self) -> None:
         _one_of("tracking", "name", self.name, ("mlflow", "none"))
-        _positive("tracking", flush_every_s=self.flush_every_s)
+        _positive("tracking", flush_every_s=self.flush_every_s, outage_buffer=self.outage_buffer,
+                  close_timeout_s=self.close_timeout_s)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from trainlab.tracking.runs import (
     closing_tags,
     default_run_name,
     resolve_tracking_uri,
+    tracker_options,
     trial_tags,
     ui_command,
 )
@@ -55,9 +56,10 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if uses_mlflow:
         trial, _ = open_or_resume_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
                                             root=root, resuming=resuming, parent_run_id=parent_run_id)
+    spill = str(out_dir / names.SPILL_FILE)  # the writer's and this close's, for an outage
     mlflow_payload = None if trial is None else {
         "run_id": trial.run_id, "tracking_uri": trial.tracking_uri,
-        "flush_every_s": run.tracking.flush_every_s, "system_metrics": run.tracking.system_metrics,
+        **tracker_options(run), "spill_path": spill,
     }
 
     from trainlab.launch.ray_trial import run_on_ray
@@ -86,7 +88,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
             progress.close()
 
     if trial is not None:
-        close_trial_run(trial, status=status, tags=closing_tags(result, error))
+        close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
                            tracking_uri=uri, error=error)
     if show_progress:

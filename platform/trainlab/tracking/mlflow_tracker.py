@@ -5,6 +5,10 @@ writer process (trainlab.tracking.mlflow_writer), which makes the MLflow calls. 
 write costs ~0.4 ms of CPU per metric on sqlite; done in the training process it would take
 the core (and the GIL) from training. If the writer dies, training goes on and a warning
 says metrics are no longer recorded.
+
+The writer reads its stdin whatever the tracking server does, so an outage never blocks or
+slows training: it holds the metrics (memory, then `spill_path`) and delivers them when the
+server answers again; see trainlab.tracking.outbox.
 """
 
 from __future__ import annotations
@@ -19,12 +23,32 @@ from typing import Any
 
 
 class MlflowTracker:
+    """Logs into the existing MLflow run `run_id` at `tracking_uri`.
+
+    spill_path: the file where metrics, tags and artifacts wait while the server is
+        unreachable, past `outage_buffer` points held in memory (a trial's
+        `<output_dir>/mlflow_spill.jsonl`); None = memory only, and what is still held when
+        `close_timeout_s` ran out is lost. Delivered later with `trainlab import-spill PATH`.
+    resume: the run already has metrics (a trial resumed from a checkpoint into the same run
+        replays the steps after it): per key, points at or below the last step the run has
+        are dropped, so the replay logs no step twice.
+    close_timeout_s: how long close() waits for an unreachable server before leaving the
+        rest in the spill file.
+    """
+
     def __init__(self, *, run_id: str, tracking_uri: str, flush_every_s: float = 2.0,
-                 system_metrics: bool = False):
+                 system_metrics: bool = False, spill_path: str | None = None, resume: bool = False,
+                 outage_buffer: int = 100_000, close_timeout_s: float = 30.0):
         self.run_id = run_id
-        cmd = [sys.executable, "-m", "trainlab.tracking.mlflow_writer", run_id, tracking_uri]
+        cmd = [sys.executable, "-m", "trainlab.tracking.mlflow_writer", run_id, tracking_uri,
+               "--outage-buffer", str(outage_buffer), "--close-timeout-s", str(close_timeout_s)]
         if system_metrics:
             cmd.append("--system-metrics")
+        if spill_path:
+            cmd += ["--spill", str(spill_path)]
+        if resume:
+            cmd.append("--resume")
+        self._close_timeout_s = close_timeout_s
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
         self._pending: list[list] = []
         self._lock = threading.Lock()
@@ -47,7 +71,8 @@ class MlflowTracker:
         self._send({"op": "artifact", "path": str(path)})
 
     def close(self) -> None:
-        """Flush everything and wait for the writer to finish (metrics are in the store after)."""
+        """Flush everything and wait for the writer to finish: metrics are in the store after,
+        or, with the server unreachable for `close_timeout_s`, in the spill file."""
         self._stop.set()
         self._thread.join()
         self.flush()
@@ -56,7 +81,12 @@ class MlflowTracker:
                 self._proc.stdin.close()
             except BrokenPipeError:
                 pass
-        self._proc.wait(timeout=120)
+        try:  # the writer's own deadline, plus one HTTP timeout and its last writes
+            self._proc.wait(timeout=self._close_timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            warnings.warn(f"the MLflow writer for run {self.run_id} did not finish within "
+                          f"{self._close_timeout_s + 60:g} s and was stopped", stacklevel=2)
 
     # -- batching --------------------------------------------------------------------------
     def flush(self) -> None:

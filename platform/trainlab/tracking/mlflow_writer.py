@@ -2,8 +2,15 @@
 
 Reads JSON lines on stdin (written by MlflowTracker in the training process) and turns them
 into batched MLflow calls, so the training process never spends CPU or the GIL on a store
-write. Also hosts MLflow's system-metrics sampler for the run. Ends when stdin closes,
-after a last flush.
+write. Also hosts MLflow's system-metrics sampler for the run.
+
+A thread reads stdin into memory whatever the server does, so the training process's pipe
+never fills; the main thread delivers (trainlab.tracking.outbox): while the server is
+unreachable it holds the records, in memory and then in the `--spill` file, and delivers
+them in order when it answers. When stdin closes it goes on for at most
+`--close-timeout-s`, then leaves the rest in the spill file for `trainlab import-spill`.
+With `--resume` it first drops the points of steps the run already has (a trial resumed
+from a checkpoint replays the steps after it).
 """
 
 from __future__ import annotations
@@ -11,12 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import threading
 
-from mlflow.entities import Metric, RunTag
-from mlflow.tracking import MlflowClient
+from trainlab.tracking.delivery import SHORT_HTTP_RETRIES, Delivery, warn
+from trainlab.tracking.outbox import Outbox
+from trainlab.tracking.spill import SpillError
 
-_MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
+
+def _read_stdin(outbox: Outbox, stamp: dict) -> None:
+    try:
+        for line in sys.stdin:
+            outbox.put({**json.loads(line), **stamp})
+    finally:
+        outbox.end_input()
 
 
 def main() -> None:
@@ -24,9 +40,26 @@ def main() -> None:
     ap.add_argument("run_id")
     ap.add_argument("tracking_uri")
     ap.add_argument("--system-metrics", action="store_true")
+    ap.add_argument("--spill", default=None, help="where records wait while the server is unreachable")
+    ap.add_argument("--resume", action="store_true", help="drop points of steps the run already has")
+    ap.add_argument("--outage-buffer", type=int, default=100_000, help="points held in memory before spilling")
+    ap.add_argument("--close-timeout-s", type=float, default=30.0)
     args = ap.parse_args()
+    for k, v in SHORT_HTTP_RETRIES.items():
+        os.environ.setdefault(k, v)
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
-    client = MlflowClient(tracking_uri=args.tracking_uri)
+    stamp = {"run_id": args.run_id, "uri": args.tracking_uri}
+    try:
+        outbox = Outbox(delivery=Delivery(), uri=args.tracking_uri, spill_path=args.spill,
+                        max_points=args.outage_buffer, close_timeout_s=args.close_timeout_s)
+    except SpillError as e:  # never block tracking on an old file: set it aside
+        os.replace(args.spill, args.spill + ".unreadable")
+        warn(f"{e}; moved it to {args.spill}.unreadable")
+        outbox = Outbox(delivery=Delivery(), uri=args.tracking_uri, spill_path=args.spill,
+                        max_points=args.outage_buffer, close_timeout_s=args.close_timeout_s)
+    if args.resume:
+        outbox.put({"op": "resume", **stamp})
+    threading.Thread(target=_read_stdin, args=(outbox, stamp), name="stdin", daemon=True).start()
     monitor = None
     if args.system_metrics:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -35,26 +68,18 @@ def main() -> None:
                                        tracking_uri=args.tracking_uri)
         monitor.start()
     try:
-        for line in sys.stdin:
-            msg = json.loads(line)
-            op = msg["op"]
-            if op == "metrics":
-                metrics = [Metric(k, float(v), ts, step) for k, v, ts, step in msg["items"]]
-                for i in range(0, len(metrics), _MAX_BATCH):
-                    client.log_batch(args.run_id, metrics=metrics[i:i + _MAX_BATCH], synchronous=True)
-            elif op == "tags":
-                client.log_batch(args.run_id, tags=[RunTag(k, v) for k, v in msg["tags"].items()],
-                                 synchronous=True)
-            elif op == "artifact":
-                client.log_artifact(args.run_id, msg["path"])
+        outbox.run()
     finally:
         if monitor is not None:
             monitor.finish()
-            if monitor._logging_step == 0:
+            if monitor._logging_step == 0 and not outbox.held_points():
                 # MLflow drops the samples of a run shorter than one interval; keep them
-                monitor.collect_metrics()
-                monitor.publish_metrics(monitor.aggregate_metrics())
-                monitor.mlflow_logger.flush()
+                try:
+                    monitor.collect_metrics()
+                    monitor.publish_metrics(monitor.aggregate_metrics())
+                    monitor.mlflow_logger.flush()
+                except Exception as e:  # noqa: BLE001 - the server went away just now
+                    warn(f"system metrics of run {args.run_id} not logged: {e}")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,18 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
     return TrialRun(run_id=run_id, experiment_id=exp_id, tracking_uri=tracking_uri)
 
 
+def spill_path(output_dir: str) -> str:
+    """Where a trial's MLflow records wait while the tracking server is unreachable."""
+    return os.path.join(os.path.abspath(output_dir or "."), names.SPILL_FILE)
+
+
+def tracker_options(run: RunConfig) -> dict:
+    """MlflowTracker keywords from the config (the run id and URI come from the open run)."""
+    return {"flush_every_s": run.tracking.flush_every_s, "system_metrics": run.tracking.system_metrics,
+            "spill_path": spill_path(run.output_dir), "outage_buffer": run.tracking.outage_buffer,
+            "close_timeout_s": run.tracking.close_timeout_s}
+
+
 def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, str] | None = None,
                          parent_run_id: str | None = None, checkpoint_root: Path | None = None,
                          resumed: bool = False):
@@ -121,9 +133,7 @@ def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, s
 
         trial, resumed = open_or_resume_trial_run(run, tracking_uri=tracking_uri, tags=tags, root=checkpoint_root,
                                                   resuming=resumed, parent_run_id=parent_run_id)
-    tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri,
-                            flush_every_s=run.tracking.flush_every_s,
-                            system_metrics=run.tracking.system_metrics, resume=resumed)
+    tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri, **tracker_options(run), resume=resumed)
     return trial, tracker
 
 
@@ -138,12 +148,36 @@ def closing_tags(result: dict | None, error: str) -> dict[str, str]:
     return tags
 
 
-def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None) -> None:
-    """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms."""
-    from mlflow.entities import RunTag
-    from mlflow.tracking import MlflowClient
+def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None,
+                    spill: str | None = None) -> None:
+    """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms.
 
-    client = MlflowClient(tracking_uri=trial.tracking_uri)
+    With `spill` (the trial's spill file): if the tracking server is unreachable, the status
+    goes to the end of that file instead (delivered by `trainlab import-spill`), and if the
+    file holds metrics rank 0 could not deliver, they are delivered first, in order."""
+    from trainlab.tracking.delivery import Delivery, Unreachable, reachable, warn
+    from trainlab.tracking.import_spill import import_spill
+    from trainlab.tracking.spill import Spill
+
     all_tags = {**(tags or {}), names.TAG_STATUS: status}
-    client.log_batch(trial.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in all_tags.items()])
-    client.set_terminated(trial.run_id, status="FAILED" if status == names.STATUS_FAILED else "FINISHED")
+    stamp = {"run_id": trial.run_id, "uri": trial.tracking_uri}
+    records = [{"op": "tags", **stamp, "tags": {k: str(v)[:5000] for k, v in all_tags.items()}},
+               {"op": "terminate", **stamp, "status": "FAILED" if status == names.STATUS_FAILED else "FINISHED"}]
+    held, appended = Spill(spill) if spill else None, False
+    try:
+        if held is None or (not held.exists() and reachable(trial.tracking_uri)):
+            for record in records:
+                Delivery().send([record])
+            return
+        held.append(records)  # behind the metrics it holds: the run ends after its last step
+        appended = True
+        if reachable(trial.tracking_uri):
+            import_spill(spill, remove=True)
+            return
+    except Unreachable:
+        if held is None:
+            raise
+        if not appended:  # the server went away during the calls
+            held.append(records)
+    warn(f"MLflow server {trial.tracking_uri} unreachable: the final status ({status}) of run "
+         f"{trial.run_id} is kept in {spill}; deliver it with: trainlab import-spill {spill}")
