@@ -95,8 +95,11 @@ def resolve_resume(resume: str, root: Path) -> Checkpoint | None:
     An explicit path that holds no usable checkpoint is an error, never a fresh start."""
     if resume == "never":
         return None
-    if resume == "auto":
-        return latest_checkpoint(root)
+    if resume == "auto":  # a damaged latest one is refused, not silently skipped
+        found = latest_checkpoint(root)
+        if found is not None:
+            check_checkpoint(found.path)
+        return found
     path = Path(resume).expanduser()
     if _STEP_DIR.match(path.name):
         check_checkpoint(path)

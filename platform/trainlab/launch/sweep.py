@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -40,6 +41,8 @@ class Trial:
     result: dict | None = None
     error: str = ""
     skipped: bool = False
+    resumed: bool = False
+    """Stopped before its end in an earlier run of the sweep: goes on from its checkpoints."""
     submitted_at: float = 0.0
     first_step_at: float | None = None
     ended_at: float = 0.0
@@ -160,7 +163,12 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     parent_id, uri = None, None
     if first.tracking.name == "mlflow":
         from trainlab.tracking.runs import resolve_tracking_uri
-        from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, sweep_id
+        from trainlab.tracking.sweep_runs import (
+            done_children,
+            open_sweep_parent,
+            sweep_id,
+            unfinished_checkpoints,
+        )
 
         uri = resolve_tracking_uri(first.tracking.uri)
         sid = sweep_id(sweep_name=sweep_name, experiment=first.tracking.experiment,
@@ -170,12 +178,18 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         parent_id, reused = open_sweep_parent(tracking_uri=uri, experiment=first.tracking.experiment,
                                               sweep_name=sweep_name, sid=sid, definition=definition)
         done = {} if rerun else done_children(tracking_uri=uri, parent_run_id=parent_id)
+        cut = {} if rerun else unfinished_checkpoints(tracking_uri=uri, parent_run_id=parent_id)
         for t in trials:
             prior = done.get(config_hash(t.run))
             if prior is not None:
                 t.skipped, t.run_id, t.status = True, prior.info.run_id, prior.data.tags[names.TAG_STATUS]
                 t.extra["val_loss"] = prior.data.metrics.get(names.VAL_LOSS)
                 t.extra["tokens_per_s"] = prior.data.metrics.get(names.TOKENS_PER_S)
+            elif config_hash(t.run) in cut and t.run.train.resume == "auto":
+                # stopped before its end: go on from its checkpoints, in the run it started
+                t.run = dataclasses.replace(t.run, train=dataclasses.replace(
+                    t.run.train, checkpoint_dir=cut[config_hash(t.run)]))
+                t.resumed = True
         console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {uri}")
 
@@ -183,6 +197,10 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     if len(todo) < len(trials):
         console.print(f"{len(trials) - len(todo)} trials already finished in this sweep: skipped "
                       "(hydra.launcher.rerun=true runs them again)")
+    resumed = [t for t in todo if t.resumed]
+    if resumed:
+        console.print(f"{len(resumed)} unfinished trials resume from their checkpoints: "
+                      + ", ".join(f"#{t.idx} {t.label}" for t in resumed))
     sweep_t0 = time.perf_counter()
     limit = 0
     if todo:
@@ -276,7 +294,7 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
     for t in trials:
         r = t.result or {}
         row = [str(t.idx), _pick(t.overrides, keys),
-               t.status + (" (skipped: done before)" if t.skipped else ""),
+               t.status + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else ""),
                fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
                fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
                fmt(t.start_latency_s, ".1f"), fmt(r.get("elapsed_s"), ".1f"), t.run_id or "-"]

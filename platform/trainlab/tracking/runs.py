@@ -148,6 +148,11 @@ def closing_tags(result: dict | None, error: str) -> dict[str, str]:
     return tags
 
 
+def mlflow_status(status: str) -> str:
+    """MLflow's run status for a trial status: a preempted trial was KILLED (it resumes)."""
+    return {names.STATUS_FAILED: "FAILED", names.STATUS_PREEMPTED: "KILLED"}.get(status, "FINISHED")
+
+
 def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None,
                     spill: str | None = None) -> None:
     """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms.
@@ -162,7 +167,7 @@ def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None
     all_tags = {**(tags or {}), names.TAG_STATUS: status}
     stamp = {"run_id": trial.run_id, "uri": trial.tracking_uri}
     records = [{"op": "tags", **stamp, "tags": {k: str(v)[:5000] for k, v in all_tags.items()}},
-               {"op": "terminate", **stamp, "status": "FAILED" if status == names.STATUS_FAILED else "FINISHED"}]
+               {"op": "terminate", **stamp, "status": mlflow_status(status)}]
     held, appended = Spill(spill) if spill else None, False
     try:
         if held is None or (not held.exists() and reachable(trial.tracking_uri)):

@@ -51,18 +51,38 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
     return run.info.run_id, False
 
 
-def done_children(*, tracking_uri: str, parent_run_id: str) -> dict[str, object]:
-    """Children that need no rerun (finished or diverged), by config hash."""
+def _children(tracking_uri: str, parent_run_id: str) -> list:
     client = _client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id],
+    return client.search_runs([parent.info.experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                              max_results=10_000)
+                              max_results=10_000, order_by=["attributes.start_time ASC"])
+
+
+def done_children(*, tracking_uri: str, parent_run_id: str) -> dict[str, object]:
+    """Children that need no rerun (finished or diverged), by config hash."""
     done = {}
-    for r in runs:
+    for r in _children(tracking_uri, parent_run_id):
         if r.data.tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED, names.STATUS_DIVERGED):
             done.setdefault(r.data.tags.get(names.TAG_CONFIG_HASH, ""), r)
     return done
+
+
+def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str, str]:
+    """Children that stopped before their end (the driver was killed, a worker failed past
+    cluster.max_failures, preempted) and left a checkpoint folder, by config hash: a rerun
+    of the sweep resumes each from there, into the same run. The newest run of a config wins."""
+    from trainlab.engine.checkpoint import latest_checkpoint
+
+    found = {}
+    for r in _children(tracking_uri, parent_run_id):
+        tags = r.data.tags
+        if tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED, names.STATUS_DIVERGED):
+            continue
+        root = tags.get(names.TAG_CHECKPOINT_DIR)
+        if root and latest_checkpoint(Path(root)) is not None:
+            found[tags.get(names.TAG_CONFIG_HASH, "")] = root
+    return found
 
 
 def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, summary_md: str) -> None:
