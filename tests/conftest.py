@@ -119,6 +119,9 @@ class RecordingTracker:
     def log_artifact(self, path):
         pass
 
+    def sync(self):
+        pass
+
     def close(self):
         pass
 

@@ -7,8 +7,10 @@ asserts what MLflow holds afterwards: one run per trial, every step exactly once
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,15 +27,24 @@ TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_
          "tracking.system_metrics=false"]
 
 
-def _env(uri: str, tmp_path: Path) -> dict:
+@pytest.fixture
+def ray_tmp():
+    """The test's own Ray temp root (short: Ray's socket paths must fit 107 bytes), so what a
+    killed driver leaves behind is found by its path and removed."""
+    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    yield path
+    subprocess.run(["pkill", "-KILL", "-f", str(path)], check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _env(uri: str, ray_tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    # the test's Ray sessions under tmp_path: what a killed driver leaves is found and removed
-    env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", COLUMNS="200", RAY_TMPDIR=str(tmp_path / "ray"))
+    env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", COLUMNS="200", RAY_TMPDIR=str(ray_tmp))
     return env
 
 
-def _trainlab(args, *, cwd, uri, timeout=600):
-    return subprocess.run(trainlab_cmd(*args), cwd=cwd, env=_env(uri, cwd), capture_output=True, text=True,
+def _trainlab(args, *, cwd, uri, ray_tmp, timeout=600):
+    return subprocess.run(trainlab_cmd(*args), cwd=cwd, env=_env(uri, ray_tmp), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -46,14 +57,14 @@ def _steps(client: MlflowClient, run_id: str, key: str = names.LOSS) -> list[int
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def test_a_killed_worker_restarts_from_its_checkpoint_within_the_limit(mlflow_server, tmp_path):
+def test_a_killed_worker_restarts_from_its_checkpoint_within_the_limit(mlflow_server, tmp_path, ray_tmp):
     """One sweep, rank 1 SIGKILLed after step 5 in both trials: with no restart allowed the
     trial fails with the reason; with one, Ray restarts the gang from step 3's checkpoint and
     the trial finishes in the same run, every step logged once."""
     exp = "faults_worker"
     proc = _trainlab(["train", "-m", *TRIAL, "train.max_steps=8", "train.inject_fault=sigkill@5:1",
                       "cluster.max_failures=0,1", f"tracking.experiment={exp}", f"sweep_name={exp}"],
-                     cwd=tmp_path, uri=mlflow_server.uri)
+                     cwd=tmp_path, uri=mlflow_server.uri, ray_tmp=ray_tmp)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]  # one trial failed; the sweep still ran both
     assert "1 of 2 trials failed" in out
@@ -79,20 +90,20 @@ def test_a_killed_worker_restarts_from_its_checkpoint_within_the_limit(mlflow_se
     shard.write_bytes(shard.read_bytes()[:100])
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
     proc = _trainlab(["train", *TRIAL, "train.max_steps=8", f"train.resume={latest}",
-                      f"tracking.experiment={exp}"], cwd=tmp_path, uri=mlflow_server.uri)
+                      f"tracking.experiment={exp}"], cwd=tmp_path, uri=mlflow_server.uri, ray_tmp=ray_tmp)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{shard.name} should have" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before  # left as it was
     assert len(_children(client, exp)) == 2  # and no run was opened for it
 
 
-def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, tmp_path):
+def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, tmp_path, ray_tmp):
     """SIGKILL the sweep driver once trial #0 has a checkpoint; the same command again skips
     nothing finished, resumes #0 from its checkpoint into its run, then runs #1."""
     exp = "faults_driver"
     args = ["train", "-m", *TRIAL, "train.max_steps=30", "seed=0,1", "hydra.launcher.max_concurrent_trials=1",
             f"tracking.experiment={exp}", f"sweep_name={exp}"]
-    driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=_env(mlflow_server.uri, tmp_path),
+    driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=_env(mlflow_server.uri, ray_tmp),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not list(tmp_path.glob("multirun/*/*/0/checkpoints/step_*")):
@@ -102,13 +113,13 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     driver.stdout.close()
-    subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / "ray")], check=False)  # what the driver left
+    subprocess.run(["pkill", "-KILL", "-f", str(ray_tmp)], check=False)  # what the driver left
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     (first,) = _children(client, exp)
     assert first.data.tags[names.TAG_STATUS] == names.STATUS_RUNNING  # nobody closed it
     logged = _steps(client, first.info.run_id)
 
-    proc = _trainlab(args, cwd=tmp_path, uri=mlflow_server.uri)
+    proc = _trainlab(args, cwd=tmp_path, uri=mlflow_server.uri, ray_tmp=ray_tmp)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "1 unfinished trials resume from their checkpoints" in out

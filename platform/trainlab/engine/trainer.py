@@ -351,6 +351,7 @@ class Trainer:
             self._inject_fault()
             preempted = self.preemption.requested(self.dist.device)
             if self.checkpointer is not None and (preempted or self._checkpoint_due()):
+                self.tracker.sync()  # the metrics up to here outlive any crash after the checkpoint
                 self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)
             if preempted:
                 status = names.STATUS_PREEMPTED

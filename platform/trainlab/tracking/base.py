@@ -8,6 +8,7 @@ local JSONL file).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +18,8 @@ class Tracker(Protocol):
     def log_metrics(self, metrics: dict[str, float], *, step: int) -> None: ...
     def set_tags(self, tags: dict[str, Any]) -> None: ...
     def log_artifact(self, path: str) -> None: ...
+    def sync(self) -> None: ...
+    """Return once everything logged so far is durable (before a checkpoint)."""
     def close(self) -> None: ...
 
 
@@ -30,6 +33,9 @@ class NullTracker:
         pass
 
     def log_artifact(self, path: str) -> None:
+        pass
+
+    def sync(self) -> None:
         pass
 
     def close(self) -> None:
@@ -49,6 +55,10 @@ class JsonlTracker(NullTracker):
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._f.write(json.dumps({"tags": {k: str(v) for k, v in tags.items()}}) + "\n")
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
 
     def close(self) -> None:
         self._f.close()

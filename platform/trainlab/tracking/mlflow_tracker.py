@@ -49,7 +49,10 @@ class MlflowTracker:
         if resume:
             cmd.append("--resume")
         self._close_timeout_s = close_timeout_s
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._sync_id = self._synced = 0  # the last sync asked for / answered by the writer
+        self._sync_cond = threading.Condition()
+        threading.Thread(target=self._read_acks, name="mlflow-acks", daemon=True).start()
         self._pending: list[list] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -87,6 +90,36 @@ class MlflowTracker:
             self._proc.kill()
             warnings.warn(f"the MLflow writer for run {self.run_id} did not finish within "
                           f"{self._close_timeout_s + 60:g} s and was stopped", stacklevel=2)
+
+    def sync(self, timeout_s: float = 60.0) -> bool:
+        """Block until everything logged so far is in the store or in the spill file (on disk),
+        so a checkpoint taken next never outlives metrics a crash would lose. During an outage
+        the writer spills at once: this waits on a disk write, not on the server."""
+        self.flush()
+        with self._sync_cond:
+            self._sync_id += 1
+            want = self._sync_id
+        self._send({"op": "sync", "id": want})
+        with self._sync_cond:
+            done = self._sync_cond.wait_for(lambda: self._synced >= want or self._broken, timeout=timeout_s)
+        if not done:
+            warnings.warn(f"the MLflow writer for run {self.run_id} did not confirm its metrics within "
+                          f"{timeout_s:g} s; a crash now may lose the latest ones", stacklevel=2)
+        return done and not self._broken
+
+    def _read_acks(self) -> None:
+        from trainlab.tracking.mlflow_writer import ACK
+
+        for line in self._proc.stdout:
+            if line.startswith(ACK):
+                with self._sync_cond:
+                    self._synced = max(self._synced, int(line.split()[1]))
+                    self._sync_cond.notify_all()
+            else:  # whatever else the writer prints goes where it would have gone
+                sys.stdout.write(line)
+        with self._sync_cond:  # the writer exited: nobody will answer
+            self._broken = True
+            self._sync_cond.notify_all()
 
     # -- batching --------------------------------------------------------------------------
     def flush(self) -> None:

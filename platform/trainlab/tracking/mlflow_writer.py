@@ -9,6 +9,7 @@ never fills; the main thread delivers (trainlab.tracking.outbox): while the serv
 unreachable it holds the records, in memory and then in the `--spill` file, and delivers
 them in order when it answers. When stdin closes it goes on for at most
 `--close-timeout-s`, then leaves the rest in the spill file for `trainlab import-spill`.
+A `sync` record (a checkpoint) is answered on stdout once all before it is safe.
 With `--resume` it first drops the points of steps the run already has (a trial resumed
 from a checkpoint replays the steps after it).
 """
@@ -26,6 +27,8 @@ from trainlab.tracking.delivery import SHORT_HTTP_RETRIES, Delivery, warn
 from trainlab.tracking.outbox import Outbox
 from trainlab.tracking.spill import SpillError
 
+ACK = "trainlab-synced"
+
 
 def _read_stdin(outbox: Outbox, stamp: dict) -> None:
     try:
@@ -33,6 +36,11 @@ def _read_stdin(outbox: Outbox, stamp: dict) -> None:
             outbox.put({**json.loads(line), **stamp})
     finally:
         outbox.end_input()
+
+
+def _ack(sync_id: int) -> None:
+    """Answer the tracker's sync: every record before it is in the store or the spill file."""
+    print(f"{ACK} {sync_id}", flush=True)
 
 
 def main() -> None:
@@ -49,14 +57,14 @@ def main() -> None:
         os.environ.setdefault(k, v)
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop chatter
     stamp = {"run_id": args.run_id, "uri": args.tracking_uri}
+    options = dict(uri=args.tracking_uri, spill_path=args.spill, max_points=args.outage_buffer,
+                   close_timeout_s=args.close_timeout_s, ack=_ack)
     try:
-        outbox = Outbox(delivery=Delivery(), uri=args.tracking_uri, spill_path=args.spill,
-                        max_points=args.outage_buffer, close_timeout_s=args.close_timeout_s)
+        outbox = Outbox(delivery=Delivery(), **options)
     except SpillError as e:  # never block tracking on an old file: set it aside
         os.replace(args.spill, args.spill + ".unreadable")
         warn(f"{e}; moved it to {args.spill}.unreadable")
-        outbox = Outbox(delivery=Delivery(), uri=args.tracking_uri, spill_path=args.spill,
-                        max_points=args.outage_buffer, close_timeout_s=args.close_timeout_s)
+        outbox = Outbox(delivery=Delivery(), **options)
     if args.resume:
         outbox.put({"op": "resume", **stamp})
     threading.Thread(target=_read_stdin, args=(outbox, stamp), name="stdin", daemon=True).start()

@@ -1,6 +1,9 @@
 """The writer's queue of MLflow records: the spill file's undelivered part, then memory.
 
 `put` (the stdin reader thread) only appends to memory, so it never waits on the server.
+A `sync` record is a checkpoint's question "is everything before me safe?": it is answered
+(`ack`, on stdout) once every record before it was delivered or written to the spill file;
+during an outage memory goes to the spill file at once, so a sync never waits on the server.
 `run` (the sender) delivers in order: what the spill file holds first, then memory, and
 drops a record only once MLflow took it. While the server is unreachable it retries with
 backoff; past `max_points` held points, memory moves to the end of the spill file. After
@@ -18,13 +21,15 @@ import time
 from trainlab.tracking.delivery import Delivery, Unreachable, warn
 from trainlab.tracking.spill import MAX_BATCH, Spill, points
 
+SYNC = "sync"
 _BACKOFF_S = (0.5, 5.0)  # first and longest wait between attempts while unreachable
 
 
 class Outbox:
     def __init__(self, *, delivery: Delivery, uri: str, spill_path: str | None, max_points: int,
-                 close_timeout_s: float):
+                 close_timeout_s: float, ack=lambda sync_id: None):
         self._delivery = delivery
+        self._ack = ack
         self._uri = uri
         self._spill = Spill(spill_path) if spill_path else None
         self._max_points = max_points
@@ -51,6 +56,8 @@ class Outbox:
         with self._cond:
             self._memory.extend(parts)
             self._memory_points += points(record)
+            if record["op"] == SYNC and self._outage_since is not None and self._spill is not None:
+                self._to_spill()  # the server is away: safe on disk now, not when it returns
             self._cond.notify()
 
     def end_input(self) -> None:
@@ -80,6 +87,9 @@ class Outbox:
             except Unreachable as e:
                 if self._outage_since is None:
                     self._outage_since = time.monotonic()
+                    with self._cond:
+                        if self._spill is not None and any(r["op"] == SYNC for r in self._memory):
+                            self._to_spill()  # a checkpoint is waiting: put its records on disk
                     where = f"memory, then {self._spill.path}" if self._spill else "memory"
                     warn(f"MLflow server {self._uri} unreachable ({e}); holding metrics ({where}) "
                          "until it answers")
@@ -126,7 +136,10 @@ class Outbox:
                 self._spill.finish()
             return sent
         with self._cond:
-            records = list(itertools.islice(self._memory, 200))
+            if self._memory and self._memory[0]["op"] == SYNC:  # all before it is delivered
+                self._ack(self._memory.popleft()["id"])
+                return 0
+            records = list(itertools.takewhile(lambda r: r["op"] != SYNC, itertools.islice(self._memory, 200)))
         n = self._delivery.send(records)
         sent = sum(points(r) for r in records[:n])
         with self._cond:
@@ -137,8 +150,10 @@ class Outbox:
 
     def _to_spill(self) -> None:
         """Move memory to the end of the spill file (caller holds the lock)."""
-        records = [self._delivery.keep(r) for r in self._memory]
+        records = [self._delivery.keep(r) for r in self._memory if r["op"] != SYNC]
         self._spill.append([r for r in records if r["op"] != "metrics" or r["items"]])
+        for sync in [r for r in self._memory if r["op"] == SYNC]:  # on disk: safe
+            self._ack(sync["id"])
         self._spill_points += sum(points(r) for r in records)
         self._memory.clear()
         self._memory_points = 0
