@@ -151,6 +151,11 @@ class SweepProgress:
                 running = ", ".join(f"{n} {s}/{m}" for n, (s, m) in sorted(self._steps.items()))
                 console.print(f"{self.done}/{self.total} trials done; running: {running}")
 
+    def note(self, name: str, message: str) -> None:
+        """A line about one running trial (it resumed from a checkpoint, ...)."""
+        with self._lock:
+            console.print(f"{name}: {message}")
+
     def finished(self, name: str, line: str) -> None:
         with self._lock:
             self.done += 1
