@@ -21,7 +21,8 @@ CONF_DIR = Path(os.environ.get("TRAINLAB_CONF_DIR", REPO_ROOT / "conf"))
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 
 # keys that say where results go, not what was trained: left out of the config hash
-_NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "cluster.start_timeout_s")
+_NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "cluster.start_timeout_s",
+               "cluster.host")
 
 
 class ConfigError(ValueError):
