@@ -94,7 +94,7 @@ def _default_of(key: str) -> Any:
 
 
 def _value_of(key: str, overrides: Sequence[str]) -> str:
-    for o in overrides:
+    for o in reversed(overrides):  # the last one wins, as in Hydra
         k, sep, v = o.lstrip("+~").partition("=")
         if sep and k == key:
             return v
