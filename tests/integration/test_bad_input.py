@@ -150,7 +150,7 @@ def world(tmp_path_factory):
     odd = work / "odd_size.bin"
     odd.write_bytes(np.arange(20_001, dtype=np.uint8).tobytes())  # not whole uint16s
     big = write_token_file(work / "big_ids.bin", np.arange(20_000) % (VOCAB + 5), "uint16")
-    short = write_token_file(work / "short.bin", np.arange(200) % VOCAB, "uint16")
+    short = write_token_file(work / "short.bin", np.arange(100) % VOCAB, "uint16")  # 2 train windows
     read_only = work / "read_only"
     read_only.mkdir(mode=0o500)
     files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "read_only": read_only,
