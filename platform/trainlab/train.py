@@ -84,7 +84,7 @@ def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
+def app(cfg: DictConfig) -> float | None:
     try:
         run = run_config_from_hydra(cfg)
         if under_torchrun():
@@ -99,6 +99,19 @@ def main(cfg: DictConfig) -> float | None:
     if outcome.status == names.STATUS_FAILED:
         sys.exit(1)
     return outcome.result["final_val_loss"] if outcome.result else None
+
+
+def main() -> None:
+    """The command: the overrides composed once first, so a bad one is a one-line error with
+    exit status 2 (as every bad input) rather than Hydra's report; then the Hydra app."""
+    from trainlab.config.overrides import check_overrides
+
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    app()
 
 
 if __name__ == "__main__":

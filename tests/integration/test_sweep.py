@@ -94,21 +94,23 @@ def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path):
 
 
 def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
-    """One job's worker crashes (token ids above its vocabulary); the other finishes; exit 1."""
+    """One job's workers crash (a model vocabulary below the corpus's, met when they build the
+    model); the other finishes; exit 1."""
     from trainlab.data import write_token_file
 
     tokens = tmp_path / "tokens.bin"
     write_token_file(tokens, np.arange(20000) % 200, "uint16")
     proc = _trainlab(["train", "-m", *TRIAL, "data=tokens", f"data.path={tokens}",
-                      "data.vocab_size=256,128", "tracking.experiment=itest_fail"], cwd=tmp_path, uri=mlflow_server.uri)
+                      "data.vocab_size=256", "model.vocab_size=0,128", "tracking.experiment=itest_fail"],
+                     cwd=tmp_path, uri=mlflow_server.uri)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 of 2 trials failed" in proc.stdout
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("itest_fail").experiment_id],
                               filter_string=f"tags.`{names.TAG_ROLE}` = '{names.ROLE_TRIAL}'")
-    status = {r.data.params["data.vocab_size"]: r.data.tags[names.TAG_STATUS] for r in runs}
-    assert status == {"256": names.STATUS_FINISHED, "128": names.STATUS_FAILED}
-    failed = next(r for r in runs if r.data.params["data.vocab_size"] == "128")
+    status = {r.data.params["model.vocab_size"]: r.data.tags[names.TAG_STATUS] for r in runs}
+    assert status == {"0": names.STATUS_FINISHED, "128": names.STATUS_FAILED}
+    failed = next(r for r in runs if r.data.params["model.vocab_size"] == "128")
     assert "vocab_size" in failed.data.tags[names.TAG_ERROR]
 
 

@@ -73,8 +73,9 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
 
 
 def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
-    """A worker that crashes (here: a token file whose ids exceed the vocabulary is only
-    discovered when the corpus is scanned) ends the run 'failed' with the error, not lost."""
+    """A worker that crashes (here: a model vocabulary smaller than the corpus's, met when the
+    worker builds the model) ends the run 'failed' with the error, not lost. (Token ids above
+    data.vocab_size no longer get that far: the driver scans the file first, test_bad_input.)"""
     import numpy as np
 
     from trainlab.data import write_token_file
@@ -82,8 +83,9 @@ def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     tokens = tmp_path / "tokens.bin"
-    write_token_file(tokens, np.arange(5000) % 300, "uint16")
+    write_token_file(tokens, np.arange(20000) % 200, "uint16")
     run = compose_run_config([*TRIAL, "data=tokens", f"data.path={tokens}", "data.vocab_size=256",
+                              "model.vocab_size=128",
                               f"output_dir={tmp_path / 'out'}"])
     outcome = train(run, show_progress=False)
     assert outcome.status == names.STATUS_FAILED

@@ -192,6 +192,38 @@ def test_unknown_group_option_lists_available_options():
         assert option in msg
 
 
+@pytest.mark.parametrize(("override", "says"), [
+    ("+foo=bar", "no key 'foo'"),
+    ("+train.nonsense=1", "train (TrainConfig) has no key 'nonsense'"),
+    ("+train.max_step=5", "did you mean train.max_steps?"),
+])
+def test_keys_no_schema_has_are_refused_not_dropped(override, says):
+    assert says in _bad([override])
+
+
+@pytest.mark.parametrize("override", [
+    "output_dir=../out", "output_dir=runs/../../out", "tracking.uri=sqlite:///../m.db",
+    "tracking.uri=file:../mlruns", "tracking.uri=../mlruns",
+])
+def test_relative_paths_leaving_the_working_directory_are_refused(override):
+    field, value = override.split("=", 1)
+    msg = _bad([override])
+    assert f"{field}={value!r}" in msg and "pass it as an absolute path" in msg
+
+
+@pytest.mark.parametrize("override", [
+    "output_dir=/tmp/out", "output_dir=runs/../out", "tracking.uri=sqlite:////tmp/../m.db",
+    "tracking.uri=http://127.0.0.1:5000",
+])
+def test_absolute_and_inside_paths_are_allowed(override):
+    compose_run_config([override])
+
+
+def test_cluster_host_defaults_to_loopback():
+    assert compose_run_config([]).cluster.host == "127.0.0.1"
+    assert "cluster.host" in _bad(["cluster.host=' '"])
+
+
 # ---------------------------------------------------------------------------- flat params, hash
 def test_flatten_has_the_same_keys_for_every_config():
     a = flatten(compose_run_config(["precision=fp32"]))

@@ -26,6 +26,8 @@ from trainlab.precision.capability import MIN_CUDA_CAPABILITY
 from trainlab.tracking.runs import resolve_tracking_uri
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
+# enough for a global batch of train.seq_len windows in train and a batch per rank in val
+ENOUGH_TOKENS = np.arange(50_000) % 100
 
 
 def _closed_port() -> int:
@@ -51,7 +53,7 @@ def _tokens_run(path, vocab: int = 100, dtype: str = "uint16"):
 
 # ---------------------------------------------------------------------------- data
 def test_a_good_token_file_passes(tmp_path):
-    path = write_token_file(tmp_path / "t.bin", np.arange(1000) % 100, "uint16")
+    path = write_token_file(tmp_path / "t.bin", ENOUGH_TOKENS, "uint16")
     assert preflight(_tokens_run(path), tracking_uri=None) == "cpu"
 
 
@@ -68,7 +70,7 @@ def test_token_directory_is_not_a_file(tmp_path):
 
 
 def test_token_file_size_not_a_multiple_of_dtype(tmp_path):
-    path = write_token_file(tmp_path / "t.bin", np.arange(1000) % 100, "uint16")
+    path = write_token_file(tmp_path / "t.bin", ENOUGH_TOKENS, "uint16")
     with path.open("ab") as f:
         f.write(b"\x00")
     with pytest.raises(ConfigError) as info:
@@ -78,8 +80,8 @@ def test_token_file_size_not_a_multiple_of_dtype(tmp_path):
 
 
 def test_same_file_read_with_the_wrong_dtype_is_caught(tmp_path):
-    # 3 uint8 tokens = 3 bytes: fine as uint8, not as int32
-    path = write_token_file(tmp_path / "t.bin", np.array([1, 2, 3]), "uint8")
+    # an odd number of uint8 tokens: fine as uint8, not as int32
+    path = write_token_file(tmp_path / "t.bin", ENOUGH_TOKENS[:-1], "uint8")
     check_data(_tokens_run(path, dtype="uint8"))
     with pytest.raises(ValueError, match="int32"):
         check_data(_tokens_run(path, dtype="int32"))

@@ -38,7 +38,7 @@ class TrainlabRayLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        # the task function is trainlab.train.main's; trials run through trainlab.launch.sweep
+        # the task function is trainlab.train.app's; trials run through trainlab.launch.sweep
         self.config = config
         self.hydra_context = hydra_context
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ SWEEPS_DIR = REPO_ROOT / "sweeps"
 
 # keys that say where results go, not what was trained: left out of the config hash
 _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "cluster.start_timeout_s",
+               "cluster.host",
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
                "cluster.max_failures", "cluster.min_workers", "cluster.elastic_resize_s")
@@ -32,6 +34,7 @@ class ConfigError(ValueError):
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Hydra's DictConfig -> RunConfig: runs every __post_init__, then cross-field checks."""
+    _check_known_keys(cfg)
     try:
         run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -47,6 +50,50 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return run
+
+
+def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
+    """Keys the schemas do not have (added with `+key=value`, which Hydra accepts and
+    OmegaConf.to_object then drops without a word) are refused: nothing would read them."""
+    schema = schema_at(prefix.rstrip("."))
+    if schema is None:
+        return
+    fields = {f.name for f in dataclasses.fields(schema)}
+    for key in cfg:
+        name = str(key)
+        if not prefix and name == "hydra":
+            continue
+        if name not in fields:
+            value = cfg._get_node(name)._value()  # unresolved: an interpolation is shown as written
+            raise ConfigError(unknown_key_message(prefix + name, value))
+        child = cfg._get_node(name)
+        if isinstance(child, DictConfig):
+            _check_known_keys(child, prefix + name + ".")
+
+
+def schema_at(dotted: str) -> type | None:
+    """The dataclass of a config section by dotted path ('' = RunConfig); None if not a section."""
+    schema: Any = RunConfig
+    for part in [p for p in dotted.split(".") if p]:
+        f = {f.name: f for f in dataclasses.fields(schema)}.get(part)
+        schema = None if f is None else f.default_factory
+        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+            return None
+    return schema
+
+
+def unknown_key_message(key: str, value: Any) -> str:
+    """`key` is no setting: say which section lacks it and the nearest key it has."""
+    section, _, name = key.rpartition(".")
+    schema = schema_at(section)
+    if schema is None:
+        return f"{key}={value} is not a setting; check the spelling (`trainlab train --cfg job` shows every key)"
+    known = [f.name for f in dataclasses.fields(schema)]
+    where = f"{section} ({schema.__name__})" if section else "the config's top level"
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = (f"did you mean {section + '.' if section else ''}{close[0]}?" if close
+            else f"remove it; the keys there are {', '.join(known)}")
+    return f"{key}={value} is not a setting: {where} has no key {name!r}; {hint}"
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:

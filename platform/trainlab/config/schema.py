@@ -518,6 +518,11 @@ class ClusterConfig:
     """CPU cores reserved per worker; also its torch thread count."""
     start_timeout_s: float = 10.0
     """Seconds to wait for a Ray address to answer before giving up with an error."""
+    host: str = "127.0.0.1"
+    """cluster=local: the address the local Ray cluster's services (GCS, raylet, workers) and its
+    dashboard listen on. 127.0.0.1 = this machine only; set this node's IP to reach the dashboard
+    and services from other machines, or 0.0.0.0 for the dashboard on every interface (Ray then
+    picks the node IP for its services). Ignored when joining cluster.address."""
     accelerator_type: str = ""
     """GPU type the trial must run on, by Ray's name (H100, A100, V100, ...); empty = any type
     that can run the precision."""
@@ -560,6 +565,9 @@ class ClusterConfig:
         if not 0 <= self.min_workers <= self.num_workers:
             raise ValueError(f"cluster.min_workers={self.min_workers} must lie in [1, cluster.num_workers="
                              f"{self.num_workers}] for an elastic trial, or be 0 for a fixed gang")
+        if not self.host or any(c.isspace() or c == "/" for c in self.host):
+            raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
+                             "(this machine only), this node's IP, or 0.0.0.0")
         if self.slowdown and len(self.slowdown) != self.num_workers:
             raise ValueError(f"cluster.slowdown={list(self.slowdown)} has {len(self.slowdown)} factors for "
                              f"cluster.num_workers={self.num_workers}; give one per worker or [] for none")

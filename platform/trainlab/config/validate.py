@@ -6,7 +6,9 @@ trainlab.launch.preflight, which runs before any Ray resource is reserved.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
 
@@ -236,8 +238,54 @@ def check_faults(run: RunConfig) -> None:
                              f"use one of {', '.join(options)}")
 
 
+def escapes_cwd(path: str) -> bool:
+    """A relative path whose `..` parts lead out of the working directory (decided on the
+    string, as the path is written: `~` counts as absolute)."""
+    path = os.path.expanduser(path)
+    if not path or os.path.isabs(path):
+        return False
+    norm = os.path.normpath(path)
+    return norm == os.pardir or norm.startswith(os.pardir + os.sep)
+
+
+def store_path(uri: str) -> str | None:
+    """The file system location in an MLflow tracking URI (sqlite file, file store, plain
+    path); None for a server."""
+    if uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return parsed.path
+    return uri if parsed.scheme == "" else None
+
+
+def check_paths(run: RunConfig) -> None:
+    """Relative paths stay inside the working directory: one that climbs out of it with `..`
+    is refused (a typo as often as not, and a run must not write or read outside where it
+    was started by accident); an absolute path says it means it and is allowed."""
+    paths = [("output_dir", run.output_dir, run.output_dir)]
+    if run.data.name == "tokens":
+        paths.append(("data.path", run.data.path, run.data.path))
+    if run.train.checkpoint_dir:
+        paths.append(("train.checkpoint_dir", run.train.checkpoint_dir, run.train.checkpoint_dir))
+    if run.train.resume not in ("auto", "never"):
+        paths.append(("train.resume", run.train.resume, run.train.resume))
+    if run.tracking.name == "mlflow" and run.tracking.uri:
+        paths.append(("tracking.uri", run.tracking.uri, store_path(run.tracking.uri) or ""))
+    for name, value, path in paths:
+        if escapes_cwd(path):
+            absolute = os.path.abspath(os.path.expanduser(path))
+            written = {"sqlite": f"sqlite:///{absolute}", "file": f"file://{absolute}"}.get(
+                urlparse(value).scheme, absolute)
+            raise ValueError(
+                f"{name}={value!r} leads out of the working directory through '..' "
+                f"(to {absolute}); relative paths must stay inside it. If that location is "
+                f"really meant, pass it as an absolute path: {name}={written}")
+
+
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
+    check_paths(run)
     parallel_dims(run)
     grad_accum_steps(run)
     check_parallel(run)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from trainlab.config.schema import DATASETS, DataConfig
 from trainlab.data.corpus import Corpus
 from trainlab.data.markov import markov_corpus
@@ -24,7 +26,7 @@ def build_corpus(cfg: DataConfig) -> Corpus:
         )
     if cfg.name == "tokens":
         return token_file_corpus(
-            path=str(cfg.path),
+            path=os.path.expanduser(str(cfg.path)),  # as the driver's preflight reads it
             dtype=str(cfg.token_dtype),
             vocab_size=int(cfg.vocab_size),
             val_fraction=float(cfg.val_fraction),

@@ -14,12 +14,14 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-import numpy as np
 import torch
 
-from trainlab.config import ConfigError, RunConfig, ignored_options
+from trainlab.config import ConfigError, RunConfig, ignored_options, parallel_dims
 from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
+from trainlab.data.batches import num_windows
+from trainlab.data.corpus import split_point
+from trainlab.data.token_file import open_token_file
 from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.tracking.runs import local_store_path
@@ -49,19 +51,38 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
 
 
 def check_data(run: RunConfig) -> None:
+    """A token file is read as the workers will read it (size against data.token_dtype, ids
+    against data.vocab_size, scanned in bounded chunks), and every corpus whose length is known
+    here must hold a global batch of sequences for training and a batch per rank for validation."""
     d = run.data
-    if d.name != "tokens":
-        return
-    path = Path(d.path).expanduser()
-    if not path.is_file():
-        raise ValueError(f"data.path={d.path!r} does not exist or is not a file; "
-                         "point data.path at a raw token file (see data=tokens)")
-    itemsize = np.dtype(d.token_dtype).itemsize
-    if path.stat().st_size % itemsize:
+    if d.name == "tokens":
+        path = str(Path(d.path).expanduser())
+        num_tokens = len(open_token_file(path, dtype=d.token_dtype, vocab_size=d.vocab_size))
+        check_corpus_length(run, num_tokens=num_tokens, source=f"data.path={d.path!r}")
+    elif d.name == "markov":
+        check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
+
+
+def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None:
+    """The corpus split as the engine splits it holds enough windows of train.seq_len + 1."""
+    t, dims = run.train, parallel_dims(run)
+    n_train = split_point(num_tokens=num_tokens, val_fraction=run.data.val_fraction, source=source)
+    train_windows = num_windows(n_train, t.seq_len)
+    if train_windows < t.global_batch_size:
         raise ValueError(
-            f"data.path={d.path!r} has {path.stat().st_size} bytes, not a multiple of "
-            f"{itemsize} (data.token_dtype={d.token_dtype}); the dtype is probably wrong"
-        )
+            f"{source} holds {num_tokens} tokens: its train split ({n_train} tokens) makes "
+            f"{train_windows} sequences of train.seq_len={t.seq_len}, fewer than one step's "
+            f"train.global_batch_size={t.global_batch_size}; use a longer corpus or lower "
+            "train.seq_len or train.global_batch_size")
+    per_round = t.micro_batch_size * dims.dp
+    val_windows = num_windows(num_tokens - n_train, t.seq_len)
+    if val_windows < per_round:
+        raise ValueError(
+            f"{source} holds {num_tokens} tokens: its val split (data.val_fraction="
+            f"{run.data.val_fraction}, {num_tokens - n_train} tokens) makes {val_windows} sequences "
+            f"of train.seq_len={t.seq_len}, fewer than one batch on every rank (train.micro_batch_size "
+            f"x dp = {per_round}); raise data.val_fraction, lower train.seq_len or "
+            "train.micro_batch_size, or use a longer corpus")
 
 
 def check_module_names(run: RunConfig) -> None:

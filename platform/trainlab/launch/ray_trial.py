@@ -23,8 +23,31 @@ _RAY_TRAIN_ENV = {
 }
 
 
+# Ray reads this when it is imported; "0" switches multi-node clusters off, as on macOS
+_SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def local_node_options(host: str) -> dict:
+    """ray.init keywords that make a local cluster listen on cluster.host (see ClusterConfig.host)."""
+    if is_loopback(host):
+        # ray.init swaps a loopback _node_ip_address for the machine's routable IP, and the GCS,
+        # raylet and workers then listen on every interface; only with multi-node clusters off
+        # (set before Ray is imported) does the node keep 127.0.0.1 and every service bind there
+        os.environ.setdefault(_SINGLE_NODE_ENV, "0")
+        return {"dashboard_host": "127.0.0.1", "_node_ip_address": "127.0.0.1"}
+    if host in ("0.0.0.0", "::"):  # every interface: Ray picks the node IP for its services
+        return {"dashboard_host": host}
+    return {"dashboard_host": host, "_node_ip_address": host}
+
+
 def connect(run: RunConfig) -> None:
-    """ray.init: join cluster.address, or start a local cluster sized to this machine."""
+    """ray.init: join cluster.address, or start a local cluster sized to this machine that
+    listens on cluster.host (loopback unless told otherwise)."""
+    node = {} if run.cluster.address else local_node_options(run.cluster.host)
     import ray
 
     if ray.is_initialized():
@@ -38,12 +61,17 @@ def connect(run: RunConfig) -> None:
         ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=False)
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
-    ray.init(
+    context = ray.init(
         address="local",  # a cluster of our own, even when `ray start` left one on this machine
         num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
-        include_dashboard=True, dashboard_host="127.0.0.1",
-        runtime_env=runtime_env, log_to_driver=False,
+        include_dashboard=True, runtime_env=runtime_env, log_to_driver=False, **node,
     )
+    node_ip = context.address_info.get("node_ip_address", "")
+    if is_loopback(run.cluster.host) and not is_loopback(node_ip):
+        from trainlab.console import console
+
+        console.print(f"[yellow]warning:[/] cluster.host={run.cluster.host} but Ray was imported before "
+                      f"trainlab could keep its services on loopback: they listen on {node_ip} too")
 
 
 @dataclass(frozen=True)

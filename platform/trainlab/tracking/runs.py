@@ -47,10 +47,11 @@ def local_store_path(uri: str) -> Path | None:
 
 
 def ui_command(uri: str) -> str:
-    """How to look at the runs: `mlflow ui` for a local store, the server's URL otherwise."""
+    """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
+    pass another --host to expose it), the server's URL otherwise."""
     if local_store_path(uri) is None:
         return f"open {uri} in a browser"
-    return f"mlflow ui --backend-store-uri {uri}"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
 
 
 @dataclass(frozen=True)

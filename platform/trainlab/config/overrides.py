@@ -1,0 +1,101 @@
+"""Command-line overrides checked before the Hydra app runs.
+
+Hydra reports a bad override (unknown key or group option, a value of the wrong type) itself,
+in several lines with its config search path, and exits 1 like any failure. `trainlab train`
+composes the overrides once beforehand, and turns Hydra's error into the platform's own: one
+`error:` line naming the key, the value and the fix, and exit status 2 (bad input), before
+anything starts. Unknown keys added with `+` are caught later, by to_run_config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from trainlab.config.load import CONF_DIR, ConfigError, schema_at, unknown_key_message
+from trainlab.config.schema import GROUPS, register_configs
+
+# Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
+_HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-p", "--package",
+                     "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                     "-sc", "--shell-completion", "--version", "--experimental-rerun", "--resolve")
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def check_overrides(args: Sequence[str]) -> None:
+    """Compose conf/ with the command line's overrides as Hydra will; ConfigError with one clear
+    line if Hydra refuses them. In a multirun the swept keys are left to each job's check."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(a.split("=")[0] in _HYDRA_ONLY_FLAGS for a in args):
+        return
+    multirun = any(a in _MULTIRUN_FLAGS for a in args)
+    texts = [a for a in args if a not in _MULTIRUN_FLAGS]
+    try:
+        parsed = OverridesParser.create().parse_overrides(texts)
+    except HydraException as e:
+        lines = str(e).splitlines()
+        raise ConfigError(f"{lines[0]}: {lines[1] if len(lines) > 1 else ''}; write each override "
+                          "as key=value (e.g. model=tiny train.max_steps=50)") from None
+    variants = [texts]
+    if multirun:  # the fixed overrides, then each swept value on its own (Hydra's sweeper
+        # would compose every job and report the first bad one its own way)
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        variants = [fixed]
+        for o in parsed:
+            if o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "CHOICE_SWEEP",
+                                                                   "RANGE_SWEEP"):
+                variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in o.sweep_string_iterator()]
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for overrides in variants:
+            try:
+                compose(config_name="config", overrides=overrides)
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ConfigError(hydra_error_message(e, overrides)) from None
+
+
+def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
+    """Hydra's composition error as one line: the key, the value and the fix."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        options = sorted(o for o in (e.options or []) if not o.endswith("_schema"))
+        if options:
+            return (f"{group}={option} is not an option of {group}; choose one of "
+                    f"{', '.join(options)} (the files in conf/{group}/)")
+        return f"{group} is not a config group; the groups are {', '.join(GROUPS)}"
+    cause = e.__cause__ if e.__cause__ is not None else e
+    key = getattr(cause, "full_key", None)
+    first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    if not key:
+        return " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    value = _value_of(key, overrides)
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return unknown_key_message(key, value)
+    default = _default_of(key)
+    fix = f"; give {key} a value like its default, {key}={default}" if default is not None else ""
+    return f"{key}={value}: {first}{fix}"
+
+
+def _default_of(key: str) -> Any:
+    section, _, name = key.rpartition(".")
+    schema = schema_at(section)
+    fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
+    f = fields.get(name)
+    if f is None or f.default is dataclasses.MISSING or f.default == "???":
+        return None
+    return f.default
+
+
+def _value_of(key: str, overrides: Sequence[str]) -> str:
+    for o in reversed(overrides):  # the last one wins, as in Hydra
+        k, sep, v = o.lstrip("+~").partition("=")
+        if sep and k == key:
+            return v
+    return "?"
