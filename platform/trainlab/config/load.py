@@ -25,7 +25,7 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                "cluster.host",
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
-               "cluster.max_failures", "cluster.min_workers", "cluster.elastic_resize_s")
+               "cluster.max_failures")
 
 
 class ConfigError(ValueError):

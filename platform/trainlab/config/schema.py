@@ -35,7 +35,6 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 DP_BALANCE = ("equal", "weighted", "accumulate")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
-ON_DIVERGE = ("stop", "rollback")
 COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
@@ -444,17 +443,6 @@ class TrainConfig:
     """auto: continue from the latest checkpoint in checkpoint_dir if there is one (a restarted
     worker, a rerun sweep); never: always start fresh; or a path to a checkpoint (step_*
     folder) or to a folder of them."""
-    on_diverge: str = "stop"
-    """A non-finite loss: `stop` ends the trial as diverged; `rollback` reloads the last
-    checkpoint and retries with the learning rate times rollback_lr_factor and, if set,
-    precision rollback_precision (each rollback is recorded on the run)."""
-    rollback_lr_factor: float = 0.5
-    """on_diverge=rollback: each retry multiplies the learning rate by this (0 < f <= 1)."""
-    rollback_precision: str = ""
-    """on_diverge=rollback: the precision option (conf/precision) to fall back to, e.g. bf16;
-    empty = keep the precision."""
-    max_rollbacks: int = 2
-    """on_diverge=rollback: retries before the trial ends as diverged."""
 
     def __post_init__(self) -> None:
         _positive("train", max_steps=self.max_steps, global_batch_size=self.global_batch_size,
@@ -466,19 +454,12 @@ class TrainConfig:
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
-        _one_of("train", "on_diverge", self.on_diverge, ON_DIVERGE)
         if self.inject_fault and self.fault_injection is None:
             raise ValueError(f"train.inject_fault={self.inject_fault!r} is not SIGNAL@STEP[:RANK] with SIGNAL "
                              "sigterm or sigkill; write e.g. train.inject_fault=sigkill@5:1")
         if self.checkpoint_every < 0:
             raise ValueError(f"train.checkpoint_every={self.checkpoint_every} must be >= 0 (0 = only on SIGTERM)")
-        _positive("train", checkpoint_keep=self.checkpoint_keep, max_rollbacks=self.max_rollbacks)
-        if not 0.0 < self.rollback_lr_factor <= 1.0:
-            raise ValueError(f"train.rollback_lr_factor={self.rollback_lr_factor} must lie in (0, 1]; "
-                             "it multiplies the learning rate on each rollback")
-        if self.on_diverge == "rollback" and not self.stop_on_nonfinite:
-            raise ValueError("train.on_diverge=rollback needs train.stop_on_nonfinite=true (divergence is "
-                             "noticed by stopping on a non-finite loss)")
+        _positive("train", checkpoint_keep=self.checkpoint_keep)
         if self.inject_nan and self.nan_injection is None:
             raise ValueError(
                 f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
@@ -540,12 +521,6 @@ class ClusterConfig:
     max_failures: int = 0
     """Worker failures (a process killed, a node lost) Ray Train survives per trial by
     restarting the gang from the last checkpoint; past it the trial ends failed."""
-    min_workers: int = 0
-    """Elastic data parallel (parallel=ddp only): the trial goes on with as few as min_workers
-    after losing some and grows back to num_workers when they return, keeping the global
-    batch by gradient accumulation; 0 = a fixed gang of num_workers."""
-    elastic_resize_s: float = 10.0
-    """Elastic trials: how often Ray Train checks whether more workers can be had."""
     slowdown: list[float] = field(default_factory=list)
     """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
     rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
@@ -559,12 +534,9 @@ class ClusterConfig:
             raise ValueError("cluster.logical_gpus=true computes on CPU but cluster.device=cuda; "
                              "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
         _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
-                  start_timeout_s=self.start_timeout_s, elastic_resize_s=self.elastic_resize_s)
+                  start_timeout_s=self.start_timeout_s)
         if self.max_failures < 0:
             raise ValueError(f"cluster.max_failures={self.max_failures} must be >= 0 (0 = a failure ends the trial)")
-        if not 0 <= self.min_workers <= self.num_workers:
-            raise ValueError(f"cluster.min_workers={self.min_workers} must lie in [1, cluster.num_workers="
-                             f"{self.num_workers}] for an elastic trial, or be 0 for a fixed gang")
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")

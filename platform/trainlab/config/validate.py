@@ -210,34 +210,6 @@ def check_balance(run: RunConfig) -> None:
             "micro-batches; use parallel.dp_balance=weighted (same count, uneven sizes) or ddp/zero1")
 
 
-def check_faults(run: RunConfig) -> None:
-    """Elastic data parallel and the divergence policy: layouts and sizes they can keep."""
-    c, p, t = run.cluster, run.parallel, run.train
-    if c.min_workers:
-        if p.tp > 1 or p.pp > 1 or p.data_parallel != "ddp" or p.dp_balance != "equal":
-            raise ValueError(
-                f"cluster.min_workers={c.min_workers} (elastic) needs pure data parallelism with a replicated "
-                f"optimizer, but parallel={p.name} (data_parallel={p.data_parallel}, tp={p.tp}, pp={p.pp}, "
-                f"dp_balance={p.dp_balance}); use parallel=ddp or cluster.min_workers=0")
-        for n in range(c.min_workers, c.num_workers + 1):
-            if t.global_batch_size % (t.micro_batch_size * n):
-                raise ValueError(
-                    f"cluster.min_workers={c.min_workers}: on {n} workers train.global_batch_size="
-                    f"{t.global_batch_size} is not a multiple of train.micro_batch_size={t.micro_batch_size} "
-                    f"x {n}, so the global batch could not be kept; pick sizes that divide for every "
-                    f"worker count from {c.min_workers} to {c.num_workers}")
-        if not c.max_failures:
-            raise ValueError(f"cluster.min_workers={c.min_workers} (elastic) needs cluster.max_failures > 0: "
-                             "losing a worker is a failure Ray Train restarts the smaller gang from")
-    if t.on_diverge == "rollback" and t.rollback_precision:
-        from trainlab.config.load import CONF_DIR
-
-        options = sorted(f.stem for f in (CONF_DIR / "precision").glob("*.yaml"))
-        if t.rollback_precision not in options:
-            raise ValueError(f"train.rollback_precision={t.rollback_precision!r} is not a precision option; "
-                             f"use one of {', '.join(options)}")
-
-
 def escapes_cwd(path: str) -> bool:
     """A relative path whose `..` parts lead out of the working directory (decided on the
     string, as the path is written: `~` counts as absolute)."""
@@ -290,7 +262,6 @@ def check_run(run: RunConfig) -> None:
     grad_accum_steps(run)
     check_parallel(run)
     check_balance(run)
-    check_faults(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "

@@ -4,7 +4,7 @@ One checkpoint is one folder, ``<root>/step_00000100/``:
 
 - the model and optimizer through torch.distributed.checkpoint (DCP): every rank writes its
   own shards in parallel (FSDP and tensor-parallel DTensors are saved sharded, DDP replicas
-  once), and a different layout of the same math can load them (DDP on 2 workers -> 1);
+  once), under the model's parameter names;
   pipeline stages are keyed by their pipeline rank, since each rank holds different ones;
 - ``rank_<r>.pt`` per rank: what is small and rank-local (LR schedule, loss scaler, data
   position, RNG states, the loop's counters and loss curve, a ZeRO-1 optimizer shard), saved

@@ -90,11 +90,8 @@ class Gang:
     def scaling(self, run: RunConfig) -> dict:
         """Ray Train ScalingConfig keywords."""
         resources = {"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if self.gpus else {})}
-        c = run.cluster
-        options = {"num_workers": (c.min_workers, c.num_workers) if c.min_workers else c.num_workers,
-                   "use_gpu": self.gpus, "resources_per_worker": resources, "placement_strategy": "PACK"}
-        if c.min_workers:  # elastic: Ray Train restarts the gang smaller, then grows it back
-            options["elastic_resize_monitor_interval_s"] = c.elastic_resize_s
+        options = {"num_workers": run.cluster.num_workers, "use_gpu": self.gpus,
+                   "resources_per_worker": resources, "placement_strategy": "PACK"}
         if self.placement is not None:
             options |= scaling_options(self.placement, all_types=self.all_types)
         return options
@@ -125,8 +122,6 @@ def _worker(payload: dict) -> None:
 
     ctx = ray.train.get_context()
     run = from_dict(payload["config"])
-    if run.cluster.min_workers:  # elastic: the gang Ray Train could get this time
-        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, num_workers=ctx.get_world_size()))
     events = payload["events"]
     rank0 = ctx.get_world_rank() == 0
 
