@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config, flatten
 
@@ -94,28 +91,3 @@ def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
     assert mrun.info.status == "FAILED"
     assert mrun.data.tags[names.TAG_STATUS] == names.STATUS_FAILED
     assert "vocab_size" in mrun.data.tags[names.TAG_ERROR]
-
-
-def test_mlflow_tracking_uri_env_wins_over_default(tmp_path, cli_env):
-    """The real CLI, as a user runs it: MLFLOW_TRACKING_URI picks the store."""
-    store = tmp_path / "elsewhere" / "runs.db"
-    store.parent.mkdir()
-    env = {**cli_env, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
-    proc = subprocess.run(trainlab_cmd("train", *TRIAL, "train.max_steps=3", "train.eval_every=0",
-                                       "cluster.num_workers=1", "tracking.system_metrics=false"),
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert not (tmp_path / "mlflow.db").exists()
-    runs = MlflowClient(tracking_uri=f"sqlite:///{store}").search_runs(
-        [MlflowClient(tracking_uri=f"sqlite:///{store}").get_experiment_by_name("itest").experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
-    assert "mlflow ui --backend-store-uri" in proc.stdout
-
-
-def test_bad_input_fails_before_any_worker_starts(tmp_path, cli_env):
-    proc = subprocess.run(trainlab_cmd("train", *TRIAL, "train.micro_batch_size=3"),
-                          cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "train.global_batch_size=8 is not divisible" in proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert not (tmp_path / "mlflow.db").exists()  # nothing recorded, nothing started
