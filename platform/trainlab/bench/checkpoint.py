@@ -85,6 +85,7 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
                 rows.append({"round": i, "every": k, "status": result.status, "steps": result.steps,
                              "elapsed_s": result.elapsed_s,
                              "step_times": [v for s, v in rec.series(names.STEP_TIME_S) if s > 1],
+                             "steps_sum_s": sum(v for _, v in rec.series(names.STEP_TIME_S)),
                              "save_s": [v for _, v in rec.series(names.CKPT_SAVE_S)],
                              "size_mb": [v for _, v in rec.series(names.CKPT_SIZE_MB)],
                              "device": result.extra["device"], "num_params": num_params,
@@ -122,7 +123,7 @@ def summarise(rows: list[dict], *, every: int, world: int) -> dict:
         "size_mb": size_mb, "bytes_per_param": size_mb * 2**20 / num_params,
         "num_steps_timed": sum(len(r["step_times"]) for r in off), "step_s_median": step_s,
         "step_s_median_with_saves": statistics.median(t for r in on for t in r["step_times"]),
-        "e2e_per_save_s": e2e, "interval": interval,
+        "e2e_per_save_s": e2e, "interval": interval, "rows": rows,
         "share": save_s / (interval * step_s), "share_e2e": e2e / (interval * step_s),
     }
 
@@ -132,6 +133,11 @@ def report(s: dict) -> list[str]:
     lines = [
         f"checkpoint bench: {s['parallel']} x{s['world']} on {s['device']}, {s['num_params']:,} parameters, "
         f"{s['repeats']} round(s) of every=0 / every={s['every']}, trials {'/'.join(s['statuses'])}",
+        "per trial: the loop's wall time = its steps (all, first included) + saves + the rest",
+        *(f"round {r['round']} every={r['every']:<3} loop {r['elapsed_s']:7.2f} s = steps {r['steps_sum_s']:7.2f} "
+          f"+ saves {sum(r['save_s']):5.2f} + rest {r['elapsed_s'] - r['steps_sum_s'] - sum(r['save_s']):5.2f}  "
+          f"median step {statistics.median(r['step_times']):.4f} s  saves [{' '.join(f'{v:.2f}' for v in r['save_s'])}]"
+          for r in s["rows"]),
         f"save ({s['num_saves']} saves): median {s['save_s_median']:.3f} s, max {s['save_s_max']:.3f} s",
         f"size: {s['size_mb']:.2f} MiB = {s['bytes_per_param']:.2f} bytes/parameter "
         "(fp32 params + 2 Adam moments = 12)",
