@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance")
+BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance", "checkpoint")
 
 
 def main(argv: list[str]) -> None:
@@ -36,3 +36,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.balance import main as balance_main
 
         balance_main(argv[1:])
+    elif argv[0] == "checkpoint":
+        from trainlab.bench.checkpoint import main as checkpoint_main
+
+        checkpoint_main(argv[1:])

@@ -1,0 +1,239 @@
+"""What checkpoints cost: time and bytes per save, and their share of training time.
+
+    trainlab bench checkpoint                          # 2 gloo workers on CPU, model=small, DDP
+    trainlab bench checkpoint --every 5 --repeats 3 parallel=fsdp train.max_steps=40
+    torchrun --nproc-per-node 2 -m trainlab.bench.checkpoint cluster.device=cuda
+
+Every trial runs through run_trial in the same worker processes (one process group), alternating
+train.checkpoint_every=0 (no saves) and =--every for --repeats rounds, so drift on a shared
+machine hits both alike. Each trial writes into its own fresh folder (removed at the end) and
+never resumes. Rank 0 prints each save's ckpt/save_s and ckpt/size_mb as the trainer logged them
+(medians over all saves), the median step time of the trials without saves (train/step_time_s,
+steps after the first), and two estimates of the cost of one save inside the loop: the logged
+save time, and the end-to-end difference in the loop's wall time (with - without) divided by the
+saves. Last, the share of training time at TrainConfig's default interval:
+`amortised at every N steps: X% of step time (target < 2%)` = save_s / (N x step_time_s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from trainlab import names
+
+DEFAULTS = ("model=small", "train.max_steps=30", "parallel=ddp")
+# nothing but training steps and saves inside the timed loop; every step's time is logged
+FIXED = ("tracking=none", "train.eval_every=0", "train.eval_batches=1", "train.numerics_every=0",
+         "train.log_every=1", "train.resume=never")
+TARGET = 0.02
+"""The issue's budget: checkpoints cost under 2 % of step time at the default interval."""
+
+
+class _Recorder:
+    """A Tracker that keeps rank 0's metrics in memory (the bench reads what the trainer logged)."""
+
+    def __init__(self):
+        self.metrics: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, *, step):
+        self.metrics.append((step, dict(metrics)))
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(s, m[key]) for s, m in self.metrics if key in m]
+
+    def set_tags(self, tags):
+        pass
+
+    def log_artifact(self, path):
+        pass
+
+    def close(self):
+        pass
+
+
+def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
+               root: str | None = None) -> list[dict]:
+    """Every (round, interval) trial in this process; rank 0's rows (the others' are empty of
+    metrics). Checkpoints go under `root` (default: a fresh temporary folder, removed after)."""
+    from trainlab.config import compose_run_config
+    from trainlab.engine.distributed import gather_strings, setup_distributed
+    from trainlab.engine.run import run_trial
+    from trainlab.models import count_params, resolve_dims
+
+    base = compose_run_config([*overrides, *FIXED, f"cluster.num_workers={world}"])
+    dist_info = setup_distributed(base.cluster.device)
+    made = root is None and dist_info.is_rank0
+    # every rank writes into the folder rank 0 made
+    root = gather_strings(tempfile.mkdtemp(prefix="trainlab-bench-ckpt-") if made else (root or ""))[0]
+    from trainlab.data import build_corpus
+
+    num_params = count_params(resolve_dims(base.model, vocab_size=build_corpus(base.data).vocab_size))
+    rows = []
+    try:
+        for i in range(repeats):
+            for k in (0, every):
+                folder = Path(root) / f"round{i}_every{k}"
+                run = compose_run_config([*overrides, *FIXED, f"cluster.num_workers={world}",
+                                          f"train.checkpoint_every={k}", f"train.checkpoint_dir={folder}"])
+                rec = _Recorder()
+                result = run_trial(run, tracker_factory=lambda *_, rec=rec: rec)
+                rows.append({"round": i, "every": k, "status": result.status, "steps": result.steps,
+                             "elapsed_s": result.elapsed_s,
+                             "step_times": [v for s, v in rec.series(names.STEP_TIME_S) if s > 1],
+                             "steps_sum_s": sum(v for _, v in rec.series(names.STEP_TIME_S)),
+                             "save_s": [v for _, v in rec.series(names.CKPT_SAVE_S)],
+                             "size_mb": [v for _, v in rec.series(names.CKPT_SIZE_MB)],
+                             "device": result.extra["device"], "num_params": num_params,
+                             "parallel": run.parallel.name})
+    finally:
+        gather_strings("")  # a barrier: every rank is done writing before the folder goes
+        if made:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def summarise(rows: list[dict], *, every: int, world: int) -> dict:
+    """The bench's numbers from rank 0's rows (see the module docstring)."""
+    from trainlab.config.schema import TrainConfig
+
+    off = [r for r in rows if r["every"] == 0]
+    on = [r for r in rows if r["every"] == every]
+    saves = [s for r in on for s in r["save_s"]]
+    sizes = [s for r in on for s in r["size_mb"]]
+    if not saves:
+        raise ValueError(f"no checkpoint was saved: --every={every} must be below train.max_steps "
+                         f"({on[0]['steps'] if on else '?'})")
+    step_s = statistics.median(t for r in off for t in r["step_times"])
+    save_s = statistics.median(saves)
+    # the loop's wall time with saves minus without, per save: what a save costs the run
+    e2e = (sum(r["elapsed_s"] for r in on) - sum(r["elapsed_s"] for r in off)) / len(saves)
+    interval = TrainConfig().checkpoint_every
+    size_mb = statistics.median(sizes)
+    num_params = rows[0]["num_params"]
+    return {
+        "device": rows[0]["device"], "world": world, "parallel": rows[0]["parallel"],
+        "num_params": num_params, "every": every, "repeats": len(on),
+        "statuses": sorted({r["status"] for r in rows}),
+        "num_saves": len(saves), "save_s_median": save_s, "save_s_max": max(saves),
+        "size_mb": size_mb, "bytes_per_param": size_mb * 2**20 / num_params,
+        "num_steps_timed": sum(len(r["step_times"]) for r in off), "step_s_median": step_s,
+        "step_s_median_with_saves": statistics.median(t for r in on for t in r["step_times"]),
+        "e2e_per_save_s": e2e, "interval": interval, "rows": rows,
+        "share": save_s / (interval * step_s), "share_e2e": e2e / (interval * step_s),
+    }
+
+
+def report(s: dict) -> list[str]:
+    """The lines rank 0 prints."""
+    lines = [
+        f"checkpoint bench: {s['parallel']} x{s['world']} on {s['device']}, {s['num_params']:,} parameters, "
+        f"{s['repeats']} round(s) of every=0 / every={s['every']}, trials {'/'.join(s['statuses'])}",
+        "per trial: the loop's wall time = its steps (all, first included) + saves + the rest",
+        *(f"round {r['round']} every={r['every']:<3} loop {r['elapsed_s']:7.2f} s = steps {r['steps_sum_s']:7.2f} "
+          f"+ saves {sum(r['save_s']):5.2f} + rest {r['elapsed_s'] - r['steps_sum_s'] - sum(r['save_s']):5.2f}  "
+          f"median step {statistics.median(r['step_times']):.4f} s  saves [{' '.join(f'{v:.2f}' for v in r['save_s'])}]"
+          for r in s["rows"]),
+        f"save ({s['num_saves']} saves): median {s['save_s_median']:.3f} s, max {s['save_s_max']:.3f} s",
+        f"size: {s['size_mb']:.2f} MiB = {s['bytes_per_param']:.2f} bytes/parameter "
+        "(fp32 params + 2 Adam moments = 12)",
+        f"step time (median of {s['num_steps_timed']} steps without saves): {s['step_s_median']:.4f} s "
+        f"(with saves: {s['step_s_median_with_saves']:.4f} s)",
+        f"end to end: (wall with saves - without) / saves = {s['e2e_per_save_s']:.3f} s per save "
+        f"({s['share_e2e']:.1%} at every {s['interval']} steps)",
+        f"amortised at every {s['interval']} steps: {s['share']:.1%} of step time (target < {TARGET:.0%})",
+    ]
+    return lines
+
+
+def _worker(rank: int, world: int, port: int, overrides: list[str], every: int, repeats: int,
+            root: str | None, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    try:
+        rows = run_rounds(overrides, every=every, repeats=repeats, world=world, root=root)
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def spawn(overrides: list[str], *, every: int, repeats: int, world: int,
+          root: str | None = None) -> list[dict]:
+    """Run the rounds in `world` spawned gloo workers on this machine; rank 0's rows."""
+    import queue as queue_mod
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, overrides, every, repeats, root, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = None
+    try:
+        while rows is None:  # fail fast when a worker dies instead of waiting out the timeout
+            try:
+                rows = queue.get(timeout=1)
+            except queue_mod.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs) or all(p.exitcode == 0 for p in procs):
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    codes = [p.exitcode for p in procs]
+    if rows is None or codes != [0] * world:
+        raise SystemExit(f"a worker failed: exit codes {codes}")
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="trainlab bench checkpoint", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=2, help="gloo workers to spawn outside torchrun (default 2)")
+    ap.add_argument("--every", type=int, default=5, help="train.checkpoint_every of the trials with saves (default 5)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of without / with saves (default 2)")
+    ap.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder, removed after)")
+    ap.add_argument("overrides", nargs="*", default=[],
+                    help=f"Hydra overrides of the trial (default: {' '.join(DEFAULTS)} cluster.device=cpu)")
+    args = ap.parse_args(argv)
+    if args.workers < 1 or args.repeats < 1 or args.every < 1:
+        ap.error(f"--workers={args.workers} --repeats={args.repeats} --every={args.every}: each must be >= 1")
+    under_torchrun = "WORLD_SIZE" in os.environ
+    overrides = [*DEFAULTS, *([] if under_torchrun else ["cluster.device=cpu"]), *args.overrides]
+    root = str(Path(args.dir).resolve()) if args.dir else None
+    if under_torchrun:
+        world = int(os.environ["WORLD_SIZE"])
+        rows = run_rounds(overrides, every=args.every, repeats=args.repeats, world=world, root=root)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+    else:
+        world = args.workers
+        rows = spawn(overrides, every=args.every, repeats=args.repeats, world=world, root=root)
+    try:
+        summary = summarise(rows, every=args.every, world=world)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    for line in report(summary):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
