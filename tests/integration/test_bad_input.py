@@ -103,9 +103,15 @@ CASES = [
     C("mlflow_read_only_dir", ["tracking.uri=sqlite:///{read_only}/mlflow.db"], ["tracking.uri=", "cannot be written"],
       skip="root writes through directory permissions" if os.geteuid() == 0 else ""),
     # ---------------------------------------------------------------- checkpoints
-    # Corrupted and truncated checkpoints (resume from a bad checkpoint) belong here: another
-    # engineer's part. Add rows as C("checkpoint_truncated", [...], [...]); the store and the
-    # checkpoint directory made by `world` are already hashed before and after every case.
+    C("checkpoint_truncated", ["train.resume=checkpoints/step_00000010"],
+      ["step_00000010", "__0_0.distcp should have 8192 bytes, has 4096", "train.resume="]),
+    C("checkpoint_corrupt_metadata", ["train.resume=checkpoints/step_00000020"],
+      ["step_00000020", "trainlab.json is corrupt", "earlier checkpoint"]),
+    C("checkpoint_missing", ["train.resume=checkpoints/step_00000030"],
+      ["step_00000030", "does not exist", "train.resume=never"]),
+    C("checkpoint_folder_without_any", ["train.resume=."], ["train.resume='.'", "no complete checkpoint"]),
+    C("checkpoint_keep_zero", ["train.checkpoint_keep=0"], ["train.checkpoint_keep=0", "above 0"]),
+    C("fault_injection_malformed", ["train.inject_fault=kill"], ["train.inject_fault='kill'", "sigkill@5:1"]),
 ]
 
 
@@ -143,10 +149,14 @@ def world(tmp_path_factory):
     run = client.create_run(client.create_experiment("bad_input"), run_name="earlier")
     client.log_metric(run.info.run_id, "train/loss", 1.5, step=1)
     client.set_terminated(run.info.run_id, status="FINISHED")
-    ckpt = work / "checkpoints" / "step_10"
+    # a checkpoint whose shard was cut to half the size its metadata records, and one whose
+    # metadata is not JSON (engine.checkpoint's layout)
+    ckpt = work / "checkpoints" / "step_00000010"
     ckpt.mkdir(parents=True)
-    (ckpt / "model.pt").write_bytes(np.random.default_rng(0).bytes(4096))
-    (ckpt / "meta.json").write_text('{"step": 10}')
+    (ckpt / "__0_0.distcp").write_bytes(np.random.default_rng(0).bytes(4096))
+    (ckpt / "trainlab.json").write_text('{"version": 1, "step": 10, "files": {"__0_0.distcp": 8192}}')
+    (work / "checkpoints" / "step_00000020").mkdir()
+    (work / "checkpoints" / "step_00000020" / "trainlab.json").write_text("{not json")
     odd = work / "odd_size.bin"
     odd.write_bytes(np.arange(20_001, dtype=np.uint8).tobytes())  # not whole uint16s
     big = write_token_file(work / "big_ids.bin", np.arange(20_000) % (VOCAB + 5), "uint16")

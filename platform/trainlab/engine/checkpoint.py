@@ -117,6 +117,9 @@ def check_checkpoint(path: Path, *, world_size: int | None = None) -> dict:
     a truncated or half-copied checkpoint is refused before any worker loads it."""
     meta_path = path / META_FILE
     where = f"checkpoint {path}"
+    if not path.is_dir():
+        raise CheckpointError(f"{where} does not exist; give an existing step_* folder, or train.resume=auto "
+                              "(the latest in train.checkpoint_dir) or train.resume=never")
     if not meta_path.is_file():
         raise CheckpointError(f"{where} is incomplete ({META_FILE} is missing): it was not finished "
                               "or was copied in part; resume from an earlier one or with train.resume=never")
