@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from trainlab import names
+from trainlab.tracking import NullTracker
 
 DEFAULTS = ("model=small", "train.max_steps=30", "parallel=ddp")
 # nothing but training steps and saves inside the timed loop; every step's time is logged
@@ -34,7 +35,7 @@ TARGET = 0.02
 """The issue's budget: checkpoints cost under 2 % of step time at the default interval."""
 
 
-class _Recorder:
+class _Recorder(NullTracker):
     """A Tracker that keeps rank 0's metrics in memory (the bench reads what the trainer logged)."""
 
     def __init__(self):
@@ -45,15 +46,6 @@ class _Recorder:
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(s, m[key]) for s, m in self.metrics if key in m]
-
-    def set_tags(self, tags):
-        pass
-
-    def log_artifact(self, path):
-        pass
-
-    def close(self):
-        pass
 
 
 def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
