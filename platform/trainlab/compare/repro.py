@@ -39,7 +39,8 @@ SAME_MATH_KEYS = (
     "train.deterministic", "train.compile", "train.compile_unit",  # the kernels, not the math
     "train.log_every", "train.eval_every", "train.numerics_every", "train.spike_factor",
     "train.stop_on_nonfinite",  # what is observed, not what is trained
-    "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",  # resumes are exact
+    "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
+    "train.inject_fault",  # resumes are exact
 )
 """Config keys that do not change a run's math. An entry ending in '.' is a prefix; any other
 is an exact key. Not here, on purpose: parallel.comm_dtype and parallel.powersgd_rank (they

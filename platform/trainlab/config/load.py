@@ -25,6 +25,7 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                "cluster.host",
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
+               "train.inject_fault",
                "cluster.max_failures")
 
 

@@ -64,8 +64,14 @@ class Checkpoint:
 
 
 def checkpoint_root(run) -> Path:
-    """train.checkpoint_dir, or <output_dir>/checkpoints (absolute: workers run elsewhere)."""
-    return Path(run.train.checkpoint_dir or Path(run.output_dir or ".") / "checkpoints").resolve()
+    """train.checkpoint_dir, or <output_dir>/checkpoints (absolute: workers run elsewhere).
+    Without an output_dir (the engine called as a library) it is ./checkpoints/<config hash>,
+    so two different trials started in one folder never resume each other."""
+    if run.train.checkpoint_dir:
+        return Path(run.train.checkpoint_dir).resolve()
+    if run.output_dir:
+        return (Path(run.output_dir) / "checkpoints").resolve()
+    return (Path("checkpoints") / config_hash(run)).resolve()
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -89,7 +95,7 @@ def latest_checkpoint(root: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def resolve_resume(resume: str, root: Path) -> Checkpoint | None:
+def resolve_resume(resume: str, root: Path, *, run=None) -> Checkpoint | None:
     """train.resume: `auto` = the latest checkpoint under the trial's checkpoint folder if
     there is one; `never`; or a path to a checkpoint (a step_* folder) or to a folder of them.
     An explicit path that holds no usable checkpoint is an error, never a fresh start."""
@@ -98,7 +104,12 @@ def resolve_resume(resume: str, root: Path) -> Checkpoint | None:
     if resume == "auto":  # a damaged latest one is refused, not silently skipped
         found = latest_checkpoint(root)
         if found is not None:
-            check_checkpoint(found.path)
+            meta = check_checkpoint(found.path)
+            if run is not None and meta.get("config_hash") != config_hash(run):
+                raise CheckpointError(
+                    f"train.resume=auto found {found.path}, written by another config (config hash "
+                    f"{meta.get('config_hash')}, this one {config_hash(run)}); give this trial its own "
+                    "train.checkpoint_dir, or train.resume=never to start over there")
         return found
     path = Path(resume).expanduser()
     if _STEP_DIR.match(path.name):

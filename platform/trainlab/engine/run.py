@@ -227,7 +227,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
 def agreed_resume(run: RunConfig, root: Path) -> Checkpoint | None:
     """The checkpoint train.resume points at, as rank 0 sees it (every rank loads the same one,
     even if a save landed between their looks); a collective."""
-    found = resolve_resume(run.train.resume, root)
+    found = resolve_resume(run.train.resume, root, run=run)
     chosen = gather_strings(json.dumps([str(found.path), found.step] if found else None))[0]
     if chosen == "null":
         return None
