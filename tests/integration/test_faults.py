@@ -102,7 +102,9 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     driver once trial #0 has a checkpoint; the same command again skips
     nothing finished, resumes #0 from its checkpoint into its run, then runs #1."""
     exp = "faults_driver"
-    args = ["train", "-m", *TRIAL, "train.max_steps=12", "seed=0,1", "hydra.launcher.max_concurrent_trials=1",
+    # 3x slower steps: the kill lands mid-trial, after the first checkpoint and before the end
+    args = ["train", "-m", *TRIAL, "train.max_steps=24", "cluster.slowdown=[3,3]", "seed=0,1",
+            "hydra.launcher.max_concurrent_trials=1",
             f"tracking.experiment={exp}", f"sweep_name={exp}"]
     driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=_env(mlflow_server.uri, ray_tmp),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -129,6 +131,6 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     resumed = runs["0"]
     assert resumed.info.run_id == first.info.run_id  # the same run, continued
     assert resumed.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
-    assert _steps(client, resumed.info.run_id) == list(range(1, 13))  # no gap, no duplicate
+    assert _steps(client, resumed.info.run_id) == list(range(1, 25))  # no gap, no duplicate
     assert logged and logged == list(range(1, len(logged) + 1))
     assert runs["1"].data.tags[names.TAG_STATUS] == names.STATUS_FINISHED

@@ -45,7 +45,8 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     root = checkpoint_root(run)
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
     try:
-        resuming = resolve_resume(run.train.resume, root, run=run) is not None
+        # integrity only: the config check is the worker's, whose run has cluster.device resolved
+        resuming = resolve_resume(run.train.resume, root) is not None
     except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
         raise ConfigError(str(e)) from None
     gang = plan(run, device)
