@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from trainlab import names
+from trainlab.bench.spawn import spawn_rows
 from trainlab.tracking import NullTracker
 
 DEFAULTS = ("model=small", "train.max_steps=30", "parallel=ddp")
@@ -142,56 +143,10 @@ def report(s: dict) -> list[str]:
     return lines
 
 
-def _worker(rank: int, world: int, port: int, overrides: list[str], every: int, repeats: int,
-            root: str | None, queue) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    try:
-        rows = run_rounds(overrides, every=every, repeats=repeats, world=world, root=root)
-        if rank == 0:
-            queue.put(rows)
-    finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-
-
 def spawn(overrides: list[str], *, every: int, repeats: int, world: int,
           root: str | None = None) -> list[dict]:
     """Run the rounds in `world` spawned gloo workers on this machine; rank 0's rows."""
-    import queue as queue_mod
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, overrides, every, repeats, root, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    rows = None
-    try:
-        while rows is None:  # fail fast when a worker dies instead of waiting out the timeout
-            try:
-                rows = queue.get(timeout=1)
-            except queue_mod.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) or all(p.exitcode == 0 for p in procs):
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-    codes = [p.exitcode for p in procs]
-    if rows is None or codes != [0] * world:
-        raise SystemExit(f"a worker failed: exit codes {codes}")
-    return rows
+    return spawn_rows(run_rounds, world=world, overrides=overrides, every=every, repeats=repeats, root=root)
 
 
 def main(argv: list[str]) -> None:

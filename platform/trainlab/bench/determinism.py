@@ -19,6 +19,7 @@ import os
 import statistics
 
 from trainlab import names
+from trainlab.bench.spawn import spawn_rows
 
 DEFAULTS = ("model=tiny", "data=markov", "train.max_steps=20", "train.global_batch_size=16",
             "train.micro_batch_size=4", "train.seq_len=64")
@@ -69,47 +70,9 @@ def report(rows: list[dict], *, world: int, overrides: list[str]) -> list[str]:
     return lines
 
 
-def _worker(rank: int, world: int, port: int, overrides: list[str], repeats: int, queue) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    try:
-        rows = run_rounds(overrides, repeats=repeats, world=world)
-        if rank == 0:
-            queue.put(rows)
-    finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-
-
 def spawn(overrides: list[str], *, repeats: int, world: int) -> list[dict]:
     """Run the rounds in `world` spawned gloo workers on this machine; rank 0's rows."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, overrides, repeats, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        rows = queue.get(timeout=3600)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-    codes = [p.exitcode for p in procs]
-    if codes != [0] * world:
-        raise SystemExit(f"a worker failed: exit codes {codes}")
-    return rows
+    return spawn_rows(run_rounds, world=world, overrides=overrides, repeats=repeats)
 
 
 def main(argv: list[str]) -> None:
