@@ -157,10 +157,9 @@ def _tracker_factory(payload: dict):
     def factory(dist_info, resumed: bool = False):
         if mlflow_run:
             from trainlab.tracking.mlflow_tracker import MlflowTracker
-            from trainlab.tracking.runs import spill_path
 
-            # the spill file the driver's close also uses: held metrics come before the status
-            return MlflowTracker(**{"spill_path": spill_path(payload["output_dir"]), **mlflow_run}, resume=resumed)
+            # the driver's tracker options, its spill file included (its close uses the same one)
+            return MlflowTracker(**mlflow_run, resume=resumed)
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))

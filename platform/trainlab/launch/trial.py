@@ -57,10 +57,10 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if uses_mlflow:
         trial, _ = open_or_resume_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
                                             root=root, resuming=resuming, parent_run_id=parent_run_id)
-    spill = str(out_dir / names.SPILL_FILE)  # the writer's and this close's, for an outage
+    options = tracker_options(run)  # its spill file is the writer's and this close's, for an outage
+    spill = options["spill_path"]
     mlflow_payload = None if trial is None else {
-        "run_id": trial.run_id, "tracking_uri": trial.tracking_uri,
-        **tracker_options(run), "spill_path": spill,
+        "run_id": trial.run_id, "tracking_uri": trial.tracking_uri, **options,
     }
 
     from trainlab.launch.ray_trial import run_on_ray
