@@ -95,20 +95,21 @@ def latest_checkpoint(root: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def resolve_resume(resume: str, root: Path, *, run=None) -> Checkpoint | None:
+def resolve_resume(resume: str, root: Path, *, expect_hash: str | None = None) -> Checkpoint | None:
     """train.resume: `auto` = the latest checkpoint under the trial's checkpoint folder if
     there is one; `never`; or a path to a checkpoint (a step_* folder) or to a folder of them.
-    An explicit path that holds no usable checkpoint is an error, never a fresh start."""
+    An explicit path that holds no usable checkpoint is an error, never a fresh start.
+    `expect_hash`: the trial's config hash; `auto` refuses a checkpoint another config wrote."""
     if resume == "never":
         return None
     if resume == "auto":  # a damaged latest one is refused, not silently skipped
         found = latest_checkpoint(root)
         if found is not None:
             meta = check_checkpoint(found.path)
-            if run is not None and meta.get("config_hash") != config_hash(run):
+            if expect_hash is not None and meta.get("config_hash") != expect_hash:
                 raise CheckpointError(
                     f"train.resume=auto found {found.path}, written by another config (config hash "
-                    f"{meta.get('config_hash')}, this one {config_hash(run)}); give this trial its own "
+                    f"{meta.get('config_hash')}, this one {expect_hash}); give this trial its own "
                     "train.checkpoint_dir, or train.resume=never to start over there")
         return found
     path = Path(resume).expanduser()
@@ -156,8 +157,12 @@ def check_checkpoint(path: Path, *, world_size: int | None = None) -> dict:
 class Checkpointer:
     """Saves and loads a Trainer's whole state under `root` (see the module docstring)."""
 
-    def __init__(self, root: Path, *, keep: int, rank: int, world_size: int, shard_key: str = ""):
+    def __init__(self, root: Path, *, keep: int, rank: int, world_size: int, config_hash: str,
+                 shard_key: str = ""):
         self.root = Path(root)
+        self.config_hash = config_hash
+        """The trial's identity, written into every checkpoint: the hash of its config as
+        launched, which stays the same when the trial resizes or rolls back at run time."""
         self.keep = keep
         self.rank, self.world_size = rank, world_size
         self.shard_key = shard_key
@@ -190,7 +195,7 @@ class Checkpointer:
             meta = {"version": FORMAT_VERSION, "step": trainer.step, "tokens_seen": trainer.tokens_seen,
                     "world_size": self.world_size, "parallel": trainer.run.parallel.name,
                     "layout_bound": not elastic_layout(trainer.run),
-                    "config_hash": config_hash(trainer.run), "time": time.time(), "files": files}
+                    "config_hash": self.config_hash, "time": time.time(), "files": files}
             _write_synced(tmp / META_FILE, json.dumps(meta, indent=1))
             if final.exists():  # the same step again (a resumed run re-saving): replace it
                 shutil.rmtree(final)

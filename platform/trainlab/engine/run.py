@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab import names
-from trainlab.config import RunConfig, parallel_dims
+from trainlab.config import RunConfig, config_hash, parallel_dims
 from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.config.validate import unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
@@ -164,7 +164,8 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
     root = checkpoint_root(run)
-    resume_from = agreed_resume(run, root)
+    trial_hash = config_hash(run)  # the trial's identity in its checkpoints, whatever it changes at run time
+    resume_from = agreed_resume(run, root, trial_hash)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     try:
@@ -172,7 +173,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         dims = parallel_dims(run)
         trainer.checkpointer = Checkpointer(
             root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
-            shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+            config_hash=trial_hash, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
         if resumed:
             trainer.checkpointer.load(trainer, resume_from)
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
@@ -224,10 +225,10 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         tracker.close()
 
 
-def agreed_resume(run: RunConfig, root: Path) -> Checkpoint | None:
+def agreed_resume(run: RunConfig, root: Path, trial_hash: str) -> Checkpoint | None:
     """The checkpoint train.resume points at, as rank 0 sees it (every rank loads the same one,
     even if a save landed between their looks); a collective."""
-    found = resolve_resume(run.train.resume, root, run=run)
+    found = resolve_resume(run.train.resume, root, expect_hash=trial_hash)
     chosen = gather_strings(json.dumps([str(found.path), found.step] if found else None))[0]
     if chosen == "null":
         return None
