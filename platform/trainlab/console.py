@@ -41,12 +41,17 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def status_text(status: str, result: dict | None) -> str:
-    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', else status."""
+    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', else status;
+    with the rollbacks it took: 'finished after 1 rollback (step 6 -> 4 (lr x0.5))'."""
     r = result or {}
+    text = status
     if status == "diverged" and r.get("diverged_step") is not None:
-        return (f"{status} at step {r['diverged_step']} "
+        text = (f"{status} at step {r['diverged_step']} "
                 f"(first non-finite: {r.get('first_nonfinite') or 'loss'})")
-    return status
+    if r.get("rollbacks"):
+        n = r["rollbacks"]
+        text += f" after {n} rollback{'s' * (n > 1)} ({r.get('extra', {}).get('rollbacks', '')})"
+    return text
 
 
 class ProgressLine:
@@ -70,7 +75,7 @@ class ProgressLine:
             self._step(event)
         elif kind == "warning":
             console.print(f"[yellow]warning:[/] {event['message']}")
-        elif kind == "resumed":  # a restarted gang goes on from a checkpoint
+        elif kind in ("resumed", "rollback"):  # the trial goes on from a checkpoint
             console.print(f"[cyan]{event['message']}[/]")
 
     def _start(self, event: dict) -> None:

@@ -31,6 +31,9 @@ RESTARTS = "fault/restarts"
 """Times the trial started again from a checkpoint (worker loss, preemption, a rerun)."""
 WORKERS = "fault/workers"
 """Workers the trial runs on since its last (re)start."""
+ROLLBACKS = "fault/rollbacks"
+"""Divergence rollbacks so far (train.on_divergence=rollback), logged at the step each retry
+went back to."""
 # reference lines: constant over a run, logged once at step 0
 REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
 REF_TRUE_ENTROPY = "ref/true_entropy"
@@ -124,6 +127,8 @@ TAG_CHECKPOINT_DIR = "checkpoint_dir"
 """Where the trial's checkpoints are: a rerun of its sweep resumes it from there."""
 TAG_RESUMED_FROM = "resumed_from"
 """The checkpoint the trial last resumed from (absent if it never resumed)."""
+TAG_ROLLBACKS = "rollbacks"
+"""train.on_divergence=rollback: each rollback, 'step 6 -> 4 (lr x0.5, fp32)', '; '-joined."""
 
 TAG_FP8_LAYERS = "fp8_layers"
 """How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""

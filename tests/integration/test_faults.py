@@ -134,3 +134,30 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     assert _steps(client, resumed.info.run_id) == list(range(1, 25))  # no gap, no duplicate
     assert logged and logged == list(range(1, len(logged) + 1))
     assert runs["1"].data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+
+
+def test_a_diverged_trial_rolls_back_and_retries_with_a_lower_learning_rate(mlflow_server, tmp_path, ray_tmp):
+    """A sweep of the divergence policy on a learning rate that wrecks the model: `stop` ends
+    diverged; `rollback` goes back to its last checkpoint (every 3 steps), retries at lr x1e-6
+    and finishes, and the sweep summary and the trial's MLflow run say so."""
+    exp = "faults_rollback"
+    proc = _trainlab(["train", "-m", *TRIAL, "train.max_steps=12", "optim.lr=1000", "train.on_divergence=stop,rollback",
+                      "train.rollback_lr_factor=1e-6", f"tracking.experiment={exp}", f"sweep_name={exp}"],
+                     cwd=tmp_path, uri=mlflow_server.uri, ray_tmp=ray_tmp)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]  # a diverged trial is a result, not a failure
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    runs = {r.data.params["train.on_divergence"]: r for r in _children(client, exp)}
+    stopped, retried = runs["stop"], runs["rollback"]
+    assert stopped.data.tags[names.TAG_STATUS] == names.STATUS_DIVERGED
+    diverged_at = int(stopped.data.tags[names.TAG_DIVERGED_STEP])
+    back_to = (diverged_at - 1) // 3 * 3  # the last checkpoint before it
+    assert back_to > 0, diverged_at
+    assert f"rolled back to step {back_to}, retry 1 of 2" in out, out[-4000:]
+    assert "finished (rolled back 1x)" in out, out[-4000:]
+    assert retried.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED and retried.info.status == "FINISHED"
+    assert retried.data.tags[names.TAG_ROLLBACKS] == f"step {diverged_at} -> {back_to} (lr x1e-06)"
+    assert [(m.step, m.value) for m in client.get_metric_history(retried.info.run_id, names.ROLLBACKS)] \
+        == [(back_to, 1.0)]
+    # the diverged attempt's steps stay on record beside the retry's, which go on to the end
+    assert _steps(client, retried.info.run_id) == sorted([*range(1, diverged_at + 1), *range(back_to + 1, 13)])

@@ -154,3 +154,30 @@ def test_trainer_run_finishes_with_the_same_loss(mode, dist_info):
     assert results[mode].steps == 3
     assert results[mode].final_loss == pytest.approx(results["none"].final_loss, rel=1e-6)
 
+
+
+def test_a_rollback_goes_back_further_when_the_retry_diverged_before_a_newer_checkpoint(tmp_path):
+    from trainlab.engine.checkpoint import Checkpoint
+    from trainlab.engine.rollback import Rollback
+
+    ckpts = [Checkpoint(tmp_path / f"step_{s:08d}", s) for s in (4, 8)]
+    first = Rollback()
+    assert first.target(ckpts).step == 8 and first.target([]) is None  # newest; none: step 0
+    retried = Rollback(count=1, back_to=8)  # diverged again with no checkpoint past step 8
+    assert retried.target(ckpts).step == 4
+    assert Rollback(count=2, back_to=4).target(ckpts[:1]) is None  # nothing older: from the start
+    # a retry that got past its checkpoint and saved a newer one goes back to that
+    assert retried.target([*ckpts, Checkpoint(tmp_path / "step_00000012", 12)]).step == 12
+
+
+def test_rollbacks_compound_the_learning_rate_and_keep_the_fallback_precision():
+    from trainlab.config import compose_run_config
+    from trainlab.engine.rollback import Rollback
+
+    run = compose_run_config(["model=tiny", "precision=fp16", "train.on_divergence=rollback",
+                              "train.rollback_lr_factor=0.5", "train.rollback_precision=bf16"])
+    once = Rollback().next(run, diverged_at=30, back_to=20)
+    twice = once.next(run, diverged_at=25, back_to=10)
+    assert (twice.count, twice.lr_scale, twice.precision, twice.back_to) == (2, 0.25, "bf16", 10)
+    assert twice.history == "step 30 -> 20 (lr x0.5, bf16); step 25 -> 10 (lr x0.25, bf16)"
+    assert Rollback.from_state(twice.as_state()) == twice

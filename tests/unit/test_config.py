@@ -279,3 +279,37 @@ def test_options_the_chosen_modes_ignore_are_named():
     assert any("precision.init_scale" in n and "precision=bf16" in n for n in notes)
     assert any("data.path" in n and "data=tokens" in n for n in notes)
     assert ignored_options(compose_run_config(["model=tiny", "precision=fp16", "precision.init_scale=1024"])) == []
+
+
+# ---------------------------------------------------------------------------- divergence policy
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["train.on_divergence=retry"], ["train.on_divergence='retry'", "stop, rollback"]),
+    (["train.rollback_lr_factor=0"], ["train.rollback_lr_factor=0.0", "(0, 1]"]),
+    (["train.rollback_lr_factor=2"], ["train.rollback_lr_factor=2.0", "(0, 1]"]),
+    (["train.max_rollbacks=0"], ["train.max_rollbacks=0"]),
+    (["train.rollback_precision=fp8_delayed"], ["train.rollback_precision='fp8_delayed'", "fp32, bf16, fp16"]),
+    (["train.on_divergence=rollback", "train.rollback_lr_factor=1"],
+     ["would retry the same computation", "train.rollback_precision=fp32"]),
+    (["precision=fp32", "train.rollback_precision=fp32"], ["train.rollback_precision=fp32", "own precision"]),
+    (["precision=bf16", "train.rollback_precision=fp16"],
+     ["train.rollback_precision=fp16 is not higher than precision=bf16", "use fp32"]),
+])
+def test_a_rollback_policy_that_cannot_help_is_refused(overrides, says):
+    msg = _bad(["model=tiny", *overrides])
+    for s in says:
+        assert s in msg, msg
+
+
+def test_a_rollback_may_move_up_to_more_range_or_precision():
+    for own, fallback in (("fp16", "bf16"), ("fp8_delayed", "bf16"), ("bf16", "fp32"), ("emulated", "fp16")):
+        run = compose_run_config(["model=tiny", f"precision={own}", "train.on_divergence=rollback",
+                                  f"train.rollback_precision={fallback}"])
+        assert run.train.rollback_precision == fallback
+
+
+def test_rollback_options_without_the_rollback_policy_are_named_as_ignored():
+    from trainlab.config import ignored_options
+
+    notes = ignored_options(compose_run_config(["model=tiny", "train.rollback_lr_factor=0.1"]))
+    assert any("train.rollback_lr_factor" in n and "train.on_divergence=rollback" in n for n in notes)
+    assert ignored_options(compose_run_config(["model=tiny", "train.on_divergence=rollback"])) == []

@@ -22,6 +22,9 @@ FP8_TORCHAO = ("fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp")
 """FP8 recipes of torchao's Float8Linear (current scaling)."""
 FP8_PRECISIONS = (*FP8_TORCHAO, "fp8_delayed")
 PRECISIONS = ("fp32", "fp16", "bf16", "bf16_pure", *FP8_PRECISIONS, "emulated")
+ON_DIVERGENCE = ("stop", "rollback")
+ROLLBACK_PRECISIONS = ("fp32", "bf16", "fp16")
+"""Precisions a diverged trial may retry in: those whose config is the name alone."""
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
 EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
@@ -410,6 +413,19 @@ class TrainConfig:
     stop_on_nonfinite: bool = True
     """End the trial as `diverged` once a loss, activation or (unscaled) gradient is
     non-finite (no compute burned after a NaN)."""
+    on_divergence: str = "stop"
+    """What a diverged trial does: stop (end as `diverged`, resources freed at once), or
+    rollback (go back to the last checkpoint, or to the start if there is none, and retry with
+    the learning rate times rollback_lr_factor and/or in rollback_precision; the trial's run
+    records each rollback)."""
+    rollback_lr_factor: float = 0.5
+    """on_divergence=rollback: each retry multiplies the learning rate (its whole schedule) by
+    this, compounding over retries; 1 = keep it."""
+    rollback_precision: str = ""
+    """on_divergence=rollback: the higher precision to retry in (fp32, bf16 or fp16); empty =
+    keep the trial's precision."""
+    max_rollbacks: int = 2
+    """on_divergence=rollback: retries before the trial ends as `diverged` after all."""
     numerics_every: int = 10
     """Sample the numerics (per-layer amax, scale, underflow and overflow of every
     low-precision cast, SwiGLU outliers, update-to-weight ratio, grad-norm percentiles)
@@ -454,6 +470,18 @@ class TrainConfig:
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
+        _one_of("train", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+        if self.rollback_precision:
+            _one_of("train", "rollback_precision", self.rollback_precision, ROLLBACK_PRECISIONS)
+        if not 0.0 < self.rollback_lr_factor <= 1.0:
+            raise ValueError(f"train.rollback_lr_factor={self.rollback_lr_factor} must be in (0, 1]: "
+                             "the retry's learning rate is the diverged one times this (1 = keep it)")
+        _positive("train", max_rollbacks=self.max_rollbacks)
+        if (self.on_divergence == "rollback" and self.rollback_lr_factor == 1.0
+                and not self.rollback_precision):
+            raise ValueError("train.on_divergence=rollback with train.rollback_lr_factor=1 and no "
+                             "train.rollback_precision would retry the same computation; lower the "
+                             "factor (e.g. 0.5) or name a higher precision (e.g. train.rollback_precision=fp32)")
         if self.inject_fault and self.fault_injection is None:
             raise ValueError(f"train.inject_fault={self.inject_fault!r} is not SIGNAL@STEP[:RANK] with SIGNAL "
                              "sigterm or sigkill; write e.g. train.inject_fault=sigkill@5:1")

@@ -255,6 +255,25 @@ def check_paths(run: RunConfig) -> None:
                 f"really meant, pass it as an absolute path: {name}={written}")
 
 
+# precisions ordered by how much range and precision they keep; a rollback's retry moves up
+_HIGHER = {"fp16": 1, "bf16": 2, "fp32": 3}
+
+
+def check_rollback(run: RunConfig) -> None:
+    """train.rollback_precision must be a higher precision than the trial's own."""
+    fallback, own = run.train.rollback_precision, run.precision.name
+    if not fallback:
+        return
+    if fallback == own:
+        raise ValueError(f"train.rollback_precision={fallback} is the trial's own precision; name a "
+                         "higher one (fp32, or bf16 for fp16's overflows) or leave it empty")
+    if _HIGHER.get(fallback, 0) <= _HIGHER.get(own, 0):
+        higher = [p for p, r in _HIGHER.items() if r > _HIGHER.get(own, 0)]
+        raise ValueError(f"train.rollback_precision={fallback} is not higher than precision={own}; a "
+                         f"diverged trial retries with more range and precision: use "
+                         f"{' or '.join(higher)}, or leave it empty to keep {own}")
+
+
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
     check_paths(run)
@@ -262,6 +281,7 @@ def check_run(run: RunConfig) -> None:
     grad_accum_steps(run)
     check_parallel(run)
     check_balance(run)
+    check_rollback(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
@@ -296,7 +316,13 @@ def unordered_reductions(run: RunConfig) -> list[str]:
 
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about)."""
-    from trainlab.config.schema import FP8_PRECISIONS, DataConfig, ParallelConfig, PrecisionConfig
+    from trainlab.config.schema import (
+        FP8_PRECISIONS,
+        DataConfig,
+        ParallelConfig,
+        PrecisionConfig,
+        TrainConfig,
+    )
 
     notes = []
     if run.precision.name != "fp16":
@@ -320,6 +346,13 @@ def ignored_options(run: RunConfig) -> list[str]:
     if p.dp_balance != "equal" and p.dp_weights and p.dp_balance_warmup != ParallelConfig().dp_balance_warmup:
         notes.append("parallel.dp_balance_warmup is ignored when parallel.dp_weights is given "
                      "(nothing is measured)")
+    t, default = run.train, TrainConfig()
+    if t.on_divergence == "stop":
+        changed = [f for f in ("rollback_lr_factor", "rollback_precision", "max_rollbacks")
+                   if getattr(t, f) != getattr(default, f)]
+        if changed:
+            notes.append(f"train.{', train.'.join(changed)} only apply to train.on_divergence=rollback; "
+                         "ignored with train.on_divergence=stop")
     if run.data.name != "tokens" and run.data.path:
         notes.append(f"data.path={run.data.path!r} is ignored with data={run.data.name}; "
                      "use data=tokens to train on a token file")

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from trainlab import names
 from trainlab.config import config_hash
+from trainlab.engine.rollback import Rollback
 
 if TYPE_CHECKING:
     from trainlab.engine.trainer import Trainer
@@ -194,6 +195,7 @@ class Checkpointer:
             size = sum(files.values())
             meta = {"version": FORMAT_VERSION, "step": trainer.step, "tokens_seen": trainer.tokens_seen,
                     "world_size": self.world_size, "parallel": trainer.run.parallel.name,
+                    "precision": trainer.run.precision.name, "rollback": trainer.rollback.as_state(),
                     "layout_bound": not elastic_layout(trainer.run),
                     "config_hash": self.config_hash, "time": time.time(), "files": files}
             _write_synced(tmp / META_FILE, json.dumps(meta, indent=1))
@@ -215,7 +217,7 @@ class Checkpointer:
     # -- load ------------------------------------------------------------------------------
     def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
         """Put `trainer` back in the state it had at `ckpt` (a collective)."""
-        check_checkpoint(ckpt.path, world_size=self.world_size)
+        meta = check_checkpoint(ckpt.path, world_size=self.world_size)
         state = self._sharded_state(trainer)
         try:
             dcp.load(state, checkpoint_id=str(ckpt.path))
@@ -230,7 +232,24 @@ class Checkpointer:
         local = ckpt.path / f"rank_{self.rank}.pt"
         if not local.is_file():  # elastic: more ranks than wrote it; rank 0's holds the shared state
             local = ckpt.path / "rank_0.pt"
-        load_rank_state(trainer, torch.load(local, weights_only=True, map_location="cpu"))
+        # a rollback to a higher precision starts its loss scaler (or fp8 scales) afresh
+        same_recipe = meta.get("precision", trainer.run.precision.name) == trainer.run.precision.name
+        load_rank_state(trainer, torch.load(local, weights_only=True, map_location="cpu"), recipe=same_recipe)
+
+
+def discard_after(root: Path, step: int) -> None:
+    """Delete the checkpoints past `step`: a rollback to `step` abandons them (a restart or a
+    later rollback must never land on the diverged attempt's timeline)."""
+    for ckpt in complete_checkpoints(root):
+        if ckpt.step > step:
+            shutil.rmtree(ckpt.path)
+
+
+def rollback_of(ckpt: Checkpoint | None) -> Rollback:
+    """The divergence rollbacks the trial had made when it wrote `ckpt` (none for None)."""
+    if ckpt is None:
+        return Rollback()
+    return Rollback.from_state(json.loads((ckpt.path / META_FILE).read_text()).get("rollback"))
 
 
 def elastic_layout(run) -> bool:
@@ -254,6 +273,7 @@ def rank_state(trainer: Trainer) -> dict:
         "scheduler": trainer.scheduler.state_dict(),
         "recipe": trainer.recipe.state_dict(),
         "batches": trainer.batches.state_dict(),
+        "rollback": trainer.rollback.as_state(),
         "rng": {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -268,7 +288,7 @@ def rank_state(trainer: Trainer) -> dict:
     return state
 
 
-def load_rank_state(trainer: Trainer, state: dict) -> None:
+def load_rank_state(trainer: Trainer, state: dict, *, recipe: bool = True) -> None:
     trainer.step = int(state["step"])
     trainer.tokens_seen = int(state["tokens_seen"])
     trainer.losses[:] = state["losses"]
@@ -277,8 +297,10 @@ def load_rank_state(trainer: Trainer, state: dict) -> None:
     trainer.grad_norms.norms[:] = state["grad_norms"]
     trainer._step_rates[:] = state["step_rates"]
     trainer.scheduler.load_state_dict(state["scheduler"])
-    trainer.recipe.load_state_dict(state["recipe"])
+    if recipe:
+        trainer.recipe.load_state_dict(state["recipe"])
     trainer.batches.load_state_dict(state["batches"])
+    trainer.rollback = Rollback.from_state(state.get("rollback"))
     if "zero1_optim" in state:
         trainer.optimizer.optim.load_state_dict(state["zero1_optim"])
         for group, lr in zip(trainer.optimizer.param_groups, state["zero1_lrs"]):

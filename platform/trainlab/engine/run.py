@@ -6,6 +6,7 @@ the caller hands in a tracker factory and a progress callback.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import socket
@@ -24,9 +25,18 @@ from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.config.validate import unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
-from trainlab.engine.checkpoint import Checkpoint, Checkpointer, checkpoint_root, resolve_resume
+from trainlab.engine.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    checkpoint_root,
+    complete_checkpoints,
+    discard_after,
+    resolve_resume,
+    rollback_of,
+)
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
+from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
@@ -50,8 +60,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None) -> Trainer:
-    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer."""
+def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None,
+                  inject: bool = True) -> Trainer:
+    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer.
+    `inject`: arm train.inject_nan (a rollback's retry runs without it, as with inject_fault)."""
     dims = parallel_dims(run)
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
@@ -119,7 +131,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline,
                       balancer=balancer)
-    if t.nan_injection is not None:
+    if t.nan_injection is not None and inject:
         module, step = t.nan_injection
         inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
@@ -168,14 +180,11 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
     resume_from = agreed_resume(run, root, trial_hash)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
+    warn = progress if progress is not None and dist_info.is_rank0 else _print_event
     try:
-        trainer = build_trainer(run, dist_info, tracker=tracker)
-        dims = parallel_dims(run)
-        trainer.checkpointer = Checkpointer(
-            root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
-            config_hash=trial_hash, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
-        if resumed:
-            trainer.checkpointer.load(trainer, resume_from)
+        attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
+                          first=resume_from)
+        trainer = attempt.start(resume_from, rollback_of(resume_from))
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size}, step=trainer.step)
@@ -193,13 +202,6 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
             **_layer_tags(trainer.recipe),
         })
-        refs = {names.REF_UNIGRAM_ENTROPY: corpus.unigram_entropy}
-        if corpus.true_entropy is not None:
-            refs[names.REF_TRUE_ENTROPY] = corpus.true_entropy
-        # logged at step 0 and beside every val/loss point, so MLflow draws them as lines
-        tracker.log_metrics(refs, step=0)
-        trainer.add_hook(lambda tr, step, m: tracker.log_metrics(refs, step=step) if names.VAL_LOSS in m else None)
-        warn = progress if progress is not None and dist_info.is_rank0 else _print_event
         for note in unordered_reductions(run) if dist_info.is_rank0 else ():
             warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
@@ -207,28 +209,102 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         if resumed and dist_info.is_rank0:
             warn({"kind": "resumed", "message": f"resumed from {resume_from.path} at step {trainer.step} "
                                                 f"(restart {restarts}) on {dist_info.world_size} workers"})
-        if progress is not None and dist_info.is_rank0:
-            start = {"kind": "start", "max_steps": run.train.max_steps, "step": trainer.step,
-                     "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
-                     "device": device_name(dist_info.device), "world_size": dist_info.world_size}
-            progress(start)
-            trainer.add_hook(_progress_hook(progress), every=run.train.log_every)
+        attempt.announce(trainer)
         result = trainer.train()
+        spent = 0.0  # the attempts' training time before the last
+        while result.status == names.STATUS_DIVERGED and rolls_back(run, trainer.rollback):
+            spent += result.elapsed_s
+            rollback, restarts = trainer.rollback, trainer.restarts
+            del trainer  # the diverged model and optimizer are freed before the retry's are built
+            trainer = attempt.roll_back(rollback, restarts=restarts, diverged_at=result.steps)
+            warn({"kind": "rollback", "message": f"diverged at step {result.steps}: rolled back to step "
+                                                 f"{trainer.step}, retry {trainer.rollback.count} of "
+                                                 f"{run.train.max_rollbacks} ({trainer.rollback.history.split('; ')[-1]})"})
+            attempt.announce(trainer)
+            result = trainer.train()
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
         tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM]}, step=result.steps)
+        result.rollbacks = trainer.rollback.count
+        result.elapsed_s += spent
         result.extra.update(corpus=corpus.name, unigram_entropy=corpus.unigram_entropy,
                             true_entropy=corpus.true_entropy, device=device_name(dist_info.device),
-                            world_size=dist_info.world_size)
+                            world_size=dist_info.world_size, rollbacks=trainer.rollback.history)
         return result
     finally:
         tracker.close()
 
 
+class Attempt:
+    """Builds the trainer of each attempt at a trial: the first (fresh or resumed from a
+    checkpoint) and, with train.on_divergence=rollback, each retry after a divergence."""
+
+    def __init__(self, run: RunConfig, dist_info: DistInfo, *, tracker: Tracker, root: Path,
+                 trial_hash: str, progress: Progress | None, first: Checkpoint | None):
+        self.run, self.dist_info, self.tracker = run, dist_info, tracker
+        self.first = first
+        """The checkpoint the trial started from (None: step 0)."""
+        self.root, self.trial_hash, self.progress = root, trial_hash, progress
+
+    def start(self, ckpt: Checkpoint | None, rollback: Rollback) -> Trainer:
+        """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`."""
+        run, dist_info = attempt_config(self.run, rollback), self.dist_info
+        trainer = build_trainer(run, dist_info, tracker=self.tracker, inject=not rollback.count)
+        dims = parallel_dims(run)
+        trainer.checkpointer = Checkpointer(
+            self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
+            config_hash=self.trial_hash, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+        if ckpt is not None:
+            trainer.checkpointer.load(trainer, ckpt)
+        scale_lr(trainer, rollback.lr_scale)  # from the scale the loaded optimizer carries
+        trainer.rollback = rollback
+        return trainer
+
+    def roll_back(self, rollback: Rollback, *, restarts: int, diverged_at: int) -> Trainer:
+        """The attempt after one (whose state was `rollback`) diverged at step `diverged_at`:
+        from the newest checkpoint (every one was saved at a finite step) or from step 0,
+        recorded on the trial's run."""
+        # a trial resumed from a checkpoint elsewhere (train.resume=PATH) can go back to that one too
+        found = rollback.target(sorted([*complete_checkpoints(self.root), *filter(None, [self.first])],
+                                       key=lambda c: c.step))
+        ckpt = agreed_checkpoint(found)
+        if self.dist_info.is_rank0:
+            discard_after(self.root, ckpt.step if ckpt else 0)
+        rollback = rollback.next(self.run, diverged_at=diverged_at, back_to=ckpt.step if ckpt else 0)
+        gc.collect()
+        if self.dist_info.device.type == "cuda":
+            torch.cuda.empty_cache()
+        trainer = self.start(ckpt, rollback)
+        trainer.restarts = restarts
+        self.tracker.log_metrics({names.ROLLBACKS: rollback.count}, step=trainer.step)
+        self.tracker.set_tags({names.TAG_ROLLBACKS: rollback.history})
+        return trainer
+
+    def announce(self, trainer: Trainer) -> None:
+        """Reference lines and progress events for the attempt about to train."""
+        corpus, tracker, run = trainer.corpus, self.tracker, self.run
+        refs = {names.REF_UNIGRAM_ENTROPY: corpus.unigram_entropy}
+        if corpus.true_entropy is not None:
+            refs[names.REF_TRUE_ENTROPY] = corpus.true_entropy
+        # logged at step 0 and beside every val/loss point, so MLflow draws them as lines
+        tracker.log_metrics(refs, step=0)
+        trainer.add_hook(lambda tr, step, m: tracker.log_metrics(refs, step=step) if names.VAL_LOSS in m else None)
+        if self.progress is not None and self.dist_info.is_rank0:
+            start = {"kind": "start", "max_steps": run.train.max_steps, "step": trainer.step,
+                     "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
+                     "device": device_name(self.dist_info.device), "world_size": self.dist_info.world_size}
+            self.progress(start)
+            trainer.add_hook(_progress_hook(self.progress), every=run.train.log_every)
+
+
 def agreed_resume(run: RunConfig, root: Path, trial_hash: str) -> Checkpoint | None:
     """The checkpoint train.resume points at, as rank 0 sees it (every rank loads the same one,
     even if a save landed between their looks); a collective."""
-    found = resolve_resume(run.train.resume, root, expect_hash=trial_hash)
+    return agreed_checkpoint(resolve_resume(run.train.resume, root, expect_hash=trial_hash))
+
+
+def agreed_checkpoint(found: Checkpoint | None) -> Checkpoint | None:
+    """Rank 0's `found` on every rank (a collective)."""
     chosen = gather_strings(json.dumps([str(found.path), found.step] if found else None))[0]
     if chosen == "null":
         return None

@@ -35,6 +35,7 @@ from trainlab.data import Corpus
 from trainlab.engine.balance import DpBalancer, loss_weight
 from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
 from trainlab.engine.preemption import Preemption
+from trainlab.engine.rollback import Rollback
 from trainlab.engine.slowdown import Slowdown
 from trainlab.parallel import no_sync, unwrap
 from trainlab.parallel.ddp import allreduce_grads
@@ -100,6 +101,8 @@ class TrialResult:
     loss_scale: float | None = None
     mfu_fp8: float | None = None
     """fp8 modes on a GPU with a known FP8 peak: median MFU against that peak."""
+    rollbacks: int = 0
+    """train.on_divergence=rollback: the divergences the trial rolled back from."""
     extra: dict = field(default_factory=dict)
 
 
@@ -142,6 +145,9 @@ class Trainer:
         self.preemption = Preemption()
         self.restarts = 0
         """How many times this trial restarted from a checkpoint before this attempt."""
+        self.rollback = Rollback()
+        """train.on_divergence=rollback: the retries so far and the learning-rate scale and
+        precision this attempt runs with."""
         factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
         self.slowdown = Slowdown(factor, timer=self.rank_timer) if factor > 1.0 else None
         """cluster.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""

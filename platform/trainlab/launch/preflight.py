@@ -134,13 +134,17 @@ def check_device(run: RunConfig) -> str:
     if device == "cuda" and local:
         cap = torch.cuda.get_device_capability(0)
         check_precision_on_gpu(run.precision, capability=cap, device_name=torch.cuda.get_device_name(0))
+        if run.train.rollback_precision:  # a retry must be able to run where the trial runs
+            check_precision_on_gpu(PrecisionConfig(name=run.train.rollback_precision), capability=cap,
+                                   device_name=torch.cuda.get_device_name(0))
         if run.cluster.num_workers > torch.cuda.device_count():
             raise ValueError(
                 f"cluster.num_workers={run.cluster.num_workers} but this machine has "
                 f"{torch.cuda.device_count()} GPU(s); lower cluster.num_workers or join a cluster"
             )
     else:
-        check_precision_supported(run.precision.name, device=device)
+        for name in filter(None, (run.precision.name, run.train.rollback_precision)):
+            check_precision_supported(name, device=device)
     return device
 
 

@@ -251,7 +251,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
                 progress.step(name, event["step"], event["max_steps"])
-            elif event.get("kind") == "resumed":  # a restarted gang went on from a checkpoint
+            elif event.get("kind") in ("resumed", "rollback"):  # the trial went on from a checkpoint
                 progress.note(name, event["message"])
 
         t.submitted_at = time.perf_counter()
@@ -296,7 +296,8 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
     for t in trials:
         r = t.result or {}
         row = [str(t.idx), _pick(t.overrides, keys),
-               t.status + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else ""),
+               t.status + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
+               + (f" (rolled back {r['rollbacks']}x)" if r.get("rollbacks") else ""),
                fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
                fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
                fmt(t.start_latency_s, ".1f"), fmt(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
