@@ -112,6 +112,12 @@ CASES = [
     C("checkpoint_folder_without_any", ["train.resume=."], ["train.resume='.'", "no complete checkpoint"]),
     C("checkpoint_keep_zero", ["train.checkpoint_keep=0"], ["train.checkpoint_keep=0", "above 0"]),
     C("fault_injection_malformed", ["train.inject_fault=kill"], ["train.inject_fault='kill'", "sigkill@5:1"]),
+    # ---------------------------------------------------------------- divergence policy
+    C("rollback_to_a_lower_precision", ["precision=bf16", "train.on_divergence=rollback",
+                                        "train.rollback_precision=fp16"],
+      ["train.rollback_precision=fp16", "not higher than precision=bf16", "use fp32"]),
+    C("rollback_that_changes_nothing", ["train.on_divergence=rollback", "train.rollback_lr_factor=1"],
+      ["train.on_divergence=rollback", "train.rollback_lr_factor=1", "retry the same computation"]),
 ]
 
 
