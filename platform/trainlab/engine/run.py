@@ -209,24 +209,10 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         if resumed and dist_info.is_rank0:
             warn({"kind": "resumed", "message": f"resumed from {resume_from.path} at step {trainer.step} "
                                                 f"(restart {restarts}) on {dist_info.world_size} workers"})
-        attempt.announce(trainer)
-        result = trainer.train()
-        spent = 0.0  # the attempts' training time before the last
-        while result.status == names.STATUS_DIVERGED and rolls_back(run, trainer.rollback):
-            spent += result.elapsed_s
-            rollback, restarts = trainer.rollback, trainer.restarts
-            del trainer  # the diverged model and optimizer are freed before the retry's are built
-            trainer = attempt.roll_back(rollback, restarts=restarts, diverged_at=result.steps)
-            warn({"kind": "rollback", "message": f"diverged at step {result.steps}: rolled back to step "
-                                                 f"{trainer.step}, retry {trainer.rollback.count} of "
-                                                 f"{run.train.max_rollbacks} ({trainer.rollback.history.split('; ')[-1]})"})
-            attempt.announce(trainer)
-            result = trainer.train()
+        trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
         tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM]}, step=result.steps)
-        result.rollbacks = trainer.rollback.count
-        result.elapsed_s += spent
         result.extra.update(corpus=corpus.name, unigram_entropy=corpus.unigram_entropy,
                             true_entropy=corpus.true_entropy, device=device_name(dist_info.device),
                             world_size=dist_info.world_size, rollbacks=trainer.rollback.history)
@@ -259,6 +245,29 @@ class Attempt:
         scale_lr(trainer, rollback.lr_scale)  # from the scale the loaded optimizer carries
         trainer.rollback = rollback
         return trainer
+
+    def train(self, trainer: Trainer, *, warn: Progress | None) -> tuple[Trainer, TrialResult]:
+        """Train `trainer` to the end; with train.on_divergence=rollback a divergence is
+        retried (see engine.rollback) until one attempt ends or the retries run out.
+        Returns the last attempt's trainer and its result (timed over every attempt)."""
+        self.announce(trainer)
+        result = trainer.train()
+        spent = 0.0  # the attempts' training time before the last
+        while result.status == names.STATUS_DIVERGED and rolls_back(self.run, trainer.rollback):
+            spent += result.elapsed_s
+            rollback, restarts = trainer.rollback, trainer.restarts
+            del trainer  # the diverged model and optimizer are freed before the retry's are built
+            trainer = self.roll_back(rollback, restarts=restarts, diverged_at=result.steps)
+            if warn is not None:
+                warn({"kind": "rollback", "message": (
+                    f"diverged at step {result.steps}: rolled back to step {trainer.step}, retry "
+                    f"{trainer.rollback.count} of {self.run.train.max_rollbacks} "
+                    f"({trainer.rollback.history.split('; ')[-1]})")})
+            self.announce(trainer)
+            result = trainer.train()
+        result.rollbacks = trainer.rollback.count
+        result.elapsed_s += spent
+        return trainer, result
 
     def roll_back(self, rollback: Rollback, *, restarts: int, diverged_at: int) -> Trainer:
         """The attempt after one (whose state was `rollback`) diverged at step `diverged_at`:
