@@ -70,7 +70,7 @@ class ProgressLine:
             self._step(event)
         elif kind == "warning":
             console.print(f"[yellow]warning:[/] {event['message']}")
-        elif kind == "resumed":  # a restarted gang goes on from a checkpoint
+        elif kind in ("resumed", "resized"):  # a restarted gang goes on from a checkpoint, maybe smaller
             console.print(f"[cyan]{event['message']}[/]")
 
     def _start(self, event: dict) -> None:

@@ -31,6 +31,9 @@ RESTARTS = "fault/restarts"
 """Times the trial started again from a checkpoint (worker loss, preemption, a rerun)."""
 WORKERS = "fault/workers"
 """Workers the trial runs on since its last (re)start."""
+GRAD_ACCUM = "fault/grad_accum"
+"""Elastic trials (cluster.min_workers): micro-batches each worker runs per optimizer step since
+the last (re)start, what keeps the global batch on fewer workers."""
 # reference lines: constant over a run, logged once at step 0
 REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
 REF_TRUE_ENTROPY = "ref/true_entropy"
@@ -124,6 +127,9 @@ TAG_CHECKPOINT_DIR = "checkpoint_dir"
 """Where the trial's checkpoints are: a rerun of its sweep resumes it from there."""
 TAG_RESUMED_FROM = "resumed_from"
 """The checkpoint the trial last resumed from (absent if it never resumed)."""
+TAG_ELASTIC = "elastic"
+"""Elastic trials: the worker counts the trial may run on, min-max (e.g. '1-2'); absent on a
+fixed gang."""
 
 TAG_FP8_LAYERS = "fp8_layers"
 """How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""
