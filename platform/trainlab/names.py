@@ -34,6 +34,10 @@ WORKERS = "fault/workers"
 GRAD_ACCUM = "fault/grad_accum"
 """Elastic trials (cluster.min_workers): micro-batches each worker runs per optimizer step since
 the last (re)start, what keeps the global batch on fewer workers."""
+PER_START = (RESTARTS, WORKERS, GRAD_ACCUM)
+"""Logged once by every (re)start at the step it starts from: a point at a step the run already
+has is another start (one that found no newer checkpoint), never a replay, so a resumed tracker
+keeps it."""
 # reference lines: constant over a run, logged once at step 0
 REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
 REF_TRUE_ENTROPY = "ref/true_entropy"

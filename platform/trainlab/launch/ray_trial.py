@@ -162,8 +162,11 @@ def _tracker_factory(payload: dict):
         if mlflow_run:
             from trainlab.tracking.mlflow_tracker import MlflowTracker
 
-            # the driver's tracker options, its spill file included (its close uses the same one)
-            return MlflowTracker(**mlflow_run, resume=resumed)
+            # the driver's tracker options, its spill file included (its close uses the same one).
+            # Every attempt Ray Train starts logs into the one run the driver opened, and one started
+            # again before a first checkpoint was complete replays steps 1.. from scratch: each drops
+            # the steps the run already has (on the first attempt, none), resumed or not
+            return MlflowTracker(**mlflow_run, resume=True)
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))
