@@ -56,7 +56,7 @@ def _phase(rank: int, world: int, port: int, out, runs: list[tuple[str, list[str
     with reporting_to(out):
         for name, overrides, stop_at in runs:
             tracker, events = PreemptingTracker(stop_at), []
-            result = run_trial(compose_run_config([*ELASTIC, *overrides]), tracker_factory=lambda *_: tracker,
+            result = run_trial(compose_run_config([*ELASTIC, *overrides]), tracker_factory=lambda *_, t=tracker: t,
                                progress=events.append)
             reports[name] = dict(status=result.status, steps=result.steps, final_loss=result.final_loss,
                                  losses=tracker.by_step(names.LOSS), tokens=tracker.by_step(names.TOKENS_SEEN),
