@@ -75,7 +75,7 @@ class ProgressLine:
             self._step(event)
         elif kind == "warning":
             console.print(f"[yellow]warning:[/] {event['message']}")
-        elif kind in ("resumed", "rollback"):  # the trial goes on from a checkpoint
+        elif kind in ("resumed", "resized", "rollback"):  # the trial goes on from a checkpoint
             console.print(f"[cyan]{event['message']}[/]")
 
     def _start(self, event: dict) -> None:

@@ -34,6 +34,13 @@ WORKERS = "fault/workers"
 ROLLBACKS = "fault/rollbacks"
 """Divergence rollbacks so far (train.on_divergence=rollback), logged at the step each retry
 went back to."""
+GRAD_ACCUM = "fault/grad_accum"
+"""Elastic trials (cluster.min_workers): micro-batches each worker runs per optimizer step since
+the last (re)start, what keeps the global batch on fewer workers."""
+PER_START = (RESTARTS, WORKERS, GRAD_ACCUM, ROLLBACKS)
+"""Logged once by every (re)start at the step it starts from: a point at a step the run already
+has is another start (one that found no newer checkpoint), never a replay, so a resumed tracker
+keeps it."""
 # reference lines: constant over a run, logged once at step 0
 REF_UNIGRAM_ENTROPY = "ref/unigram_entropy"
 REF_TRUE_ENTROPY = "ref/true_entropy"
@@ -129,6 +136,9 @@ TAG_RESUMED_FROM = "resumed_from"
 """The checkpoint the trial last resumed from (absent if it never resumed)."""
 TAG_ROLLBACKS = "rollbacks"
 """train.on_divergence=rollback: each rollback, 'step 6 -> 4 (lr x0.5, fp32)', '; '-joined."""
+TAG_ELASTIC = "elastic"
+"""Elastic trials: the worker counts the trial may run on, min-max (e.g. '1-2'); absent on a
+fixed gang."""
 
 TAG_FP8_LAYERS = "fp8_layers"
 """How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""

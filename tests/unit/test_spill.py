@@ -1,10 +1,13 @@
 """The spill file on its own: records come back in order, delivery progress survives a
-stop halfway, and a marker left from an earlier file of the same name is not trusted."""
+stop halfway, and a marker left from an earlier file of the same name is not trusted. And what a
+resumed run's delivery filters out."""
 
 from __future__ import annotations
 
 import pytest
 
+from trainlab import names
+from trainlab.tracking.delivery import Delivery
 from trainlab.tracking.spill import Spill, SpillError
 
 
@@ -48,3 +51,13 @@ def test_a_torn_last_line_is_not_delivered_and_check_names_it(tmp_path):
     assert len(Spill(str(path)).read()) == 1
     with pytest.raises(SpillError, match="incomplete line"):
         Spill(str(path)).check()
+
+
+def test_a_resumed_run_drops_replayed_steps_but_keeps_every_start():
+    """A gang restarted before its first checkpoint was complete starts over at step 0: its
+    steps are replays, its fault/ points at step 0 another start."""
+    delivery = Delivery()
+    delivery._last_steps["r"] = {"loss": 5, names.WORKERS: 0, names.RESTARTS: 0}  # what resume() read
+    items = [["loss", 1.0, 0, 5], ["loss", 1.0, 0, 6], [names.WORKERS, 1.0, 0, 0], [names.RESTARTS, 0.0, 0, 0]]
+    kept = delivery.keep({"op": "metrics", "run_id": "r", "uri": "u", "items": items})
+    assert [(k, step) for k, _, _, step in kept["items"]] == [("loss", 6), (names.WORKERS, 0), (names.RESTARTS, 0)]

@@ -26,7 +26,7 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
                "train.inject_fault",
-               "cluster.max_failures")
+               "cluster.max_failures", "cluster.min_workers", "cluster.resize_interval_s")
 
 
 class ConfigError(ValueError):

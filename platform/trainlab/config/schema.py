@@ -549,6 +549,17 @@ class ClusterConfig:
     max_failures: int = 0
     """Worker failures (a process killed, a node lost) Ray Train survives per trial by
     restarting the gang from the last checkpoint; past it the trial ends failed."""
+    min_workers: int = 0
+    """Elastic data parallel: the fewest workers the trial goes on with; 0 = a fixed gang of
+    num_workers. With 1 <= min_workers < num_workers, a trial that loses workers (a node lost)
+    restarts from its last checkpoint on as many as Ray can place, down to min_workers, and
+    grows back to num_workers when they return; the global batch (train.global_batch_size)
+    is kept by more micro-batches per worker. Pure data parallel (parallel=ddp) only; each
+    loss counts against max_failures, a grow-back does not."""
+    resize_interval_s: float = 60.0
+    """Elastic only: how often, in seconds, a running gang below num_workers asks whether it can
+    grow back (Ray Train's elastic_resize_monitor_interval_s, whose default 60 this keeps). A
+    grow-back restarts the gang from its last checkpoint, so the steps since it run again."""
     slowdown: list[float] = field(default_factory=list)
     """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
     rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
@@ -565,6 +576,11 @@ class ClusterConfig:
                   start_timeout_s=self.start_timeout_s)
         if self.max_failures < 0:
             raise ValueError(f"cluster.max_failures={self.max_failures} must be >= 0 (0 = a failure ends the trial)")
+        if not 0 <= self.min_workers <= self.num_workers:
+            raise ValueError(f"cluster.min_workers={self.min_workers} must lie in [0, cluster.num_workers="
+                             f"{self.num_workers}] (0 = a fixed gang; below num_workers = the fewest workers "
+                             "an elastic trial goes on with)")
+        _positive("cluster", resize_interval_s=self.resize_interval_s)
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")

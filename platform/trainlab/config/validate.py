@@ -6,6 +6,7 @@ trainlab.launch.preflight, which runs before any Ray resource is reserved.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -210,6 +211,54 @@ def check_balance(run: RunConfig) -> None:
             "micro-batches; use parallel.dp_balance=weighted (same count, uneven sizes) or ddp/zero1")
 
 
+def elastic_range(run: RunConfig) -> tuple[int, int] | None:
+    """(fewest, most) workers of an elastic trial (cluster.min_workers below num_workers);
+    None for a fixed gang."""
+    c = run.cluster
+    return (c.min_workers, c.num_workers) if 1 <= c.min_workers < c.num_workers else None
+
+
+def check_elastic(run: RunConfig) -> None:
+    """An elastic trial must be able to run, and keep its global batch, on every worker count
+    it may be given: a layout with nothing sharded or split, dp derived from the gang, equal
+    shares, and a global batch that every count x micro batch divides."""
+    span = elastic_range(run)
+    if span is None:
+        return
+    lo, hi = span
+    p, c, t = run.parallel, run.cluster, run.train
+    elastic = f"cluster.min_workers={lo} (elastic between {lo} and cluster.num_workers={hi})"
+    if p.data_parallel != "ddp" or p.tp > 1 or p.pp > 1:
+        raise ValueError(
+            f"{elastic} needs pure data parallel, got parallel.data_parallel={p.data_parallel} "
+            f"parallel.tp={p.tp} parallel.pp={p.pp}: sharded and split layouts cannot change size; "
+            "use parallel=ddp, or cluster.min_workers=0 for a fixed gang")
+    if p.dp:
+        raise ValueError(
+            f"{elastic} resizes the data-parallel degree with the gang, but parallel.dp={p.dp} fixes it; "
+            "set parallel.dp=0 (derived), or cluster.min_workers=0 for a fixed gang")
+    if p.dp_balance != "equal":
+        raise ValueError(
+            f"parallel.dp_balance={p.dp_balance} with {elastic} is not supported: its shares are per rank "
+            "of a fixed gang; set parallel.dp_balance=equal, or cluster.min_workers=0")
+    if c.max_failures < 1:
+        raise ValueError(
+            f"{elastic} with cluster.max_failures={c.max_failures}: a lost node is a worker failure, and "
+            "with none allowed the trial ends instead of going on with fewer workers; set "
+            "cluster.max_failures=1 or more (each loss uses one, growing back does not)")
+    bad = [w for w in range(lo, hi + 1) if t.global_batch_size % (t.micro_batch_size * w)]
+    if bad:
+        step = math.lcm(*(t.micro_batch_size * w for w in range(lo, hi + 1)))
+        fits = -(-t.global_batch_size // step) * step  # the nearest multiple at or above it
+        counts = " and ".join(f"{w} worker{'s' * (w > 1)} ({t.micro_batch_size} x {w} = "
+                              f"{t.micro_batch_size * w})" for w in bad)
+        raise ValueError(
+            f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size x "
+            f"workers for {counts}, which {elastic} allows (an elastic gang keeps the global batch on any "
+            f"count by gradient accumulation); use a multiple of {step} (the lcm over the counts), e.g. "
+            f"train.global_batch_size={fits}, or narrow the range")
+
+
 def escapes_cwd(path: str) -> bool:
     """A relative path whose `..` parts lead out of the working directory (decided on the
     string, as the path is written: `~` counts as absolute)."""
@@ -278,6 +327,7 @@ def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
     check_paths(run)
     parallel_dims(run)
+    check_elastic(run)  # before the batch check for the full gang: it names every count that fails
     grad_accum_steps(run)
     check_parallel(run)
     check_balance(run)

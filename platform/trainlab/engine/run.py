@@ -22,7 +22,7 @@ from torch import nn
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
 from trainlab.config.schema import FP8_PRECISIONS
-from trainlab.config.validate import unordered_reductions
+from trainlab.config.validate import elastic_range, unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
@@ -36,6 +36,7 @@ from trainlab.engine.checkpoint import (
 )
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
+from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
@@ -177,6 +178,8 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         torch.set_num_threads(run.cluster.cpus_per_worker)
     root = checkpoint_root(run)
     trial_hash = config_hash(run)  # the trial's identity in its checkpoints, whatever it changes at run time
+    elastic = elastic_range(run)  # as launched: Ray may have started the gang smaller
+    run = fit_to_gang(run, world_size=dist_info.world_size)
     resume_from = agreed_resume(run, root, trial_hash)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
@@ -187,7 +190,8 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         trainer = attempt.start(resume_from, rollback_of(resume_from))
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
-        tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size}, step=trainer.step)
+        tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
+                             **elastic_metrics(elastic, run)}, step=trainer.step)
         if resumed:
             tracker.set_tags({names.TAG_RESUMED_FROM: str(resume_from.path)})
         corpus = trainer.corpus
@@ -209,6 +213,9 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         if resumed and dist_info.is_rank0:
             warn({"kind": "resumed", "message": f"resumed from {resume_from.path} at step {trainer.step} "
                                                 f"(restart {restarts}) on {dist_info.world_size} workers"})
+        resized = shrunk_note(elastic, run)
+        if resized and dist_info.is_rank0:
+            warn({"kind": "resized", "message": resized})
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})

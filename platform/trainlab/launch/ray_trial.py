@@ -15,6 +15,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 from trainlab.config import RunConfig
+from trainlab.config.validate import elastic_range
 from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
 
 _RAY_TRAIN_ENV = {
@@ -88,10 +89,13 @@ class Gang:
     """Every GPU type of the cluster: a placement that may use all of them needs no selector."""
 
     def scaling(self, run: RunConfig) -> dict:
-        """Ray Train ScalingConfig keywords."""
+        """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
         resources = {"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if self.gpus else {})}
-        options = {"num_workers": run.cluster.num_workers, "use_gpu": self.gpus,
+        span = elastic_range(run)
+        options = {"num_workers": span or run.cluster.num_workers, "use_gpu": self.gpus,
                    "resources_per_worker": resources, "placement_strategy": "PACK"}
+        if span:
+            options["elastic_resize_monitor_interval_s"] = run.cluster.resize_interval_s
         if self.placement is not None:
             options |= scaling_options(self.placement, all_types=self.all_types)
         return options
@@ -158,8 +162,11 @@ def _tracker_factory(payload: dict):
         if mlflow_run:
             from trainlab.tracking.mlflow_tracker import MlflowTracker
 
-            # the driver's tracker options, its spill file included (its close uses the same one)
-            return MlflowTracker(**mlflow_run, resume=resumed)
+            # the driver's tracker options, its spill file included (its close uses the same one).
+            # Every attempt Ray Train starts logs into the one run the driver opened, and one started
+            # again before a first checkpoint was complete replays steps 1.. from scratch: each drops
+            # the steps the run already has (on the first attempt, none), resumed or not
+            return MlflowTracker(**mlflow_run, resume=True)
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))
@@ -178,12 +185,15 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty as QueueEmpty
     from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from trainlab.engine.distributed import backend_for
 
     connect(run)
     run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
-    events = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
     payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
                "output_dir": run.output_dir}
     trainer = TorchTrainer(

@@ -251,7 +251,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
                 progress.step(name, event["step"], event["max_steps"])
-            elif event.get("kind") in ("resumed", "rollback"):  # the trial went on from a checkpoint
+            elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
                 progress.note(name, event["message"])
 
         t.submitted_at = time.perf_counter()

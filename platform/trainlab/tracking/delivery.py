@@ -16,6 +16,7 @@ import os
 import sys
 import urllib.request
 
+from trainlab import names
 from trainlab.tracking.spill import MAX_BATCH
 
 SHORT_HTTP_RETRIES = {
@@ -87,11 +88,11 @@ class Delivery:
 
     def keep(self, record: dict) -> dict:
         """The record without points a resumed run already has (steps at or below the last
-        step its key had when the run resumed)."""
+        step its key had when the run resumed); the once-per-start keys are kept (names.PER_START)."""
         last = self._last_steps.get(record["run_id"])
         if record["op"] != "metrics" or not last:
             return record
-        items = [it for it in record["items"] if it[3] > last.get(it[0], -1)]
+        items = [it for it in record["items"] if it[0] in names.PER_START or it[3] > last.get(it[0], -1)]
         return record if len(items) == len(record["items"]) else {**record, "items": items}
 
     def resume(self, run_id: str, uri: str) -> None:

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
+from trainlab.config.validate import elastic_range
 
 MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
 
@@ -63,7 +64,7 @@ class TrialRun:
 
 def trial_tags(run: RunConfig) -> dict[str, str]:
     """Tags known from the config alone; rank 0 adds device, corpus and emulation tags."""
-    return {
+    tags = {
         names.TAG_PRECISION: run.precision.name,
         names.TAG_PARALLEL: run.parallel.name,
         names.TAG_MODEL: run.model.name,
@@ -73,6 +74,10 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
         names.TAG_CORPUS: run.data.name,
         names.TAG_STATUS: names.STATUS_RUNNING,
     }
+    span = elastic_range(run)
+    if span:  # rank 0 sets world_size to its own start's gang; fault/workers holds every start's
+        tags[names.TAG_ELASTIC] = f"{span[0]}-{span[1]}"
+    return tags
 
 
 def default_run_name(run: RunConfig) -> str:
