@@ -12,14 +12,15 @@ import pytest
 
 pytestmark = [pytest.mark.ray]
 
-# in a fresh interpreter, as `trainlab train` runs it: Ray is imported by connect() itself
+# in a fresh interpreter, through the call `trainlab train` makes before any worker starts
+# (launch.trial.plan, which starts the local cluster): Ray is imported only once it is up
 _START = """
 import json, sys
 import psutil
 from trainlab.config import compose_run_config
-from trainlab.launch.ray_trial import connect
+from trainlab.launch.trial import plan
 
-connect(compose_run_config(sys.argv[1:]))
+plan(compose_run_config(sys.argv[1:]), "auto")
 import ray
 ctx = ray.get_runtime_context()
 info = ray._private.worker.global_worker.node.address_info

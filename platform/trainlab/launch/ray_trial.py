@@ -104,9 +104,9 @@ class Gang:
 def plan_gang(run: RunConfig, device: str) -> Gang:
     """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
     trial to the GPU types that can run it; PlacementError (with each type's reason) if none."""
+    connect(run)  # first: Ray must not be imported before it keeps a local cluster on loopback
     import ray
 
-    connect(run)
     if device == "auto":
         device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 and not run.cluster.logical_gpus else "cpu"
     gpus = device == "cuda" or run.cluster.logical_gpus
@@ -179,6 +179,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
 
     Raises the Ray Train error if a worker failed.
     """
+    connect(run)  # before Ray is imported (see plan_gang)
     import ray
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -189,7 +190,6 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
 
     from trainlab.engine.distributed import backend_for
 
-    connect(run)
     run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
