@@ -273,7 +273,6 @@ def rank_state(trainer: Trainer) -> dict:
         "scheduler": trainer.scheduler.state_dict(),
         "recipe": trainer.recipe.state_dict(),
         "batches": trainer.batches.state_dict(),
-        "rollback": trainer.rollback.as_state(),
         "rng": {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -300,7 +299,6 @@ def load_rank_state(trainer: Trainer, state: dict, *, recipe: bool = True) -> No
     if recipe:
         trainer.recipe.load_state_dict(state["recipe"])
     trainer.batches.load_state_dict(state["batches"])
-    trainer.rollback = Rollback.from_state(state.get("rollback"))
     if "zero1_optim" in state:
         trainer.optimizer.optim.load_state_dict(state["zero1_optim"])
         for group, lr in zip(trainer.optimizer.param_groups, state["zero1_lrs"]):

@@ -9,8 +9,9 @@ further (that checkpoint led nowhere good). It trains on with the whole learning
 ``train.max_rollbacks`` retries a divergence ends the trial as ``diverged`` after all.
 
 The retry's state travels with its checkpoints: the optimizer and schedule carry the lowered
-learning rate, each rank file the `Rollback` record, and ``trainlab.json`` the precision, so
-a worker restarted after a rollback resumes in the retry's precision and learning rate.
+learning rate and ``trainlab.json`` the `Rollback` record (count, learning-rate scale,
+precision), so a worker restarted after a rollback resumes in the retry's precision and
+learning rate.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def attempt_config(run: RunConfig, rollback: Rollback) -> RunConfig:
     return dataclasses.replace(run, precision=PrecisionConfig(name=rollback.precision))
 
 
-def scale_lr(trainer, scale: float) -> None:
-    """Set the trainer's learning-rate schedule to `scale` times the configured one; the
-    optimizer and schedule it loaded from a checkpoint carry `trainer.rollback.lr_scale`."""
-    ratio = scale / trainer.rollback.lr_scale
+def scale_lr(trainer, *, loaded: float, wanted: float) -> None:
+    """Set the trainer's learning-rate schedule to `wanted` times the configured one; the
+    optimizer and schedule it loaded from a checkpoint carry `loaded` times it (1 for none)."""
+    ratio = wanted / loaded
     if ratio == 1.0:
         return
     for group in trainer.optimizer.param_groups:  # ZeRO-1: the wrapper's, copied to the shard's

@@ -249,7 +249,7 @@ class Attempt:
             config_hash=self.trial_hash, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
         if ckpt is not None:
             trainer.checkpointer.load(trainer, ckpt)
-        scale_lr(trainer, rollback.lr_scale)  # from the scale the loaded optimizer carries
+        scale_lr(trainer, loaded=rollback_of(ckpt).lr_scale, wanted=rollback.lr_scale)
         trainer.rollback = rollback
         return trainer
 
@@ -284,9 +284,10 @@ class Attempt:
         found = rollback.target(sorted([*complete_checkpoints(self.root), *filter(None, [self.first])],
                                        key=lambda c: c.step))
         ckpt = agreed_checkpoint(found)
+        back_to = ckpt.step if ckpt else 0
         if self.dist_info.is_rank0:
-            discard_after(self.root, ckpt.step if ckpt else 0)
-        rollback = rollback.next(self.run, diverged_at=diverged_at, back_to=ckpt.step if ckpt else 0)
+            discard_after(self.root, back_to)
+        rollback = rollback.next(self.run, diverged_at=diverged_at, back_to=back_to)
         gc.collect()
         if self.dist_info.device.type == "cuda":
             torch.cuda.empty_cache()
