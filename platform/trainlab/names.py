@@ -173,10 +173,6 @@ SPILL_FILE = "mlflow_spill.jsonl"
 """In a trial's output dir: MLflow records kept while the tracking server was unreachable
 (`trainlab import-spill` delivers them)."""
 
-# precision modes from most to least precise: compare's default baseline is the first present
-PRECISION_RANK = ("fp32", "fp16", "bf16", "bf16_pure", "fp8_delayed", "fp8_tensorwise",
-                  "fp8_rowwise", "fp8_rowwise_gw_hp", "emulated")
-
 # -- per rank (issue 5) ------------------------------------------------------------------
 # trainlab.telemetry.ranks: each rank's numbers under rank/<r>/<key>, plus aggregates over
 # ranks under sys/; gathered to rank 0 at log steps

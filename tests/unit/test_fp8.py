@@ -16,7 +16,7 @@ from torch import nn
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.config.schema import FP8_PRECISIONS, KEEP_HP_SELECTORS, PRECISIONS, PrecisionConfig
+from trainlab.config.schema import KEEP_HP_SELECTORS, PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_module_names
 from trainlab.models import build_model
@@ -24,6 +24,7 @@ from trainlab.precision import build_recipe, check_precision_supported
 from trainlab.precision.capability import MIN_CUDA_CAPABILITY
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
+from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS
 from trainlab.telemetry import Peak, Throughput, device_peak, peak_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from trainlab.config import ConfigError, compose_run_config
-from trainlab.config.schema import PRECISIONS
 from trainlab.data import write_token_file
 from trainlab.launch.preflight import (
     check_data,
@@ -23,6 +22,7 @@ from trainlab.launch.preflight import (
 )
 from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import MIN_CUDA_CAPABILITY
+from trainlab.precision.spec import PRECISIONS
 from trainlab.tracking.runs import resolve_tracking_uri
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]

@@ -28,10 +28,29 @@ def test_unknown_gpu_gets_no_peak_and_says_why():
     assert no_bf16.flops_per_s is None and "V100" in no_bf16.source
 
 
-def test_known_gpus_resolve_by_name():
+def test_known_gpus_resolve_by_their_exact_name():
     assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
     assert gpu_peak("NVIDIA H100 PCIe", "bf16").flops_per_s == 756e12  # the PCIe part is slower
-    assert all(p > 0 for _, peaks in GPU_PEAK_TFLOPS for p in peaks.values())
+    assert all(p > 0 for _, _, peaks in GPU_PEAK_TFLOPS for p in peaks.values())
+    # names that contain another part's name are other chips, not that part
+    assert gpu_peak("NVIDIA L40", "bf16").flops_per_s == 181e12  # not the L4's 121
+    assert gpu_peak("NVIDIA H100 NVL", "bf16").flops_per_s == 835e12  # not the SXM's 989
+    assert gpu_peak("NVIDIA H100 80GB HBM3 (custom)", "bf16").flops_per_s is None
+
+
+def test_fp32_mfu_is_against_plain_fp32_unless_tf32_is_on():
+    """fp32 matmuls run on CUDA cores unless precision.tf32 turns TF32 tensor cores on: the
+    peak MFU divides by must be the one the run used (the TF32 figure is 7x the FP32 one)."""
+    from trainlab.config.schema import PrecisionConfig
+    from trainlab.precision import build_recipe
+
+    assert gpu_peak("NVIDIA H100 80GB HBM3", "fp32").flops_per_s == 67e12
+    assert gpu_peak("NVIDIA H100 80GB HBM3", "tf32").flops_per_s == 494e12
+    assert build_recipe(PrecisionConfig(name="fp32"), device_type="cpu").peak_dtype == "fp32"
+    # (device_type=cuda only changes torch's global TF32 flags, which CPU runs do not read)
+    assert build_recipe(PrecisionConfig(name="fp32", tf32=True), device_type="cuda").peak_dtype == "tf32"
+    assert build_recipe(PrecisionConfig(name="fp32", tf32=False), device_type="cuda").peak_dtype == "fp32"
+    assert build_recipe(PrecisionConfig(name="fp32", tf32=True), device_type="cpu").peak_dtype == "fp32"
 
 
 def test_a_mix_of_gpus_counts_each_at_its_own_peak():
@@ -39,7 +58,7 @@ def test_a_mix_of_gpus_counts_each_at_its_own_peak():
     mixed = mean_peak([h100, h100, v100, v100])
     # MFU divides by world size x this = the sum of the four peaks
     assert 4 * mixed.flops_per_s == pytest.approx(2 * (989e12 + 125e12))
-    assert mixed.source == "table:H100:fp16+table:V100:fp16"
+    assert mixed.source == "table:H100 SXM:fp16+table:V100 SXM2:fp16"
     assert mean_peak([h100, Peak(None, "unknown:no entry")]).flops_per_s is None
 
 

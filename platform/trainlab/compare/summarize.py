@@ -35,15 +35,15 @@ from trainlab import names
 from trainlab.compare import curves
 from trainlab.compare.records import ConfigRow, Summary, Trial
 from trainlab.compare.repro import reproducibility
+from trainlab.precision.spec import SPECS
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
 TOLERANCE = 0.01  # default: worse than the baseline by more than 1 % of its val loss = degraded
 
 
 def precision_rank(precision: str) -> int:
-    """Position in names.PRECISION_RANK (most precise first); unknown modes sort last."""
-    return names.PRECISION_RANK.index(precision) if precision in names.PRECISION_RANK else len(
-        names.PRECISION_RANK)
+    """The mode's rank in precision.spec (most precise first); unknown modes sort last."""
+    return SPECS[precision].rank if precision in SPECS else len(SPECS)
 
 
 def default_baseline(rows: Sequence[ConfigRow]) -> str | None:

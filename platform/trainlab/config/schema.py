@@ -18,13 +18,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-FP8_TORCHAO = ("fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp")
-"""FP8 recipes of torchao's Float8Linear (current scaling)."""
-FP8_PRECISIONS = (*FP8_TORCHAO, "fp8_delayed")
-PRECISIONS = ("fp32", "fp16", "bf16", "bf16_pure", *FP8_PRECISIONS, "emulated")
+# the precision modes and their families come from their specifications (precision.spec)
+from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS
+
 ON_DIVERGENCE = ("stop", "rollback")
-ROLLBACK_PRECISIONS = ("fp32", "bf16", "fp16")
-"""Precisions a diverged trial may retry in: those whose config is the name alone."""
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
 EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
@@ -296,6 +293,10 @@ class PrecisionConfig:
     """fp8 modes: native (real float8 casts and scaled matmuls; needs SM 8.9+ on a GPU, runs
     slowly on CPU), emulated (the same casts, matmuls in high precision: any GPU),
     auto = native where the device can, else refused with a message."""
+    tf32: bool = False
+    """fp32 only, on CUDA GPUs of SM 8.0+: run fp32 matmuls on TF32 tensor cores (10-bit
+    mantissa inputs, fp32 accumulation). Off by default, so fp32 means fp32; MFU is measured
+    against the TF32 peak when on and the plain FP32 peak when off."""
     hp_dtype: str = "bf16"
     """fp8 and emulated modes: dtype of everything that is not a low-precision linear
     (attention, norms, the high-precision layers): bf16 autocast or fp32."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
+from trainlab.precision.spec import ROLLBACK_PRECISIONS, SPECS, spec_of
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def check_parallel(run: RunConfig) -> None:
                 f"parallel.tp={p.tp} combines with parallel.data_parallel=ddp or fsdp, not "
                 f"{p.data_parallel}"
             )
-        if run.precision.name.startswith("fp8"):
+        if not spec_of(run.precision.name).tensor_parallel:
             raise ValueError(
                 f"precision={run.precision.name} with parallel.tp={p.tp} is not supported (FP8 "
                 "linears need their own tensor-parallel plan); use tp=1 or a bf16/fp16 precision"
@@ -304,20 +305,17 @@ def check_paths(run: RunConfig) -> None:
                 f"really meant, pass it as an absolute path: {name}={written}")
 
 
-# precisions ordered by how much range and precision they keep; a rollback's retry moves up
-_HIGHER = {"fp16": 1, "bf16": 2, "fp32": 3}
-
-
 def check_rollback(run: RunConfig) -> None:
-    """train.rollback_precision must be a higher precision than the trial's own."""
+    """train.rollback_precision must be a higher precision (a lower precision.spec rank) than
+    the trial's own."""
     fallback, own = run.train.rollback_precision, run.precision.name
     if not fallback:
         return
     if fallback == own:
         raise ValueError(f"train.rollback_precision={fallback} is the trial's own precision; name a "
                          "higher one (fp32, or bf16 for fp16's overflows) or leave it empty")
-    if _HIGHER.get(fallback, 0) <= _HIGHER.get(own, 0):
-        higher = [p for p, r in _HIGHER.items() if r > _HIGHER.get(own, 0)]
+    if SPECS[fallback].rank >= SPECS[own].rank:
+        higher = [p for p in ROLLBACK_PRECISIONS if SPECS[p].rank < SPECS[own].rank]
         raise ValueError(f"train.rollback_precision={fallback} is not higher than precision={own}; a "
                          f"diverged trial retries with more range and precision: use "
                          f"{' or '.join(higher)}, or leave it empty to keep {own}")
@@ -367,7 +365,6 @@ def unordered_reductions(run: RunConfig) -> list[str]:
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about)."""
     from trainlab.config.schema import (
-        FP8_PRECISIONS,
         DataConfig,
         ParallelConfig,
         PrecisionConfig,
@@ -375,15 +372,18 @@ def ignored_options(run: RunConfig) -> list[str]:
     )
 
     notes = []
-    if run.precision.name != "fp16":
+    spec = spec_of(run.precision.name)
+    if not spec.loss_scaling:
         fp16_fields = ("fp16_impl", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
                        "growth_interval")
         changed = [f for f in fp16_fields if getattr(run.precision, f) != getattr(PrecisionConfig(), f)]
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to precision=fp16; "
                          f"ignored with precision={run.precision.name}")
-    lowp = run.precision.name in (*FP8_PRECISIONS, "emulated")
-    if not lowp:
+    if run.precision.tf32 and run.precision.name != "fp32":
+        notes.append(f"precision.tf32 only applies to precision=fp32; ignored with "
+                     f"precision={run.precision.name}")
+    if not spec.low_precision_layers:
         lowp_fields = ("fp8_impl", "hp_dtype", "keep_hp", "amax_history_len", "fp8_margin", "scaling")
         changed = [f for f in lowp_fields if getattr(run.precision, f) != getattr(PrecisionConfig(), f)]
         if changed:

@@ -21,7 +21,6 @@ from torch import nn
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.schema import FP8_PRECISIONS
 from trainlab.config.validate import elastic_range, unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
@@ -45,6 +44,7 @@ from trainlab.parallel import parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
+from trainlab.precision.spec import spec_of
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
@@ -77,6 +77,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         check_precision_on_gpu(run.precision,
                                capability=torch.cuda.get_device_capability(dist_info.device),
                                device_name=device_name(dist_info.device))
+    spec = spec_of(run.precision.name)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     raw_model = model
@@ -101,7 +102,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         model = nn.ModuleList(pipeline.stages)  # what the optimizer, clipping and telemetry see
     else:
         model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
-                            precision=run.precision.name, compile_blocks=compile_blocks,
+                            param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
+                            compile_blocks=compile_blocks,
                             deterministic=run.train.deterministic)
     recipe.attach(model)
     optimizer, scheduler = build_optimizer(
@@ -121,7 +123,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
         peak=gang_peak(device_peak(dist_info.device, recipe.peak_dtype)),
         world_size=dist_info.world_size,
-        fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if run.precision.name in FP8_PRECISIONS else None,
+        fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if spec.fp8 else None,
     )
     balancer = None
     if run.parallel.dp_balance != "equal" and dims.dp > 1:

@@ -15,15 +15,12 @@ from trainlab.engine.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 
 FSDP_KINDS = ("fsdp", "zero2", "hsdp")
-PARAM_DTYPES = {"bf16": torch.bfloat16, "bf16_pure": None}
-"""FSDP2's compute/all-gather dtype per precision mode (bf16 autocast -> bf16 parameters in
-forward, fp32 masters); other modes keep the parameters' own dtype."""
 REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
-                precision: str = "fp32", compile_blocks: bool = False,
+                param_dtype: torch.dtype | None = None, compile_blocks: bool = False,
                 deterministic: bool = False) -> nn.Module:
     """Wrap `model` for the layout, in torchtitan's order: tensor parallel first (it changes
     the parameters into DTensor shards), then activation checkpointing (it wraps the
@@ -32,6 +29,8 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     parallel, which must see the final (possibly sharded or cast) parameters it
     synchronises. `compile_blocks` compiles each block after checkpointing (torchtitan's
     place for it). `deterministic`: DDP sums gradients in rank order (parallel.ordered_reduce).
+    `param_dtype`: FSDP2's all-gather/compute dtype, as the precision's spec decides
+    (precision.spec.PrecisionSpec.fsdp_param_dtype; None = the parameters' own).
     `mesh` (from parallel.mesh) is needed for anything but plain DDP."""
     if dims.tp > 1:
         from trainlab.parallel.tp import apply_tp
@@ -53,7 +52,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
         dp_mesh = mesh[HSDP_DIM_NAMES] if cfg.data_parallel == "hsdp" and cfg.dp_replicate > 1 else (
             mesh["dp_shard"] if "dp_shard" in (mesh.mesh_dim_names or ()) else mesh["dp"])
         return apply_fsdp(model, mesh=dp_mesh, reshard_after_forward=cfg.data_parallel != "zero2",
-                          param_dtype=PARAM_DTYPES.get(precision),
+                          param_dtype=param_dtype,
                           reduce_dtype=REDUCE_DTYPES[cfg.comm_dtype])
     group = mesh["dp"].get_group() if mesh is not None and mesh.ndim > 1 else None
     if dims.tp > 1:

@@ -1,32 +1,19 @@
-"""Which precision each device can run, as data (checked before any worker starts)."""
+"""Which precision each device can run, from the modes' specifications (precision.spec);
+checked before any worker starts, and again on each GPU worker."""
 
 from __future__ import annotations
 
-from trainlab.config.schema import FP8_PRECISIONS, PrecisionConfig
+from trainlab.precision.spec import FP8_TENSOR_CORES, SPECS, spec_of
 
-FP8_TENSOR_CORES = (8, 9)
-"""Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
-
-# minimum CUDA compute capability (major, minor) per precision mode, run natively
-MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
-    "fp32": (0, 0),
-    "fp16": (5, 3),   # native half arithmetic; any GPU a current torch supports
-    "bf16": (8, 0),   # Ampere and newer
-    "bf16_pure": (8, 0),
-    "fp8_tensorwise": FP8_TENSOR_CORES,
-    "fp8_rowwise": FP8_TENSOR_CORES,
-    "fp8_rowwise_gw_hp": FP8_TENSOR_CORES,
-    "fp8_delayed": FP8_TENSOR_CORES,
-    "emulated": (0, 0),  # fake-quantized casts, matmuls in precision.hp_dtype (see below)
-}
-
-# emulated casts (precision=emulated, or an fp8 mode with precision.fp8_impl=emulated) run on
-# any GPU; their matmuls need what precision.hp_dtype needs
-HP_DTYPE_MIN_CUDA_CAPABILITY = {"bf16": MIN_CUDA_CAPABILITY["bf16"], "fp32": (0, 0)}
+MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {n: s.min_capability for n, s in SPECS.items()}
+"""Minimum CUDA compute capability (major, minor) per precision mode, run natively."""
 
 # CPU: every mode runs (fp16 by default as faithful emulation, fp8 with real float8 casts
 # and torch._scaled_mm on CPU: slow, but the numerics are those of the GPU recipe)
-CPU_PRECISIONS = frozenset(MIN_CUDA_CAPABILITY)
+CPU_PRECISIONS = frozenset(SPECS)
+
+__all__ = ["CPU_PRECISIONS", "FP8_TENSOR_CORES", "MIN_CUDA_CAPABILITY", "check_precision_on_gpu",
+           "check_precision_supported"]
 
 
 def check_precision_supported(precision: str, *, device: str,
@@ -38,28 +25,31 @@ def check_precision_supported(precision: str, *, device: str,
     `emulated`: the fp8 mode was asked to run emulated (precision.fp8_impl=emulated);
     `hp_dtype`: precision.hp_dtype, what the matmuls of emulated casts run in.
     """
+    spec = spec_of(precision)
     if device == "cpu":
         if precision not in CPU_PRECISIONS:
             raise ValueError(f"precision={precision} does not run on CPU; choose one of "
                              f"{', '.join(sorted(CPU_PRECISIONS))}")
         return
-    need = MIN_CUDA_CAPABILITY.get(precision)
-    if need is None:
-        raise ValueError(f"precision={precision} has no known CUDA capability requirement")
-    fp8 = precision in FP8_PRECISIONS
-    if (fp8 and emulated) or precision == "emulated":
-        need = HP_DTYPE_MIN_CUDA_CAPABILITY[hp_dtype]
+    emulated = emulated and spec.fp8
+    need = spec.needs_capability(hp_dtype=hp_dtype, emulated=emulated)
     if capability is None or tuple(capability) >= need:
         return
     gpu = f"{device_name or 'this GPU'} is {capability[0]}.{capability[1]}"
-    if fp8 and not emulated:
+    if spec.fp8 and not emulated and tuple(capability) >= spec.min_capability:
+        raise ValueError(
+            f"precision={precision} with precision.hp_dtype={hp_dtype} needs compute capability "
+            f"{need[0]}.{need[1]}+ (its rowwise-scaled FP8 matmuls with an fp32 output exist in "
+            f"cuBLAS for Hopper only), but {gpu}; use precision.hp_dtype=bf16, or "
+            "precision=fp8_tensorwise")
+    if spec.fp8 and not emulated:
         raise ValueError(
             f"precision={precision} needs FP8 tensor cores (compute capability "
             f"{need[0]}.{need[1]}+, Ada or Hopper), but {gpu}; add precision.fp8_impl=emulated "
             "to study the FP8 numerics with high-precision matmuls (no speedup), or use "
             "precision=bf16"
         )
-    if need == HP_DTYPE_MIN_CUDA_CAPABILITY["bf16"] and (emulated or precision == "emulated"):
+    if emulated or spec.emulation and spec.compute_dtype == "hp":
         fix = "add precision.hp_dtype=fp32 (emulated casts, fp32 matmuls)"
     else:
         fix = "use precision=fp16 (with loss scaling) or precision=fp32 on this GPU"
@@ -69,7 +59,7 @@ def check_precision_supported(precision: str, *, device: str,
     )
 
 
-def check_precision_on_gpu(cfg: PrecisionConfig, *, capability: tuple[int, int], device_name: str) -> None:
+def check_precision_on_gpu(cfg, *, capability: tuple[int, int], device_name: str) -> None:
     """check_precision_supported for a precision config on a CUDA GPU: the one call the driver's
     preflight and each GPU worker make, so both read the same config fields."""
     check_precision_supported(cfg.name, device="cuda", capability=capability, device_name=device_name,

@@ -13,15 +13,10 @@ from torch import nn
 
 from trainlab.precision.formats import FloatFormat, parse_format
 from trainlab.precision.policy import CastSpec
+from trainlab.precision.spec import spec_of
 
 E4M3 = parse_format("e4m3")
 E5M2 = parse_format("e5m2")
-
-TORCHAO_RECIPES = {
-    "fp8_tensorwise": "tensorwise",
-    "fp8_rowwise": "rowwise",
-    "fp8_rowwise_gw_hp": "rowwise_with_gw_hp",
-}
 
 
 def _format_of(dtype: torch.dtype) -> FloatFormat:
@@ -32,7 +27,7 @@ def torchao_config(precision: str, *, emulate: bool):
     """torchao's Float8LinearConfig for one of the fp8_* modes."""
     from torchao.float8 import Float8LinearConfig
 
-    config = Float8LinearConfig.from_recipe_name(TORCHAO_RECIPES[precision])
+    config = Float8LinearConfig.from_recipe_name(spec_of(precision).torchao_recipe)
     return dataclasses.replace(config, emulate=emulate) if emulate else config
 
 

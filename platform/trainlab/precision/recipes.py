@@ -16,7 +16,7 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from trainlab.config.schema import EMULATION_TARGETS, FP8_PRECISIONS, FP8_TORCHAO, PrecisionConfig
+from trainlab.config.schema import EMULATION_TARGETS, PrecisionConfig
 from trainlab.precision import fp8
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
@@ -26,6 +26,7 @@ from trainlab.precision.emulate import (
 )
 from trainlab.precision.formats import parse_format
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
+from trainlab.precision.spec import PrecisionSpec, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -38,11 +39,21 @@ class PrecisionRecipe:
     device_type: str
     emulated: bool = False
     peak_dtype: str = "fp32"
-    """The compute dtype whose peak FLOP/s MFU is measured against."""
+    """The compute dtype whose peak FLOP/s MFU is measured against (tf32: fp32 on TF32 cores)."""
     casts: list[tuple[str, nn.Module, CastSpec]] = field(default_factory=list)
     """(name, module, how it casts) of every linear layer running in low precision."""
     plan: LayerPlan | None = None
     """fp8 and emulated modes: which linears were converted and which kept in high precision."""
+
+    @classmethod
+    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+        """The recipe of `spec` for this config on `device_type` (subclasses with settings of
+        their own override this). fp32 with precision.tf32 on a GPU runs (and is measured
+        against) TF32 tensor cores; on CPU there are none and it stays fp32."""
+        peak = spec.matmul_dtype(cfg.hp_dtype)
+        if peak == "fp32" and cfg.tf32 and device_type == "cuda":
+            peak = "tf32"
+        return cls(name=spec.name, device_type=device_type, peak_dtype=peak)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
@@ -124,6 +135,13 @@ class Fp16Recipe(AutocastRecipe):
     the scaler is the same, so skipped steps and backoff behave as on a GPU.
     """
 
+    @classmethod
+    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> Fp16Recipe:
+        impl = cfg.fp16_impl
+        if impl == "auto":
+            impl = "emulated" if device_type == "cpu" else "native"
+        return cls(cfg, device_type, emulated=impl == "emulated")
+
     def __init__(self, cfg: PrecisionConfig, device_type: str, *, emulated: bool):
         super().__init__(name="fp16", device_type=device_type, emulated=emulated,
                          peak_dtype="fp16", dtype=torch.float16)
@@ -179,6 +197,10 @@ class Fp8Recipe(PrecisionRecipe):
     """FP8 linears (torchao Float8Linear with current scaling, or the project's delayed
     scaling) for the layers precision.keep_hp does not keep; everything else in hp_dtype."""
 
+    @classmethod
+    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+        return cls(cfg, device_type)
+
     def __init__(self, cfg: PrecisionConfig, device_type: str):
         # MFU against the high-precision peak; run.py adds a second one against the FP8 peak
         super().__init__(name=cfg.name, device_type=device_type,
@@ -189,7 +211,7 @@ class Fp8Recipe(PrecisionRecipe):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         self.plan = plan_layers(model, self.cfg.keep_hp)
-        if self.name in FP8_TORCHAO:
+        if spec_of(self.name).torchao_recipe:
             converted = fp8.convert_torchao(model, self.name, layers=self.plan.lowp, emulate=self.emulated)
             spec = fp8.torchao_cast_spec(fp8.torchao_config(self.name, emulate=self.emulated))
         else:
@@ -219,6 +241,10 @@ class Fp8Recipe(PrecisionRecipe):
 
 class EmulatedRecipe(PrecisionRecipe):
     """Any eXmY format on the chosen tensors (precision.formats), on any device."""
+
+    @classmethod
+    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+        return cls(cfg, device_type)
 
     def __init__(self, cfg: PrecisionConfig, device_type: str):
         super().__init__(name="emulated", device_type=device_type, emulated=True,
@@ -257,21 +283,12 @@ class EmulatedRecipe(PrecisionRecipe):
 
 
 def build_recipe(cfg: PrecisionConfig, *, device_type: str) -> PrecisionRecipe:
-    """The recipe for cfg.name on `device_type` ('cpu' or 'cuda')."""
-    if cfg.name == "fp32":
-        return PrecisionRecipe(name="fp32", device_type=device_type)
-    if cfg.name == "bf16":
-        return AutocastRecipe(name="bf16", device_type=device_type, peak_dtype="bf16",
-                              dtype=torch.bfloat16)
-    if cfg.name == "bf16_pure":
-        return PureBf16Recipe(name="bf16_pure", device_type=device_type, peak_dtype="bf16")
-    if cfg.name == "fp16":
-        impl = cfg.fp16_impl
-        if impl == "auto":
-            impl = "emulated" if device_type == "cpu" else "native"
-        return Fp16Recipe(cfg, device_type, emulated=impl == "emulated")
-    if cfg.name in FP8_PRECISIONS:
-        return Fp8Recipe(cfg, device_type)
-    if cfg.name == "emulated":
-        return EmulatedRecipe(cfg, device_type)
-    raise ValueError(f"precision.name={cfg.name!r} has no recipe")  # schema checks first
+    """The recipe of precision `cfg.name` (its class named by precision.spec) on `device_type`."""
+    spec = spec_of(cfg.name)
+    recipe = spec.recipe_class().build(cfg, spec, device_type=device_type)
+    if device_type == "cuda":
+        # set either way: a warm worker may run an fp32 trial with TF32 after one without
+        tf32 = recipe.peak_dtype == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    return recipe

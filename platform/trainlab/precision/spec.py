@@ -1,0 +1,136 @@
+"""One specification per precision mode: everything any layer needs to know about it.
+
+Config checks, placement, preflight, parallelize (FSDP2's dtypes), the engine (its recipe
+and MFU peak), compare (ordering) and the rollback policy all read `SPECS`; none of them
+keeps its own list of modes. A new mode is a recipe class plus one entry here (and its
+conf/precision/<name>.yaml).
+
+This module imports nothing of trainlab, so the config schema can take its names from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+FP8_TENSOR_CORES = (8, 9)
+"""Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
+HOPPER = (9, 0)
+AMPERE = (8, 0)
+"""bf16 (and TF32) tensor cores: Ampere and newer."""
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    name: str
+    summary: str
+    recipe: str
+    """The recipe class, as 'module:Class' (imported when a trial builds it)."""
+    rank: int
+    """Position among modes by how much range and precision they keep (0 = most). compare's
+    default baseline is the lowest rank present; a rollback's retry must have a lower rank."""
+    min_capability: tuple[int, int]
+    """Minimum CUDA compute capability (major, minor) to run natively."""
+    emulation: str = ""
+    """How the mode runs where its kernels do not ('' = it runs natively everywhere it runs)."""
+    compute_dtype: str = "fp32"
+    """The dtype of its matmuls (MFU's peak); 'hp' = the precision.hp_dtype of the trial."""
+    param_dtype: str = ""
+    """FSDP2's all-gather / compute dtype of parameters ('' = the parameters' own dtype,
+    'hp' = precision.hp_dtype). Masters stay in the parameters' own dtype."""
+    fp8: bool = False
+    """FP8 linears: MFU is also reported against the device's FP8 peak."""
+    torchao_recipe: str = ""
+    """torchao Float8LinearConfig.from_recipe_name name; '' = not a torchao recipe."""
+    low_precision_layers: bool = False
+    """The keep_hp / hp_dtype policy applies (some linears run in a low-precision format)."""
+    loss_scaling: bool = False
+    """Gradients carry a loss scale (the precision.init_scale ... fields apply)."""
+    rollback_target: bool = False
+    """A diverged trial may retry in this mode: its config is the name alone."""
+    tensor_parallel: bool = True
+    """Its linears work under DTensor tensor parallel (FP8 linears need their own TP plan)."""
+    fp32_hp_min_capability: tuple[int, int] | None = None
+    """With precision.hp_dtype=fp32, natively: the capability its FP8 matmuls need instead
+    (rowwise-scaled _scaled_mm with an fp32 output exists in cuBLAS for SM 9.0 only)."""
+
+    def needs_capability(self, *, hp_dtype: str, emulated: bool) -> tuple[int, int]:
+        """The CUDA compute capability this mode needs with these settings."""
+        if emulated or self.name == "emulated":  # casts emulated: the matmuls run in hp_dtype
+            return AMPERE if hp_dtype == "bf16" else (0, 0)
+        if hp_dtype == "fp32" and self.fp32_hp_min_capability:
+            return max(self.min_capability, self.fp32_hp_min_capability)
+        return self.min_capability
+
+    def recipe_class(self) -> type:
+        module, cls = self.recipe.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def matmul_dtype(self, hp_dtype: str) -> str:
+        """The compute dtype whose peak FLOP/s MFU is measured against."""
+        return hp_dtype if self.compute_dtype == "hp" else self.compute_dtype
+
+    def fsdp_param_dtype(self, hp_dtype: str, *, emulated: bool) -> torch.dtype | None:
+        """FSDP2's MixedPrecisionPolicy.param_dtype: what parameters are all-gathered and
+        computed in. Emulated casts round operands themselves and need full-precision inputs."""
+        dtype = hp_dtype if self.param_dtype == "hp" else self.param_dtype
+        if not dtype or (emulated and self.param_dtype != "hp"):
+            return None
+        return None if dtype == "fp32" else DTYPES[dtype]
+
+
+_RECIPES = "trainlab.precision.recipes"
+
+SPECS: dict[str, PrecisionSpec] = {s.name: s for s in (
+    PrecisionSpec("fp32", "fp32 parameters and compute", f"{_RECIPES}:PrecisionRecipe", rank=0,
+                  min_capability=(0, 0), rollback_target=True),
+    PrecisionSpec("bf16", "bf16 autocast, fp32 master weights", f"{_RECIPES}:AutocastRecipe", rank=1,
+                  min_capability=AMPERE, compute_dtype="bf16", param_dtype="bf16", rollback_target=True),
+    PrecisionSpec("fp16", "fp16 autocast with dynamic loss scaling, fp32 master weights",
+                  f"{_RECIPES}:Fp16Recipe", rank=2, min_capability=(5, 3),
+                  emulation="operands rounded through fp16, fp32 accumulation (default on CPU)",
+                  compute_dtype="fp16", param_dtype="fp16", loss_scaling=True, rollback_target=True),
+    PrecisionSpec("bf16_pure", "bf16 parameters, gradients, optimizer state and compute",
+                  f"{_RECIPES}:PureBf16Recipe", rank=3, min_capability=AMPERE, compute_dtype="bf16"),
+    PrecisionSpec("fp8_delayed", "FP8 linears scaled from an amax history (Transformer Engine style)",
+                  f"{_RECIPES}:Fp8Recipe", rank=4, min_capability=FP8_TENSOR_CORES,
+                  emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
+                  param_dtype="hp", fp8=True, low_precision_layers=True, tensor_parallel=False),
+    PrecisionSpec("fp8_rowwise_gw_hp", "torchao FP8 linears, rowwise scales, weight gradient in hp",
+                  f"{_RECIPES}:Fp8Recipe", rank=7, min_capability=FP8_TENSOR_CORES,
+                  emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
+                  param_dtype="hp", fp8=True, torchao_recipe="rowwise_with_gw_hp",
+                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER),
+    PrecisionSpec("fp8_rowwise", "torchao FP8 linears, one scale per row", f"{_RECIPES}:Fp8Recipe", rank=6,
+                  min_capability=FP8_TENSOR_CORES, emulation="the same casts, matmuls in precision.hp_dtype",
+                  compute_dtype="hp", param_dtype="hp", fp8=True, torchao_recipe="rowwise",
+                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER),
+    PrecisionSpec("fp8_tensorwise", "torchao FP8 linears, one scale per tensor", f"{_RECIPES}:Fp8Recipe",
+                  rank=5, min_capability=FP8_TENSOR_CORES,
+                  emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
+                  param_dtype="hp", fp8=True, torchao_recipe="tensorwise", low_precision_layers=True,
+                  tensor_parallel=False),
+    PrecisionSpec("emulated", "any eXmY format on chosen tensors (precision.formats)",
+                  f"{_RECIPES}:EmulatedRecipe", rank=8, min_capability=(0, 0),
+                  emulation="fake-quantized casts, matmuls in precision.hp_dtype", compute_dtype="hp",
+                  low_precision_layers=True),
+)}
+
+PRECISIONS = tuple(SPECS)
+FP8_PRECISIONS = tuple(n for n, s in SPECS.items() if s.fp8)
+FP8_TORCHAO = tuple(n for n, s in SPECS.items() if s.torchao_recipe)
+ROLLBACK_PRECISIONS = tuple(n for n, s in SPECS.items() if s.rollback_target)
+BY_RANK = tuple(sorted(SPECS, key=lambda n: SPECS[n].rank))
+"""Modes from most to least precise."""
+
+
+def spec_of(name: str) -> PrecisionSpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"precision={name!r} is not a precision mode; choose one of "
+                         f"{', '.join(PRECISIONS)}") from None
