@@ -1,5 +1,6 @@
 """Per-rank telemetry on gloo: a straggler shows in rank 0's busy fraction and the straggler
-ratio; FSDP's per-rank bytes are about half of DDP's; one process needs no process group.
+ratio; FSDP's per-rank bytes are about half of DDP's; one process needs no process group; a
+training step between log steps makes one host sync (what would make the host wait for a GPU).
 
 Two ranks are spawned once (module fixture) and run every case in turn; a case that raises
 comes back as its traceback and fails only its own test.
@@ -7,6 +8,7 @@ comes back as its traceback and fails only its own test.
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from datetime import timedelta
@@ -70,7 +72,8 @@ def _straggler(rank: int) -> dict:
             with timer.compute():
                 optimizer.step()
             all_reduce_mean([float(loss.detach())], device=device)
-            steps.append(timer.end_step())
+            timer.end_step()
+            steps.append(timer.last_step())
             if step == WARMUP - 1:
                 timer.window()  # drop the warm-up steps
         gathered = gather_rank_metrics(timer.window(), device=device)
@@ -100,13 +103,42 @@ def _memory(rank: int, world: int) -> dict:
     return out
 
 
+SYNC_STEPS = 5
+SYNC_LAYOUTS = {"ddp": [], "pp": ["parallel=pp", "parallel.pp_microbatches=2"]}
+
+
+def _syncs(layout: str) -> dict:
+    """The real trainer, 2 micro-batches per step, clipping on, logging only the last step:
+    the host syncs of each loop iteration (tests/host_syncs.py), counted by a hook that runs
+    at the end of each (after the step, its bookkeeping and the last one's preemption vote)."""
+    from host_syncs import HostSyncs
+    from trainlab.engine.distributed import setup_distributed
+    from trainlab.engine.run import build_trainer
+
+    run = compose_run_config(["model=tiny", "data=markov", "cluster.device=cpu", "cluster.num_workers=2",
+                              "tracking=none", "train.seq_len=32", "train.global_batch_size=4",
+                              "train.micro_batch_size=1", f"train.max_steps={SYNC_STEPS}",
+                              f"train.log_every={SYNC_STEPS}", "train.numerics_every=0",
+                              "train.eval_every=0", "train.eval_batches=2", "optim.grad_clip=0.5",
+                              *SYNC_LAYOUTS[layout]])
+    trainer = build_trainer(run, setup_distributed("cpu"))
+    seen = []
+    with HostSyncs() as syncs:
+        trainer.add_hook(lambda *_: seen.append((syncs.count, dict(syncs.sites))))
+        trainer.train()
+    per_step = [b[0] - a[0] for a, b in zip(seen, seen[1:])]  # iterations 2 .. SYNC_STEPS
+    return {"per_step": per_step, "sites": seen[-2][1], "losses": list(trainer.losses)}
+
+
 def _worker(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     results = {}
-    for name, case in (("straggler", lambda: _straggler(rank)), ("memory", lambda: _memory(rank, world))):
+    cases = [("straggler", lambda: _straggler(rank)), ("memory", lambda: _memory(rank, world))]
+    cases += [(f"syncs_{layout}", lambda layout=layout: _syncs(layout)) for layout in SYNC_LAYOUTS]
+    for name, case in cases:
         try:
             results[name] = case()
         except Exception:
@@ -178,6 +210,18 @@ def test_fsdp_holds_about_half_the_bytes_of_ddp_per_rank(two_ranks):
     assert mem["ddp_comm"]["comm_calls"] == 0
 
 
+@pytest.mark.parametrize("layout", list(SYNC_LAYOUTS))
+def test_a_step_between_log_steps_syncs_the_host_once(two_ranks, layout):
+    """Loss, gradient norm and finiteness stay on the device through the step (clipping is
+    guarded there); the one read is the loss and the norm together, before the update that
+    must be skipped if they are not finite. Per-rank times are events on a GPU: no syncs."""
+    for rank in (0, 1):
+        res = _result(two_ranks, rank, f"syncs_{layout}")
+        # iterations 2 .. 4: no log, sample or eval step; the last (5) logs and is not counted
+        assert res["per_step"][:-1] == [1] * (SYNC_STEPS - 2), (rank, res["per_step"], res["sites"])
+        assert len(res["losses"]) == SYNC_STEPS and all(math.isfinite(x) for x in res["losses"])
+
+
 def test_world_of_one_needs_no_process_group():
     import torch.distributed as dist
 
@@ -189,7 +233,8 @@ def test_world_of_one_needs_no_process_group():
     timer.start_step()
     with timer.compute():
         time.sleep(0.02)
-    local = timer.end_step() | memory_metrics(model, None, "cpu")
+    timer.end_step()
+    local = timer.last_step() | memory_metrics(model, None, "cpu")
     m = gather_rank_metrics(local, device="cpu")
     assert m[names.rank_metric(0, names.RANK_COMPUTE)] >= 0.02
     assert m[names.rank_metric(0, names.RANK_PARAM_GB)] == m[names.PARAM_GB] > 0

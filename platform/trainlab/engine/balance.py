@@ -124,9 +124,14 @@ class DpBalancer:
         if weights:
             self._apply(list(weights))
 
+    def measuring(self, step: int) -> bool:
+        """Whether optimizer step `step` (1-based) is measured: the trainer reads a step's
+        compute time only then (on a GPU, reading it waits for the step's events)."""
+        return not self.fixed and self._windows[0][0] < step <= self._windows[0][1]
+
     def observe(self, step: int, *, sequences: int, compute_s: float) -> None:
         """This rank's forward+backward of optimizer step `step` (1-based)."""
-        if not self.fixed and self._windows[0][0] < step <= self._windows[0][1]:
+        if self.measuring(step):
             self._sequences += sequences
             self._compute_s += compute_s
 

@@ -65,6 +65,16 @@ def all_reduce_mean(values: list[float], *, device: torch.device) -> list[float]
     return (t / dist.get_world_size()).tolist()
 
 
+def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """all_reduce_mean of a tensor, left where it is (no host sync on a GPU): the sum over
+    all ranks divided by the world size (the input itself in a single process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    total = value.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / dist.get_world_size()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 class Preemption:
     def __init__(self) -> None:
         self._asked = False
+        self._group: dist.ProcessGroup | None = None
         self.armed = threading.current_thread() is threading.main_thread()
         if self.armed:
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -26,14 +27,18 @@ class Preemption:
     def _on_sigterm(self, signum, frame) -> None:
         self._asked = True
 
-    def requested(self, device: torch.device) -> bool:
+    def requested(self) -> bool:
         """Whether any rank got SIGTERM (a collective when armed: every rank calls it per step)."""
         if not self.armed:
             return False
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self._asked
-        flag = torch.tensor([float(self._asked)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        # a host flag on a gloo group: reading a flag all-reduced by NCCL would wait for the
+        # GPU's whole queue every step (the first call makes the group, on every rank at once)
+        if self._group is None and "gloo" not in dist.get_backend():
+            self._group = dist.new_group(backend="gloo")
+        flag = torch.tensor([float(self._asked)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
 
     def close(self) -> None:

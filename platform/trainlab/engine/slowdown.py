@@ -11,6 +11,8 @@ stretched f-fold); the very first micro-batch, with nothing measured yet,
 sleeps after itself. The measure ends when the micro-batch's last gradient is ready (RankTimer
 watches), so the wait in DDP's all-reduce is not taken for compute. The sleep sits inside the
 trainer's compute block: it counts as compute, not waiting, as a slower device's time would.
+It is an emulation for CPU: on CUDA it reads the host clock after synchronizing the device
+(RankTimer.now), twice per micro-batch, and the measure includes DDP's all-reduce wait.
 """
 
 from __future__ import annotations

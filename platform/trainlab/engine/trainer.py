@@ -28,12 +28,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
 from trainlab.engine.balance import DpBalancer, loss_weight
-from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings
+from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.preemption import Preemption
 from trainlab.engine.rollback import Rollback
 from trainlab.engine.slowdown import Slowdown
@@ -193,7 +194,7 @@ class Trainer:
             with self.recipe.autocast():
                 loss_sum += n * self.pipeline.step(torch.cat([x for x, _ in micro_batches]),
                                                    torch.cat([y for _, y in micro_batches]))
-            self.rank_timer.add_compute(self.pipeline.last_busy_s)  # its clock excludes bubbles
+            self.rank_timer.add_compute(self.pipeline.last_busy_spans)  # its clock excludes bubbles
             if self.pipeline.dp_group is not None:  # replicas of this stage average their gradients
                 allreduce_grads(list(self.model.parameters()), group=self.pipeline.dp_group,
                                 ordered=self.run.train.deterministic)
@@ -209,24 +210,27 @@ class Trainer:
                             loss_sum += w * self.forward_backward_step(x, y, weight=w)
                         else:
                             loss_sum += self.forward_backward_step(x, y, accum_steps=n)
-            if self.balancer is not None:
+            if self.balancer is not None and self.balancer.measuring(self.step + 1):  # reading syncs a GPU
                 self.balancer.observe(self.step + 1, sequences=sum(len(x) for x, _ in micro_batches),
                                       compute_s=self.rank_timer.step_compute_s)
         numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = self._clip_gradients(params)
+        norm = self._clip_gradients(params)
+        # weighted losses already sum to this rank's part of the global mean (times dp)
+        local = loss_sum.double() if weighted else loss_sum.double() / n
+        # the step's one device->host copy: the update must know whether the gradients are
+        # finite, and the stability bookkeeping needs the loss of every step
+        loss, grad_norm, local_loss = torch.stack(
+            [mean_over_ranks(local), norm.double(), local]).tolist()
         before = [p.detach().clone() for p in params] if sample else None
         with self.rank_timer.compute():
             applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
-        # weighted losses already sum to this rank's part of the global mean (times dp)
-        local = float(loss_sum) if weighted else float(loss_sum) / n
-        (loss,) = all_reduce_mean([local], device=self.dist.device)
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
         if not result.finite:
             result.origin = self._nonfinite_origin([x for x, _ in micro_batches],
-                                                   loss_finite=math.isfinite(float(loss_sum)))
+                                                   loss_finite=math.isfinite(local_loss))
         self.grad_norms.add(grad_norm)
         if sample:
             if applied:
@@ -239,19 +243,23 @@ class Trainer:
         """The emulated slower device around one micro-batch (a no-op at full speed)."""
         return self.slowdown.micro_batch(sequences) if self.slowdown is not None else contextlib.nullcontext()
 
-    def _clip_gradients(self, params: list[torch.Tensor]) -> float:
-        """The global gradient norm before clipping; clips only a finite norm, since scaling by
-        max_norm / inf or NaN would turn every gradient NaN and hide which one went first."""
+    def _clip_gradients(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The global gradient norm before clipping, a 0-dim tensor left on the device (no
+        host sync). Clips only by a finite norm, decided on the device: scaling by max_norm /
+        inf or NaN would turn every gradient NaN and hide which one went first."""
         if self.pipeline is not None:  # the norm over every stage of the pipeline
-            from trainlab.parallel.pp import global_grad_norm
+            from trainlab.parallel.pp import global_grad_norm_tensor
 
-            norm = torch.tensor(global_grad_norm(self.pipeline.stages, self.pipeline.group))
+            norm = global_grad_norm_tensor(self.pipeline.stages, self.pipeline.group)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        grad_norm = float(norm)
-        if self.run.optim.grad_clip and math.isfinite(grad_norm):
-            torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, norm)
-        return grad_norm
+            if isinstance(norm, DTensor):  # sharded gradients: the norm as torchtitan takes it
+                norm = norm.full_tensor()
+        if self.run.optim.grad_clip:
+            # a non-finite norm clips by 0 + eps: the coefficient clamps to 1, gradients unchanged
+            finite = torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
+            torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, finite)
+        return norm
 
     def _nonfinite_origin(self, inputs: list[torch.Tensor], *, loss_finite: bool) -> str:
         """The first non-finite tensor over all ranks: an activation beats the loss beats a
@@ -355,7 +363,7 @@ class Trainer:
                 status = names.STATUS_DIVERGED
                 break
             self._inject_fault()
-            preempted = self.preemption.requested(self.dist.device)
+            preempted = self.preemption.requested()
             if self.checkpointer is not None and (preempted or self._checkpoint_due()):
                 self.tracker.sync()  # the metrics up to here outlive any crash after the checkpoint
                 self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)

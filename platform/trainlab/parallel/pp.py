@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from typing import Callable
 
 import torch
@@ -38,6 +37,7 @@ from torch.distributed.pipelining import (
 from trainlab.config.schema import PP_SCHEDULES
 from trainlab.config.validate import check_pp_layout
 from trainlab.models.transformer import Transformer
+from trainlab.telemetry.clock import Mark, device_clock, total_seconds
 
 SCHEDULES = PP_SCHEDULES
 
@@ -109,24 +109,20 @@ def _pp_group(mesh_or_group) -> dist.ProcessGroup | None:
 
 # ---------------------------------------------------------------------------------------
 class _Clock:
-    """Seconds spent computing, summed over timed calls (GPU: synchronized at both ends)."""
+    """Spans of compute (forward, backward, loss chunks) on the device's clock (telemetry.clock:
+    CUDA events on a GPU, so timing a chunk never waits for the GPU; read at log steps)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
-        self.busy_s = 0.0
-
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        self.clock = device_clock(device)
+        self.spans: list[tuple[Mark, Mark]] = []
 
     def timed(self, fn: Callable) -> Callable:
         def wrapper(*args, **kwargs):
-            start = self.now()
+            start = self.clock.mark()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.busy_s += self.now() - start
+                self.spans.append((start, self.clock.mark()))
         return wrapper
 
 
@@ -164,11 +160,10 @@ class Pipeline:
             pp=pp_size, n_microbatches=n_microbatches, virtual_stages=virtual_stages)
         self.dp_group: dist.ProcessGroup | None = None
         """Set by the caller when stages are replicated (dp x pp): gradients are averaged over it."""
-        self.last_busy_s = 0.0
-        """Seconds of the last step this rank spent computing (forward, backward, loss)."""
-        self.last_busy_fraction: float | None = None
-        """Share of the last step's wall time this rank spent in forward/backward compute;
-        1 - it is the measured bubble (plus communication)."""
+        self.last_busy_spans: list[tuple[Mark, Mark]] = []
+        """The last step's compute spans on this rank (forward, backward, loss), as clock marks
+        (telemetry.clock) for a RankTimer of the same device."""
+        self._last_wall: tuple[Mark, Mark] | None = None
         self._schedule = schedule
         self._clock = clock
         self._device = torch.device(device)
@@ -182,13 +177,29 @@ class Pipeline:
         stages need). Returns the mean micro-batch loss (float32, 0-dim): on every rank with
         `broadcast_loss`, else on the last stage's rank only (None elsewhere).
         """
-        busy0 = self._clock.busy_s
-        start = self._clock.now()
+        clock = self._clock.clock
+        self._clock.spans = []
+        start = clock.mark()
         loss = self._run(self._schedule.step, inputs, targets)
-        wall = self._clock.now() - start
-        self.last_busy_s = self._clock.busy_s - busy0
-        self.last_busy_fraction = self.last_busy_s / wall
+        self._last_wall = (start, clock.mark())
+        self.last_busy_spans = self._clock.spans
         return self._share(loss, broadcast_loss)
+
+    @property
+    def last_busy_s(self) -> float:
+        """Seconds of the last step this rank spent computing (forward, backward, loss); on
+        CUDA reading it waits for that step (a host sync)."""
+        return total_seconds(self._clock.clock, self.last_busy_spans)
+
+    @property
+    def last_busy_fraction(self) -> float | None:
+        """Share of the last step's wall time this rank spent in forward/backward compute;
+        1 - it is the measured bubble (plus communication). None before the first step; on
+        CUDA reading it waits for that step (a host sync)."""
+        if self._last_wall is None:
+            return None
+        wall = self._clock.clock.seconds(*self._last_wall)
+        return self.last_busy_s / wall if wall > 0 else float("nan")
 
     @torch.no_grad()
     def eval(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -200,8 +211,9 @@ class Pipeline:
             raise ValueError(f"batch={inputs.shape[0]} does not split into parallel.pp_microbatches="
                              f"{self.n_microbatches} equal micro-batches; use a divisor of it")
         losses: list[torch.Tensor] = []
-        args = (inputs.to(self._device),) if self.is_first else ()
-        kwargs = dict(target=targets.to(self._device), losses=losses) if self.is_last else {}
+        # non_blocking: a blocking copy from pageable memory would wait for the device's queue
+        args = (inputs.to(self._device, non_blocking=True),) if self.is_first else ()
+        kwargs = dict(target=targets.to(self._device, non_blocking=True), losses=losses) if self.is_last else {}
         fn(*args, **kwargs)
         return torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else None
 
@@ -254,13 +266,24 @@ def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: 
 def global_grad_norm(stages: list[nn.Module], group: dist.ProcessGroup | None) -> float:
     """L2 norm of the gradients of every stage of the pipeline, not just this rank's:
     squared norms summed here, all-reduced over the pp group, then the root."""
+    return math.sqrt(_grad_norm_sq(stages, group).item())
+
+
+@torch.no_grad()
+def global_grad_norm_tensor(stages: list[nn.Module], group: dist.ProcessGroup | None) -> torch.Tensor:
+    """global_grad_norm as a float32 0-dim tensor on the device, without a host sync (the root
+    taken in float64: the same value as global_grad_norm rounded to float32)."""
+    return _grad_norm_sq(stages, group).double().sqrt().float()
+
+
+def _grad_norm_sq(stages: list[nn.Module], group: dist.ProcessGroup | None) -> torch.Tensor:
     grads = [p.grad for stage in stages for p in stage.parameters() if p.grad is not None]
     device = grads[0].device if grads else next(stages[0].parameters()).device
     sq = (torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads
           else torch.zeros((), device=device))
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
-    return math.sqrt(sq.item())
+    return sq
 
 
 @torch.no_grad()
@@ -279,4 +302,4 @@ def clip_grad_norm_(stages: list[nn.Module], *, max_norm: float,
 
 
 __all__ = ["SCHEDULES", "Pipeline", "bubble_fraction", "build_pipeline", "check_pp",
-           "clip_grad_norm_", "global_grad_norm", "split_stages"]
+           "clip_grad_norm_", "global_grad_norm", "global_grad_norm_tensor", "split_stages"]

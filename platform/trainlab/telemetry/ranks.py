@@ -2,43 +2,49 @@
 
     timer = RankTimer(device)
     timer.watch(model)                      # gradient-ready times: DDP's all-reduce wait shows
-    with timed_collectives(into=timer):     # optional: Python-level collectives, timed
+    with timed_collectives(into=timer):     # optional (CPU): Python-level collectives, timed
         for step in ...:
             timer.start_step()
             with timer.compute():           # forward + backward (all micro-batches)
                 ...
             with timer.compute():           # optimizer step
                 ...
-            local = timer.end_step()        # or timer.window() at log steps
+            timer.end_step()
+            local = timer.window()          # at log steps: the mean of the steps since the last call
             metrics = gather_rank_metrics(local | memory_metrics(model, opt, device), device=device)
 
-What is measured, per step on this rank (host clock, time.perf_counter; on CUDA the device is
-synchronized at every boundary, so a phase's time includes its kernels):
+The clock (telemetry.clock) is chosen once from the device: on CPU the host clock
+(time.perf_counter); on CUDA events recorded on the compute stream, which cost no host sync:
+they are read (elapsed_time) only when a time is asked for (window(), last_step(),
+step_compute_s), and steps whose events are already passed are folded in without waiting.
+
+What is measured, per step on this rank:
 - step_time_s: start_step -> end_step.
 - compute_s: the time inside compute() blocks, less the part of them spent waiting for
   communication (comm_wait_s). busy_fraction = compute_s / step_time_s; the rest of the step
   is waiting: for slower ranks, pipeline bubbles, collectives outside compute (the loss
   all-reduce), data and bookkeeping.
-- comm_wait_s (with watch() or timed_collectives): inside compute blocks, (a) the time from
-  the last gradient becoming ready to the end of the block that computed it, and (b) blocking
-  Python-level collectives. (a) is DDP's exposed all-reduce: backward does not return until
-  every bucket is reduced, so a fast rank waits there for the slowest one, and the last
-  bucket's transfer cannot hide behind compute. It works with any DDP communication hook (it
-  never touches the hook, DDP takes only one) and with FSDP2, which runs the
-  post-accumulate-grad hooks of its sharded parameters after each reduce-scatter. Work a hook
-  does after the last gradient (PowerSGD's matmuls) counts as waiting. Not seen: collectives
-  DDP makes in forward (its bucket rebuild on the second step; buffer broadcasts, which
-  trainlab's apply_ddp turns off): a fast rank's wait there counts as compute.
-- comm_s (with timed_collectives only): the time during which at least one collective called
-  from Python was in flight (union of intervals: overlap with compute is not subtracted).
-  DDP's own bucketed all-reduce runs in C++ (the Reducer) and is not seen here unless a Python
-  communication hook issues it (parallel.comm_dtype fp16/bf16, PowerSGD); DTensor collectives
-  (tensor parallel, the FSDP2 gradient norm) go through functional collectives and are not
-  seen either.
-
-On CUDA the host clock cannot place NCCL work, which runs on its own stream: compute blocks
-then include the all-reduce wait (comm_wait_s is not measured; watch() warns), and
-timed_collectives counts calls without timing them. All of this is exact on CPU / gloo.
+- comm_wait_s (with watch(), or timed_collectives on CPU): inside compute blocks, (a) the time
+  from the last gradient becoming ready to the end of the block that computed it, and (b) on
+  CPU, blocking Python-level collectives. (a) is DDP's exposed all-reduce: backward does not
+  return (CPU), or the compute stream does not go on (CUDA: DDP makes it wait for NCCL's stream
+  at the end of backward), until every bucket is reduced, so a fast rank waits there for the
+  slowest one, and the last bucket's transfer cannot hide behind compute. On CUDA the gradient
+  hook records an event on the compute stream: it completes when that gradient's kernels are
+  done, whatever NCCL's stream is doing. It works with any DDP communication hook (it never
+  touches the hook, DDP takes only one) and with FSDP2, which runs the post-accumulate-grad
+  hooks of its sharded parameters after each reduce-scatter. Work a hook does after the last
+  gradient (PowerSGD's matmuls) counts as waiting. Not seen: collectives DDP makes in forward
+  (its bucket rebuild on the second step; buffer broadcasts, which trainlab's apply_ddp turns
+  off), and on CUDA FSDP2's all-gathers the compute stream waits for: a fast rank's wait there
+  counts as compute.
+- comm_s (with timed_collectives, CPU only): the time during which at least one collective
+  called from Python was in flight (union of intervals: overlap with compute is not
+  subtracted). DDP's own bucketed all-reduce runs in C++ (the Reducer) and is not seen here
+  unless a Python communication hook issues it (parallel.comm_dtype fp16/bf16, PowerSGD);
+  DTensor collectives (tensor parallel, the FSDP2 gradient norm) go through functional
+  collectives and are not seen either. On CUDA timed_collectives counts calls without timing
+  them (the host clock cannot place NCCL work), and no comm_s is reported.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -58,6 +65,7 @@ from torch import nn
 
 from trainlab import names
 from trainlab.parallel.fsdp import sharded_bytes
+from trainlab.telemetry.clock import Mark, device_clock
 from trainlab.telemetry.memory import peak_memory_gb
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
@@ -68,6 +76,27 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 Interval = tuple[float, float]
 
 
+@dataclass
+class _Block:
+    """One compute span of a step, as clock marks (read later)."""
+
+    start: Mark
+    end: Mark
+    wait_s: float = 0.0
+    """Host clock: the waiting inside the block, measured when it closed."""
+    wait_from: Mark | None = None
+    """CUDA: the last gradient's event; from it to `end` the block waited for communication."""
+
+
+@dataclass
+class _Step:
+    start: Mark
+    end: Mark | None = None
+    blocks: list[_Block] = field(default_factory=list)
+    comm_s: float | None = None
+    """Host clock with timed_collectives: time with a collective in flight."""
+
+
 # ---------------------------------------------------------------------------------------
 class RankTimer:
     """Step time, compute time and communication wait of this rank (module docstring)."""
@@ -75,19 +104,22 @@ class RankTimer:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
+        self._clock = device_clock(self.device)
         self._handles: list[Any] = []
         self._watching = False
         self._collectives = 0  # timed_collectives blocks feeding this timer
-        self._step_start: float | None = None
-        self._block_start: float | None = None
-        self._last_grad: float | None = None  # latest gradient-ready time in the open block
-        self._blocking: list[Interval] = []  # blocking collectives of this step
-        self._inflight: list[Interval] = []  # every timed collective of this step
-        self._compute = self._wait = 0.0
+        self._step: _Step | None = None
+        self._block_start: Mark | None = None
+        self._last_grad: Mark | None = None  # latest gradient-ready mark in the open block
+        self._blocking: list[Interval] = []  # blocking collectives of this step (host clock)
+        self._inflight: list[Interval] = []  # every timed collective of this step (host clock)
+        self._ended: list[_Step] = []  # ended steps not read yet (CUDA: events maybe pending)
+        self._last: dict[str, float] = {}
         self._window: dict[str, float] = {}
 
     def now(self) -> float:
-        """The timer's clock: time.perf_counter, after synchronizing the device on CUDA."""
+        """Host time (time.perf_counter), after synchronizing the device on CUDA: for callers
+        that need a host time (the emulated slowdown); the timer itself does not call it."""
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
@@ -96,11 +128,6 @@ class RankTimer:
     def watch(self, model: nn.Module) -> None:
         """Note when each gradient is ready (a post-accumulate-grad hook per parameter), so
         that the wait after the last one counts as communication, not compute."""
-        if self._cuda:
-            warnings.warn("RankTimer.watch: on CUDA the host clock cannot see when a gradient is "
-                          "ready; compute_s includes DDP's all-reduce wait and comm_wait_s is "
-                          "not reported", stacklevel=2)
-            return
         self._watching = True
         for p in model.parameters():
             if p.requires_grad:
@@ -113,12 +140,12 @@ class RankTimer:
         self._watching = False
 
     def _grad_ready(self, _param: torch.Tensor) -> None:
-        if self._block_start is not None:
-            self._last_grad = time.perf_counter()
+        if self._block_start is not None:  # CUDA: one event per block, re-recorded
+            self._last_grad = self._clock.mark(reuse=self._last_grad)
 
     def _record(self, start: float, end: float, *, blocking: bool) -> None:
         """A collective seen by timed_collectives (may run on a backend thread)."""
-        if self._step_start is None:
+        if self._step is None:
             return
         self._inflight.append((start, end))
         if blocking:
@@ -130,66 +157,75 @@ class RankTimer:
 
     # -- one step ----------------------------------------------------------------------
     def start_step(self) -> None:
-        self._compute = self._wait = 0.0
         self._blocking, self._inflight = [], []
-        self._step_start = self.now()
+        self._step = _Step(start=self._clock.mark())
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
         """Time a compute phase (forward+backward, optimizer step) of the current step."""
-        assert self._step_start is not None, "RankTimer.compute() outside start_step/end_step"
+        assert self._step is not None, "RankTimer.compute() outside start_step/end_step"
         assert self._block_start is None, "RankTimer.compute() blocks do not nest"
         self._last_grad = None
-        self._block_start = start = self.now()
+        self._block_start = start = self._clock.mark()
         try:
             yield
         finally:
-            end = self.now()
-            waits = [(s, e) for s, e in self._blocking if e > start and s < end]
-            if self._last_grad is not None:
-                waits.append((self._last_grad, end))
-            wait = _union([(max(s, start), min(e, end)) for s, e in waits])
-            self._compute += end - start - wait
-            self._wait += wait
+            end = self._clock.mark()
+            if self._clock.on_host:
+                waits = [(s, e) for s, e in self._blocking if e > start and s < end]
+                if self._last_grad is not None:
+                    waits.append((self._last_grad, end))
+                block = _Block(start, end, wait_s=_union([(max(s, start), min(e, end)) for s, e in waits]))
+            else:
+                block = _Block(start, end, wait_from=self._last_grad)
+            self._step.blocks.append(block)
             self._block_start = self._last_grad = None
 
     @property
     def step_compute_s(self) -> float:
-        """Compute time of the current step so far (closed compute blocks only)."""
-        return self._compute
+        """Compute time of the current step so far (closed compute blocks only); on CUDA it
+        waits for them (a host sync): ask only on the steps that need it."""
+        assert self._step is not None, "RankTimer.step_compute_s outside start_step/end_step"
+        return sum(self._block_times(b)[0] for b in self._step.blocks)
 
     @property
     def last_grad_ready(self) -> float | None:
         """When the latest gradient of the open compute block was ready (host clock); None
-        before the first or when gradients are not watched (CUDA). What follows it in the
-        block is communication: a fast rank waiting in DDP's all-reduce."""
-        return self._last_grad
+        before the first, when gradients are not watched, or on CUDA (events, not host
+        times). What follows it in the block is communication: a fast rank waiting in DDP's
+        all-reduce."""
+        return self._last_grad if self._clock.on_host else None
 
-    def add_compute(self, seconds: float) -> None:
-        """Credit compute measured elsewhere to the current step (a pipeline's own clock)."""
-        self._compute += seconds
+    def add_compute(self, spans: list[tuple[Mark, Mark]]) -> None:
+        """Credit compute measured elsewhere on this timer's kind of clock (telemetry.clock;
+        a pipeline's per-chunk spans) to the current step."""
+        assert self._step is not None, "RankTimer.add_compute() outside start_step/end_step"
+        self._step.blocks.extend(_Block(s, e) for s, e in spans)
 
-    def end_step(self) -> dict[str, float]:
-        """This step's times; keys are names.RANK_* (the same on every rank of a run)."""
-        assert self._step_start is not None, "RankTimer.end_step() without start_step()"
-        end = self.now()
-        wall = end - self._step_start
-        out = {names.RANK_STEP_TIME: wall, names.RANK_COMPUTE: self._compute,
-               names.RANK_BUSY_FRACTION: self._compute / wall if wall > 0 else float("nan")}
-        if self._measures_wait:
-            out[names.RANK_COMM_WAIT] = self._wait
+    def end_step(self) -> None:
+        """Close the step; its times are read by last_step() / window() (no host sync here)."""
+        step, self._step = self._step, None
+        assert step is not None, "RankTimer.end_step() without start_step()"
+        step.end = self._clock.mark()
         if self._collectives:
-            start = self._step_start
-            out[names.RANK_COMM] = _union([(max(s, start), min(e, end)) for s, e in self._inflight])
-        self._step_start = None
-        for k, v in out.items():
-            self._window[k] = self._window.get(k, 0.0) + v
-        self._window["steps"] = self._window.get("steps", 0.0) + 1
-        return out
+            start, end = step.start, step.end
+            step.comm_s = _union([(max(s, start), min(e, end)) for s, e in self._inflight])
+        self._ended.append(step)
+        # fold the steps the device is already past: their events are read without waiting
+        while self._ended and self._clock.done(self._ended[0].end):
+            self._fold(self._ended.pop(0))
+
+    def last_step(self) -> dict[str, float]:
+        """The last ended step's times; keys are names.RANK_* (the same on every rank of a
+        run). On CUDA it waits for that step's events (a host sync)."""
+        self._drain()
+        return dict(self._last)
 
     def window(self) -> dict[str, float]:
         """Mean of the steps since the last call (busy fraction: total compute / total time),
-        then start a new window; {} if no step ended since."""
+        then start a new window; {} if no step ended since. On CUDA it waits for the last
+        step's events (a host sync): call it on log steps."""
+        self._drain()
         w, self._window = self._window, {}
         n = w.pop("steps", 0.0)
         if not n:
@@ -198,6 +234,34 @@ class RankTimer:
         wall = w[names.RANK_STEP_TIME]
         out[names.RANK_BUSY_FRACTION] = w[names.RANK_COMPUTE] / wall if wall > 0 else float("nan")
         return out
+
+    # -- reading the clock -------------------------------------------------------------
+    def _block_times(self, b: _Block) -> tuple[float, float]:
+        """(compute, wait) seconds of one block."""
+        wait = b.wait_s + (self._clock.seconds(b.wait_from, b.end) if b.wait_from is not None else 0.0)
+        return self._clock.seconds(b.start, b.end) - wait, wait
+
+    def _drain(self) -> None:
+        while self._ended:
+            self._fold(self._ended.pop(0))
+
+    def _fold(self, step: _Step) -> None:
+        assert step.end is not None
+        wall = self._clock.seconds(step.start, step.end)
+        compute = wait = 0.0
+        for b in step.blocks:
+            c, w = self._block_times(b)
+            compute, wait = compute + c, wait + w
+        out = {names.RANK_STEP_TIME: wall, names.RANK_COMPUTE: compute,
+               names.RANK_BUSY_FRACTION: compute / wall if wall > 0 else float("nan")}
+        if self._measures_wait:
+            out[names.RANK_COMM_WAIT] = wait
+        if step.comm_s is not None:
+            out[names.RANK_COMM] = step.comm_s
+        self._last = out
+        for k, v in out.items():
+            self._window[k] = self._window.get(k, 0.0) + v
+        self._window["steps"] = self._window.get("steps", 0.0) + 1
 
 
 def _union(intervals: list[Interval]) -> float:
