@@ -222,7 +222,7 @@ class Trainer:
         # the step's one device->host copy: the update must know whether the gradients are
         # finite, and the stability bookkeeping needs the loss of every step
         loss, grad_norm, local_loss = torch.stack(
-            [mean_over_ranks(local), norm.double(), local]).tolist()
+            [mean_over_ranks(local), norm.double().to(local.device), local]).tolist()
         before = [p.detach().clone() for p in params] if sample else None
         with self.rank_timer.compute():
             applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
