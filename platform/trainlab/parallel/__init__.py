@@ -43,8 +43,8 @@ class Parallelized:
     """parallel.pp > 1: this rank's stages and their schedule."""
     dp_group: dist.ProcessGroup | None = None
     """This rank's data-parallel replicas (None: dp = 1, there are none): the group every
-    collective meant for them runs on (gradient averaging, DDP communication hooks,
-    fp8_delayed's amax), never the world, which also holds tensor- and pipeline-parallel peers."""
+    collective meant for them runs on (gradient averaging, DDP communication hooks, ZeRO-1,
+    fp8_delayed's amax). Not the world where that also holds tensor- or pipeline-parallel peers."""
     make_optimizer: Callable[..., torch.optim.Optimizer] = _plain_optimizer
     """(optimizer_cls, param_groups, **kwargs) -> the optimizer: ZeRO-1 shards its states
     over dp_group; every other layout builds optimizer_cls as it is."""
@@ -136,9 +136,13 @@ def _apply_to_stage(model: nn.Module, *, cfg: ParallelConfig, compile_unit: str 
 
 
 def _dp_group(mesh: DeviceMesh | None, dims: ParallelDims) -> dist.ProcessGroup | None:
-    """This rank's data-parallel group on `mesh`; None when dp = 1."""
+    """This rank's data-parallel group on `mesh` (no mesh: plain data parallel over the
+    world); None when dp = 1."""
     if dims.dp == 1:
         return None
+    if mesh is None:
+        assert dims.tp == dims.pp == 1, "tensor and pipeline parallel need a mesh"
+        return dist.group.WORLD
     names = mesh.mesh_dim_names or ()
     if "dp" in names:
         return mesh["dp"].get_group()
