@@ -1,7 +1,8 @@
 """Layouts through the real trainer (run_trial) on gloo: the loss curve equals one process's
 with the same global batch and seed (fp32). zero2, hsdp and the GPipe / interleaved
 schedules are matched against one process, parameters included, in test_fsdp.py and
-test_pp.py; zero2 also trains here with bf16 (the layout x precision diagonal)."""
+test_pp.py; dp_tp, with clipping, a checkpoint and a resume, in test_dp_tp.py; zero2 also
+trains here with bf16 (the layout x precision diagonal)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,9 @@ def reference4():
     (2, ["parallel=tp"]),
     (2, ["parallel=tp", "parallel.sequence_parallel=true"]),
     (4, ["parallel=fsdp_tp"]),
-    (4, ["parallel=dp_tp"]),
     (2, ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"]),
     (4, ["parallel=dp_pp", "model.n_layers=4"]),
-], ids=["fsdp", "zero1", "tp", "tp_sp", "fsdp_tp", "dp_tp", "pp_1f1b", "dp_pp"])
+], ids=["fsdp", "zero1", "tp", "tp_sp", "fsdp_tp", "pp_1f1b", "dp_pp"])
 def test_layout_trains_like_one_process(request, world, overrides):
     fixture = "reference4" if "model.n_layers=4" in overrides else "reference"
     ref_train, ref_val, _ = request.getfixturevalue(fixture)

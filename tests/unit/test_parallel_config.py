@@ -36,6 +36,17 @@ def _refusal(overrides: list[str]) -> str:
                                                "train.compile_unit=block"]),
     (["parallel=pp", "train.compile=true"], ["train.compile_unit=model", "parallel.pp=2"]),
     (["train.compile_unit=graph"], ["train.compile_unit='graph'", "model, block"]),
+    # gradient communication that only DDP's hooks can do, in layouts that reduce without DDP
+    (["parallel=dp_tp", "cluster.num_workers=4", "parallel.powersgd_rank=2"],
+     ["parallel.powersgd_rank=2", "parallel.tp=2", "parallel.powersgd_rank=0"]),
+    (["parallel=dp_tp", "cluster.num_workers=4", "precision=emulated", "precision.formats.comm_grads=e4m3"],
+     ["precision.formats.comm_grads='e4m3'", "parallel.tp=2", "precision.formats.comm_grads=''"]),
+    (["parallel=fsdp", "precision=emulated", "precision.formats.comm_grads=e4m3"],
+     ["precision.formats.comm_grads='e4m3'", "parallel.data_parallel=fsdp"]),
+    (["parallel=dp_pp", "model.n_layers=4", "cluster.num_workers=4", "train.micro_batch_size=2",
+      "parallel.powersgd_rank=1"], ["parallel.powersgd_rank=1", "parallel.pp=2"]),
+    (["parallel=dp_pp", "model.n_layers=4", "cluster.num_workers=4", "train.micro_batch_size=2",
+      "parallel.comm_dtype=fp16"], ["parallel.comm_dtype=fp16", "parallel.pp=2", "parallel.comm_dtype=fp32"]),
 ])
 def test_impossible_layouts_are_refused_with_the_fields(overrides, fields):
     msg = _refusal(overrides)
@@ -48,6 +59,18 @@ def test_pipeline_microbatches_default_to_the_accumulation_count():
                               "parallel.pp_microbatches=0", "train.global_batch_size=16",
                               "train.micro_batch_size=2"])
     assert pp_microbatches(run) == 4  # 16 sequences / dp 2 / micro-batch 2
+
+
+@pytest.mark.parametrize("overrides", [
+    ["parallel=dp_tp", "cluster.num_workers=4", "parallel.comm_dtype=fp16"],  # replicate reduces in fp16
+    ["parallel=ddp", "parallel.powersgd_rank=2"],  # DDP: its hooks apply
+    ["parallel=zero1", "precision=emulated", "precision.formats.comm_grads=e4m3"],
+    ["parallel=tp", "parallel.powersgd_rank=2"],  # one data-parallel replica: nothing is sent
+])
+def test_data_parallel_communication_the_layout_can_send_passes(overrides):
+    run = compose_run_config(["model=tiny", "cluster.device=cpu", "train.global_batch_size=32", *overrides])
+    check_run(run)
+    check_layout(run)
 
 
 @pytest.mark.parametrize("layout", ["ddp", "zero1", "zero2", "fsdp", "tp", "pp", "dp_tp"])

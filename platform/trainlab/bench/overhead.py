@@ -34,8 +34,10 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
     model = build_model(run.model, vocab_size=vocab_size).to(dist_info.device)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
-    model = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device)
-    optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps)
+    layout = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device)
+    model = layout.model
+    optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
+                                           make_optimizer=layout.make_optimizer)
     t = run.train
     batches = TokenBatches(train_tokens, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                            micro_batch_size=t.micro_batch_size, dp_rank=dist_info.rank,

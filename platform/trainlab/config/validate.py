@@ -176,6 +176,7 @@ def check_parallel(run: RunConfig) -> None:
             f"train.deterministic=true with parallel.powersgd_rank={p.powersgd_rank}: both are DDP "
             "communication hooks and DDP takes one; set parallel.powersgd_rank=0 (PowerSGD's "
             "all-reduces of its factors would not be in a fixed order anyway)")
+    check_dp_communication(run)
     if p.tp > 1:
         if p.data_parallel not in ("ddp", "fsdp"):
             raise ValueError(
@@ -187,6 +188,45 @@ def check_parallel(run: RunConfig) -> None:
                 f"precision={run.precision.name} with parallel.tp={p.tp} is not supported (FP8 "
                 "linears need their own tensor-parallel plan); use tp=1 or a bf16/fp16 precision"
             )
+
+
+def _non_ddp_reducer(run: RunConfig) -> str | None:
+    """How the layout averages gradients over dp when it is not DDP (None: DDP, or dp = 1)."""
+    p, dims = run.parallel, parallel_dims(run)
+    if dims.dp == 1:
+        return None
+    if p.pp > 1:
+        return f"pipeline stages (parallel.pp={p.pp}) average their gradients with one fp32 all-reduce"
+    if p.data_parallel in ("fsdp", "zero2", "hsdp"):
+        return f"parallel.data_parallel={p.data_parallel} reduces gradients with FSDP2"
+    if p.tp > 1:
+        return (f"with parallel.tp={p.tp} the dp replicas are FSDP2's replicate (DDP cannot hold "
+                "tensor-parallel DTensor parameters)")
+    return None
+
+
+def check_dp_communication(run: RunConfig) -> None:
+    """What the layout's data-parallel gradient reduction can send. DDP (ddp, zero1 without tp
+    or pp) takes communication hooks; FSDP2 (fsdp, zero2, hsdp) and replicate (ddp with tp,
+    parallel.replicate) reduce in parallel.comm_dtype and take no hook; pipeline stages are
+    averaged by one flat fp32 all-reduce (parallel.ddp.allreduce_grads)."""
+    p = run.parallel
+    reducer = _non_ddp_reducer(run)
+    if reducer is None:
+        return
+    if p.powersgd_rank:
+        raise ValueError(
+            f"parallel.powersgd_rank={p.powersgd_rank} is a DDP communication hook, and {reducer}, "
+            "which takes none; set parallel.powersgd_rank=0 (parallel.comm_dtype=fp16 or bf16 halves "
+            "the bytes instead where the layout reduces in it) or use parallel=ddp without tp or pp")
+    if run.precision.name == "emulated" and run.precision.formats.comm_grads:
+        raise ValueError(
+            f"precision.formats.comm_grads={run.precision.formats.comm_grads!r} is a DDP communication "
+            f"hook, and {reducer}, which takes none; set precision.formats.comm_grads='' or use "
+            "parallel=ddp or parallel=zero1 (without tp or pp)")
+    if p.pp > 1 and p.comm_dtype != "fp32":
+        raise ValueError(f"parallel.comm_dtype={p.comm_dtype} with parallel.pp={p.pp}: {reducer}; "
+                         "set parallel.comm_dtype=fp32")
 
 
 def check_balance(run: RunConfig) -> None:
@@ -354,6 +394,8 @@ def unordered_reductions(run: RunConfig) -> list[str]:
     p, dims = run.parallel, parallel_dims(run)
     left = [f"parallel.{k}={v}" for k, v, on in (
         ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1),
+        # dp over tp replicates with FSDP2's replicate, not DDP (parallel.replicate)
+        ("dp", dims.dp, p.data_parallel == "ddp" and p.tp > 1 and dims.dp > 1),
         ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1)) if on]
     if not left:
         return []

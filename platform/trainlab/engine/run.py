@@ -17,11 +17,10 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.validate import elastic_range, unordered_reductions
+from trainlab.config.validate import elastic_range, pp_microbatches, pp_virtual_stages, unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
@@ -81,34 +80,18 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     raw_model = model
-    compile_blocks = run.train.compile and run.train.compile_unit == "block"
-    if run.train.compile and not compile_blocks:
-        # the numerics probes arm hooks on some steps only: dynamo must re-check hooks
-        torch._dynamo.config.skip_nnmodule_hook_guards = False
-        model = torch.compile(model)
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
-    pipeline = None
-    if dims.pp > 1:
-        from trainlab.parallel.checkpoint import apply_activation_checkpointing
-
-        apply_activation_checkpointing(model, run.parallel.activation_checkpoint)  # kept by the split
-        pipeline = _build_pipeline(run, model, dims=dims, mesh=mesh, dist_info=dist_info)
-        if compile_blocks:  # after the split: a deep copy would keep calling the original block
-            from trainlab.parallel.compile import compile_blocks as compile_each_block
-
-            for stage in pipeline.stages:
-                compile_each_block(stage)
-        model = nn.ModuleList(pipeline.stages)  # what the optimizer, clipping and telemetry see
-    else:
-        model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
-                            param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
-                            compile_blocks=compile_blocks,
-                            deterministic=run.train.deterministic)
-    recipe.attach(model)
-    optimizer, scheduler = build_optimizer(
-        model, run.optim, max_steps=run.train.max_steps,
-        zero1=run.parallel.data_parallel == "zero1" and dims.dp > 1)
+    layout = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
+                         param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
+                         compile_unit=run.train.compile_unit if run.train.compile else None,
+                         deterministic=run.train.deterministic, loss_fn=_loss,
+                         pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1,
+                         pp_virtual_stages=pp_virtual_stages(run))
+    model = layout.model
+    recipe.attach(model, dp_group=layout.dp_group)
+    optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
+                                           make_optimizer=layout.make_optimizer)
 
     t = run.train
     dp_rank = coords(dist_info.rank, dims).dp_rank  # tp and pp peers read the same batch
@@ -132,7 +115,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                               device=dist_info.device)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=pipeline,
+                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
                       balancer=balancer)
     if t.nan_injection is not None and inject:
         module, step = t.nan_injection
@@ -146,24 +129,9 @@ def gang_peak(local: Peak) -> Peak:
     return mean_peak(peaks)
 
 
-def _build_pipeline(run: RunConfig, model: nn.Module, *, dims, mesh, dist_info: DistInfo):
-    """This rank's pipeline stages; with dp > 1 the trainer averages their gradients over the
-    data-parallel group after each pipelined step (`pipeline.dp_group`)."""
-    from trainlab.config.validate import pp_microbatches, pp_virtual_stages
-    from trainlab.parallel.pp import build_pipeline
-
-    p = run.parallel
-
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-    pipeline = build_pipeline(
-        model, mesh_or_group=mesh["pp"], pp_rank=coords(dist_info.rank, dims).pp_rank,
-        pp_size=dims.pp, schedule=p.pp_schedule, n_microbatches=pp_microbatches(run),
-        loss_fn=loss_fn, device=dist_info.device,
-        virtual_stages=pp_virtual_stages(run))
-    pipeline.dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
-    return pipeline
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A pipeline's last stage: one micro-batch's mean loss, as Trainer.forward_backward_step's."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,

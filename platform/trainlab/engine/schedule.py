@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -18,12 +19,14 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: flo
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int, zero1: bool = False):
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int,
+                    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None):
     """AdamW with weight decay on matrices only (not norms or biases) and its LR schedule.
 
     Moments stored in low precision (optim.exp_avg_dtype / exp_avg_sq_dtype) use the
-    project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW. zero1: the optimizer
-    is wrapped in ZeroRedundancyOptimizer (states sharded over the data-parallel ranks)."""
+    project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW. make_optimizer:
+    (optimizer_cls, param_groups, **kwargs) -> optimizer, from the layout
+    (parallel.Parallelized.make_optimizer; ZeRO-1 shards the states); None = optimizer_cls."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -36,10 +39,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int,
 
         optimizer_cls = LowPrecisionAdamW
         extra = dict(exp_avg_dtype=cfg.exp_avg_dtype, exp_avg_sq_dtype=cfg.exp_avg_sq_dtype)
-    if zero1:
-        from trainlab.parallel.fsdp import apply_zero1
-
-        optimizer = apply_zero1(optimizer_cls, groups, **kwargs, **extra)
+    if make_optimizer is not None:
+        optimizer = make_optimizer(optimizer_cls, groups, **kwargs, **extra)
     else:
         optimizer = optimizer_cls(groups, **kwargs, **extra)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -108,8 +108,10 @@ def register_comm_hook(ddp_model, *, comm_dtype: str, powersgd_rank: int = 0, ba
     powersgd_start_iter: PowerSGD compresses from this synchronising backward pass on (counted
     from 0; an optimizer step when micro-batches run under no_sync); before it, buckets are
     all-reduced whole, in comm_dtype. ordered (train.deterministic): buckets are summed in rank
-    order (parallel.ordered_reduce), sent in comm_dtype; `group` is DDP's process group (None =
-    the world). DDP allows one hook per model: call this once."""
+    order (parallel.ordered_reduce), sent in comm_dtype. `group`: DDP's process group, the
+    data-parallel one (None = the world); every hook averages over it (a hook's state of None
+    would mean the world, which in a hybrid layout also holds tensor- or pipeline-parallel
+    peers). DDP allows one hook per model: call this once."""
     check_comm(comm_dtype, powersgd_rank, backend, powersgd_start_iter=powersgd_start_iter)
     if ordered and powersgd_rank:
         raise ValueError(f"train.deterministic=true with parallel.powersgd_rank={powersgd_rank}: DDP "
@@ -135,7 +137,7 @@ def register_comm_hook(ddp_model, *, comm_dtype: str, powersgd_rank: int = 0, ba
 
     if powersgd_rank:
         state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=powersgd_rank,
+            process_group=group, matrix_approximation_rank=powersgd_rank,
             start_powerSGD_iter=powersgd_start_iter)  # error feedback and warm start: on
         hook = powerSGD_hook.powerSGD_hook
         if comm_dtype == "fp16":
@@ -151,7 +153,7 @@ def register_comm_hook(ddp_model, *, comm_dtype: str, powersgd_rank: int = 0, ba
         hook = bf16_compress_hook_gloo
     else:
         hook = default_hooks.bf16_compress_hook
-    ddp_model.register_comm_hook(None, hook)
+    ddp_model.register_comm_hook(group, hook)
     return comm_dtype
 
 

@@ -1,6 +1,7 @@
 """torch.compile per transformer block (train.compile_unit=block), torchtitan's way.
 
     n = compile_blocks(model)   # after tensor parallel and checkpointing, before FSDP2
+    model = compile_model(model)   # train.compile_unit=model: ddp / zero1 / one process only
 
 Each block gets `nn.Module.compile()`, which compiles the module's call in place: the
 module tree, its parameter names, its type and its hooks stay as they are, so FSDP2's
@@ -34,4 +35,12 @@ def compile_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
-__all__ = ["compile_blocks"]
+def compile_model(model: nn.Module) -> nn.Module:
+    """The whole model as one graph (train.compile_unit=model): only for layouts that neither
+    shard nor split it afterwards (config.validate.check_parallel). Returns the compiled
+    wrapper (`parallel.unwrap` finds the model inside); hooks are guarded as above."""
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+    return torch.compile(model)
+
+
+__all__ = ["compile_blocks", "compile_model"]

@@ -9,7 +9,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
               process_group=None) -> nn.Module:
-    """`process_group`: the data-parallel group when the world also holds tp or pp ranks."""
+    """`process_group`: the data-parallel group (None = the world). Plain tensors only: with
+    tensor parallel (DTensor parameters) the dp replicas are parallel.replicate's instead."""
     return DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,

@@ -4,6 +4,7 @@
     model = apply_fsdp(model, mesh=mesh["dp_shard"], reshard_after_forward=False)   # ZeRO-2-like
     model = apply_fsdp(model, mesh=mesh["dp_replicate", "dp_shard"])          # HSDP
     optimizer = apply_zero1(torch.optim.AdamW, groups, lr=...)                # ZeRO-1 (with DDP)
+    (parallelize() hands apply_zero1 to the optimizer builder as Parallelized.make_optimizer)
     tracker.log_metrics(sharded_bytes(model, optimizer), ...)                 # per-rank memory
 
 What each shards, per rank, with dp ranks:
@@ -124,8 +125,10 @@ def _refuse_fp8_only_group(module: nn.Module, *, name: str, mesh: DeviceMesh,
 
 
 # ---------------------------------------------------------------------------------------
-def apply_zero1(optimizer_cls: type[torch.optim.Optimizer], params, **kwargs) -> torch.optim.Optimizer:
-    """ZeRO-1: `optimizer_cls` wrapped in ZeroRedundancyOptimizer over the default process group.
+def apply_zero1(optimizer_cls: type[torch.optim.Optimizer], params, *, process_group=None,
+                **kwargs) -> torch.optim.Optimizer:
+    """ZeRO-1: `optimizer_cls` wrapped in ZeroRedundancyOptimizer over `process_group` (the
+    data-parallel group; None = the world).
 
     Use with a DDP model: gradients are all-reduced as usual; each rank keeps the optimizer
     states of ~1/world of the parameters (whole tensors, sorted-greedy by size), updates
@@ -135,7 +138,8 @@ def apply_zero1(optimizer_cls: type[torch.optim.Optimizer], params, **kwargs) ->
     params = list(params)
     if params and isinstance(params[0], dict):
         params = [{**group, "params": list(group["params"])} for group in params]
-    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, **kwargs)
+    return ZeroRedundancyOptimizer(params, optimizer_class=optimizer_cls, process_group=process_group,
+                                   **kwargs)
 
 
 def sharded_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:

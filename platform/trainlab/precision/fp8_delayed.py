@@ -9,9 +9,10 @@ Update order (one optimizer step t):
   1. every forward/backward of step t casts with `scale`, computed from histories up to t-1
      (all ones at t=0, while the history is still zeros), and records the amax it saw into
      `running_amax` (max over the micro-batches of the step);
-  2. after backward, `update_delayed_scales(model)` all-reduces (MAX) the running amaxes of
-     every layer in one collective, rolls them into `amax_history` (column 0 = newest),
-     recomputes `scale` and zeroes `running_amax`; those scales serve step t+1.
+  2. after backward, `update_delayed_scales(model, group=dp_group)` all-reduces (MAX) the
+     running amaxes of every layer in one collective over the data-parallel group, rolls them
+     into `amax_history` (column 0 = newest), recomputes `scale` and zeroes `running_amax`;
+     those scales serve step t+1.
 
 Formats: input and weight in float8_e4m3fn, grad_output in float8_e5m2 (TE's "hybrid").
 Casts saturate (clamp to +-finfo.max) so a stale scale clips outliers instead of making
@@ -193,17 +194,19 @@ def convert_to_delayed_fp8(model: nn.Module, *, module_filter: Callable[[nn.Line
 
 
 @torch.no_grad()
-def update_delayed_scales(model: nn.Module, *, group=None) -> None:
+def update_delayed_scales(model: nn.Module, *, group=None, reduce: bool = True) -> None:
     """Once per optimizer step, after backward: reduce, record and rescale every fp8 layer.
 
-    All layers' running amaxes go through ONE all-reduce (MAX), so data-parallel ranks
-    always cast with identical scales. Layers must share one device.
+    All layers' running amaxes go through ONE all-reduce (MAX) over `group` (None: the world),
+    the data-parallel group, so its ranks always cast with identical scales. reduce=False:
+    this process's amaxes only, for a rank without data-parallel peers (its world may hold
+    pipeline stages, whose layers are others). Layers must share one device.
     """
     layers = [m for m in model.modules() if isinstance(m, DelayedScalingFp8Linear)]
     if not layers:
         return
     flat = torch.cat([m.running_amax for m in layers])
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+    if reduce and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)
     for layer, amax in zip(layers, flat.split(3)):
         layer._push_amax(amax)

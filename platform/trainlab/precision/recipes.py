@@ -44,6 +44,9 @@ class PrecisionRecipe:
     """(name, module, how it casts) of every linear layer running in low precision."""
     plan: LayerPlan | None = None
     """fp8 and emulated modes: which linears were converted and which kept in high precision."""
+    dp_group: object = None
+    """The data-parallel process group the recipe's own collectives run on (set by attach;
+    None: no data-parallel peers)."""
 
     @classmethod
     def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
@@ -58,8 +61,10 @@ class PrecisionRecipe:
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
 
-    def attach(self, model: nn.Module) -> None:
-        """Called with the parallelized model (e.g. to register a DDP communication hook)."""
+    def attach(self, model: nn.Module, *, dp_group=None) -> None:
+        """Called with the parallelized model (e.g. to register a DDP communication hook) and
+        its data-parallel group (parallel.Parallelized.dp_group; None: dp = 1)."""
+        self.dp_group = dp_group
 
     def autocast(self) -> ContextManager:
         return contextlib.nullcontext()
@@ -235,7 +240,8 @@ class Fp8Recipe(PrecisionRecipe):
         if self.name == "fp8_delayed":
             from trainlab.precision.fp8_delayed import update_delayed_scales
 
-            update_delayed_scales(self._model)  # this step's amaxes -> histories -> next scales
+            # this step's amaxes -> histories -> next scales, the same on every dp replica
+            update_delayed_scales(self._model, group=self.dp_group, reduce=self.dp_group is not None)
         return applied
 
 
@@ -268,9 +274,12 @@ class EmulatedRecipe(PrecisionRecipe):
             self.casts = [(name, modules[name], spec) for name in self.plan.lowp]
         return model
 
-    def attach(self, model: nn.Module) -> None:
+    def attach(self, model: nn.Module, *, dp_group=None) -> None:
+        super().attach(model, dp_group=dp_group)
         if self.formats["comm_grads"] is not None and hasattr(model, "register_comm_hook"):
-            model.register_comm_hook(None, quantized_allreduce_hook(self.formats["comm_grads"], scaled=self.scaled))
+            # the hook's state is its process group: the data-parallel one, not the world
+            model.register_comm_hook(dp_group, quantized_allreduce_hook(self.formats["comm_grads"],
+                                                                        scaled=self.scaled))
 
     def autocast(self) -> ContextManager:
         return _autocast(self.device_type, HP_DTYPES[self.cfg.hp_dtype])
