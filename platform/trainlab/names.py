@@ -120,6 +120,9 @@ under Ray, the device name under torchrun); compare groups and normalises by it.
 TAG_NODE_COUNT = "node_count"
 """How many nodes the trial's workers spanned."""
 TAG_WORLD_SIZE = "world_size"
+TAG_DIST_BACKEND = "dist_backend"
+"""The torch.distributed backend of the trial's process group (nccl, gloo), or none: one
+process without a group."""
 TAG_SEED = "seed"
 TAG_CONFIG_HASH = "config_hash"
 TAG_CORPUS = "corpus"

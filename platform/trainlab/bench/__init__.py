@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance", "checkpoint")
+BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance", "checkpoint", "acceptance")
 
 
 def main(argv: list[str]) -> None:
@@ -40,3 +40,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.checkpoint import main as checkpoint_main
 
         checkpoint_main(argv[1:])
+    elif argv[0] == "acceptance":
+        from trainlab.bench.acceptance import main as acceptance_main
+
+        sys.exit(acceptance_main(argv[1:]))

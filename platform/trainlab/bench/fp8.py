@@ -8,6 +8,8 @@ torchrun process), then validates. Prints tokens/s, model TFLOP/s, MFU against t
 the high-precision dtype (precision.hp_dtype, bf16 by default) and against the FP8 peak
 where the device's is known, validation loss; then one line per FP8 mode with
 `speedup: X.XXx` (tokens/s over the first precision's) and `val loss gap: +Y.YY%`.
+A mode is a precision name, or `fp32+tf32` (fp32 with precision.tf32=true). --json writes
+the rows (with peak memory) for a driver such as trainlab.bench.acceptance.
 --matmul times bare matmuls instead (bf16 torch.mm against torch._scaled_mm with
 tensorwise scales) over square sizes, printing the speedup per size: the crossover.
 """
@@ -15,6 +17,8 @@ tensorwise scales) over square sizes, printing the speedup per size: the crossov
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import time
 
@@ -28,17 +32,39 @@ from trainlab.engine.run import build_trainer
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
 
 
+def mode_overrides(mode: str) -> list[str]:
+    """The overrides of a mode: a precision name, or `fp32+tf32` (fp32 on TF32 tensor cores)."""
+    name, _, variant = mode.partition("+")
+    if variant not in ("", "tf32") or (variant and name != "fp32"):
+        raise ValueError(f"--precisions entry {mode!r} is not a mode; write a precision name "
+                         "(e.g. bf16) or fp32+tf32")
+    return [f"precision={name}", *(["precision.tf32=true"] if variant else [])]
+
+
 def run_precision(overrides: list[str], precision: str, world: int) -> dict:
-    run = compose_run_config([*overrides, f"precision={precision}", f"cluster.num_workers={world}"])
+    run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}"])
     dist_info = setup_distributed(run.cluster.device)
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
+    else:
+        # each mode's own peak, not the largest of the modes this process ran before it (the
+        # last mode's trainer sits in reference cycles until a collection frees it)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dist_info.device)
     trainer = build_trainer(run, dist_info)
     result = trainer.train()
-    return {"precision": precision, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
-            "mfu_fp8": result.mfu_fp8, "val_loss": result.final_val_loss,
-            "status": result.status, "tflops": result.tokens_per_s * trainer.throughput.flops_per_token / 1e12,
-            "device": device_name(dist_info.device), "steps": result.steps}
+    row = {"precision": precision, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
+           "mfu_fp8": result.mfu_fp8, "val_loss": result.final_val_loss,
+           "status": result.status, "tflops": result.tokens_per_s * trainer.throughput.flops_per_token / 1e12,
+           "device": device_name(dist_info.device), "steps": result.steps, "tokens_seen": result.tokens_seen,
+           "peak_mem_gb": result.peak_mem_gb, "elapsed_s": result.elapsed_s, "model": run.model.name,
+           "compile": run.train.compile, "mfu_peak": trainer.throughput.peak.source}
+    del trainer
+    # the next mode compiles its own graphs: dynamo's per-function recompile limit counts
+    # every mode's, and past it the later modes would silently run eager
+    torch._dynamo.reset()
+    return row
 
 
 def _pct(x: float | None) -> str:
@@ -84,6 +110,7 @@ def main(argv: list[str]) -> None:
                     help=f"comma-separated, the first is the reference (default {DEFAULT_PRECISIONS})")
     ap.add_argument("--matmul", action="store_true", help="time bare matmuls over sizes instead")
     ap.add_argument("--sizes", default="256,512,1024,2048,4096,8192", help="--matmul sizes")
+    ap.add_argument("--json", default="", help="also write the rows to this file (rank 0)")
     ap.add_argument("overrides", nargs="*", default=[],
                     help="Hydra overrides of the trial (default: model=small train.max_steps=40)")
     args = ap.parse_args(argv)
@@ -94,13 +121,19 @@ def main(argv: list[str]) -> None:
     overrides = ["model=small", "train.max_steps=40", "train.eval_every=0", "tracking=none",
                  *args.overrides]
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rows = [run_precision(overrides, p, world) for p in args.precisions.split(",")]
+    modes = args.precisions.split(",")
+    for mode in modes:
+        mode_overrides(mode)  # a typo fails before the first mode trains
+    rows = [run_precision(overrides, p, world) for p in modes]
+    if args.json and int(os.environ.get("RANK", "0")) == 0:
+        with open(args.json, "w") as f:
+            json.dump({"overrides": overrides, "world_size": world, "rows": rows}, f, indent=1)
     print0(f"fp8 bench on {rows[0]['device']} x{world}: {' '.join(overrides)}")
     print0(f"{'precision':<20} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU hp peak':>14} "
-           f"{'MFU fp8 peak':>13} {'val loss':>9}  status")
+           f"{'MFU fp8 peak':>13} {'val loss':>9} {'peak GB':>8}  status")
     for r in rows:
         print0(f"{r['precision']:<20} {r['tokens_per_s']:>10,.0f} {r['tflops']:>8.3g} {_pct(r['mfu']):>14} "
-               f"{_pct(r['mfu_fp8']):>13} {r['val_loss']:>9.4f}  {r['status']}")
+               f"{_pct(r['mfu_fp8']):>13} {r['val_loss']:>9.4f} {r['peak_mem_gb']:>8.2f}  {r['status']}")
     ref = rows[0]
     for r in rows[1:]:
         gap = (r["val_loss"] - ref["val_loss"]) / ref["val_loss"]

@@ -1,4 +1,5 @@
-"""Engine overhead: the Trainer (all telemetry, MLflow tracking on) against a bare PyTorch loop.
+"""Engine overhead: the Trainer (all telemetry, MLflow tracking on; with tracking=none the
+JSONL tracker, for machines without MLflow) against a bare PyTorch loop.
 
 Both train the same model from the same init on the same batches in this process (or in
 each torchrun process), alternating engine / bare for --repeats rounds so drift on a shared
@@ -26,6 +27,7 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.precision import build_recipe
+from trainlab.tracking import JsonlTracker
 
 
 def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
@@ -61,11 +63,17 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
     return batches.tokens_per_step * t.max_steps / (time.perf_counter() - t0)
 
 
-def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
-    """The Trainer with MLflow tracking, system metrics and every telemetry hook on."""
-    from trainlab.tracking.runs import start_trial_tracking
+def engine_loop(run, dist_info, *, tracking_dir: str) -> float:
+    """The Trainer with every telemetry hook on and its tracker: MLflow (a store in
+    `tracking_dir`, system metrics as configured) or, with tracking=none, the JSONL file
+    there (where MLflow is not installed, as on the GPU machines)."""
+    tracker = None
+    if dist_info.is_rank0 and run.tracking.name == "mlflow":
+        from trainlab.tracking.runs import start_trial_tracking
 
-    tracker = start_trial_tracking(run, tracking_uri=tracking_uri)[1] if dist_info.is_rank0 else None
+        tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
+    elif dist_info.is_rank0:
+        tracker = JsonlTracker(os.path.join(tracking_dir, "metrics.jsonl"))
     trainer = build_trainer(run, dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0 = time.perf_counter()
@@ -94,13 +102,12 @@ def main(argv: list[str]) -> None:
     corpus = build_corpus(run.data)
     print0(f"overhead: model={run.model.name} precision={run.precision.name} world={dist_info.world_size} "
            f"steps={run.train.max_steps} batch={run.train.global_batch_size}x{run.train.seq_len} "
-           f"device={dist_info.device}")
+           f"device={dist_info.device} tracking={run.tracking.name}")
     engine_rates, bare_rates = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        uri = f"sqlite:///{tmp}/bench.db"
-        engine_loop(run, dist_info, tracking_uri=uri)  # warm-up round: store creation, kernels
+        engine_loop(run, dist_info, tracking_dir=tmp)  # warm-up round: store creation, kernels
         for i in range(args.repeats):
-            engine_rates.append(engine_loop(run, dist_info, tracking_uri=uri))
+            engine_rates.append(engine_loop(run, dist_info, tracking_dir=tmp))
             bare_rates.append(bare_loop(run, dist_info, vocab_size=corpus.vocab_size,
                                         train_tokens=corpus.train))
             print0(f"round {i + 1}: engine {engine_rates[-1]:,.0f} tok/s   bare {bare_rates[-1]:,.0f} tok/s")

@@ -37,10 +37,13 @@ def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo
     """Join the process group this process was started in.
 
     Ray Train has already initialised it; torchrun leaves WORLD_SIZE/RANK in the
-    environment for us to initialise (NCCL on GPU, gloo on CPU); otherwise one process.
+    environment for us to initialise (NCCL on GPU, gloo on CPU), a group of one included,
+    so that a 1-GPU torchrun run goes through NCCL as a multi-GPU one does; otherwise one
+    process without a group.
     """
     device = resolve_device(device)
-    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if not dist.is_initialized() and (torchrun or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         dist.init_process_group(backend=backend_for(device))
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -54,6 +57,11 @@ def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo
     else:
         dev = torch.device("cpu")
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def process_group_backend() -> str:
+    """The backend of this process's group (nccl, gloo), or 'none' when it has none."""
+    return str(dist.get_backend()) if dist.is_initialized() else "none"
 
 
 def all_reduce_mean(values: list[float], *, device: torch.device) -> list[float]:

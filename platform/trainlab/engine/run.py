@@ -33,7 +33,13 @@ from trainlab.engine.checkpoint import (
     rollback_of,
 )
 from trainlab.engine.determinism import set_deterministic
-from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
+from trainlab.engine.distributed import (
+    DistInfo,
+    device_name,
+    gather_strings,
+    process_group_backend,
+    setup_distributed,
+)
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
 from trainlab.engine.schedule import build_optimizer
@@ -170,6 +176,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_DEVICE_COUNT: dist_info.world_size,
             **hardware_tags(where or (socket.gethostname(), device_name(dist_info.device))),
             names.TAG_WORLD_SIZE: dist_info.world_size,
+            names.TAG_DIST_BACKEND: process_group_backend(),
             names.TAG_CORPUS: corpus.name,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
