@@ -8,11 +8,14 @@ Parts (--parts), each in processes of its own, so one that fails or hangs hides 
   env       device, capability, memory, versions, which of Ray/MLflow/Hydra/torchao import;
             bare matmul TFLOP/s per dtype, measured here (they size the plan)
   table     every precision mode trains the same model on the same tokens from the same init,
-            one `torchrun --nproc-per-node 1` process per mode (trainlab.bench.fp8): tokens/s,
-            MFU, validation loss, peak memory. The model is the largest preset that fits; the
-            steps are as many as fit the time budget (acceptance_plan), printed before it starts
+            under `torchrun --nproc-per-node 1` (trainlab.bench.fp8: the compiled modes in one
+            process, the eager ones in another): tokens/s, MFU, validation loss, peak memory.
+            The model is the largest preset that fits; the steps are as many as fit the time
+            budget (acceptance_plan), printed before it starts
   overhead  the engine against a bare PyTorch loop (trainlab.bench.overhead, tracking=none)
-  tests     pytest tests/gpu -m gpu
+  tests     pytest tests/gpu -m gpu ('gpu and not slow' beside the table, which covers the slow one)
+With --parts left as all, parts that do not fit --budget-s after the table are deferred, and
+the command for a second call is printed.
 Ends with the table, issue 15's targets (pass / FAIL on a GPU) and, last, `fp8/bf16: X.XXx`
 (fp8_tensorwise over bf16 tokens/s). The table, a JSON of everything and the children's logs go
 to --out (default $OUT, else ./acceptance-out). No Ray, no MLflow: the engine runs under torchrun.
@@ -21,13 +24,12 @@ to --out (default $OUT, else ./acceptance-out). No Ray, no MLflow: the engine ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
 import re
 import runpy
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,84 +38,26 @@ from pathlib import Path
 import torch
 
 from trainlab.bench import acceptance_plan as plan_mod
+from trainlab.bench.acceptance_children import Children, child_env, error_line, tail, without
 from trainlab.bench.acceptance_report import format_report, targets
 
 REPO = Path(__file__).resolve().parents[3]
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # platform/: what children need on sys.path
 PARTS = ("env", "table", "overhead", "tests")
 RUN_ORDER = ("bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed", "fp16", "fp32+tf32", "fp32")
 """The table trains the modes of the target first, so a budget that runs out cuts the rest."""
 COMPILED = {"bf16", "fp16", "fp8_tensorwise", "fp8_rowwise", "fp8_delayed"}
 """Modes the table compiles (per block, as torchtitan): FP8 pays only compiled, and bf16 is its
 reference. fp32 and tf32 steps are matmul-bound; they run eager to keep compile time in budget."""
-
-_BLOCKER = '''import sys
-class _Absent:
-    """Written by trainlab.bench.acceptance --without: these packages behave as not installed."""
-    names = {names!r}
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (hidden by --without)", name=name)
-        return None
-sys.meta_path.insert(0, _Absent())
-'''
-
-
-def without(names: list[str]) -> str:
-    """A folder whose sitecustomize hides `names` in every Python that has it on PYTHONPATH
-    (children and, once added to sys.path and imported, this one)."""
-    folder = tempfile.mkdtemp(prefix="trainlab-without-")
-    Path(folder, "sitecustomize.py").write_text(_BLOCKER.format(names=sorted(names)))
-    return folder
-
-
-def child_env(extra_path: list[str]) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([*extra_path, str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
-class Children:
-    """Runs each part's processes with a deadline, their output appended to one log file."""
-
-    def __init__(self, *, log: Path, env: dict[str, str], deadline: float, cwd: Path):
-        self.log, self.env, self.deadline, self.cwd = log, env, deadline, cwd
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def run(self, title: str, cmd: list[str], *, cwd: Path | None = None) -> tuple[int | None, str]:
-        """(exit code or None when it ran out of time, its output)."""
-        timeout = self.left()
-        if timeout < 5:
-            return None, "not started: the time budget is spent"
-        with self.log.open("a") as f:
-            f.write(f"\n===== {title}: {' '.join(cmd)}\n")
-            f.flush()
-            start = f.tell()
-            # a session of its own: on time-out the whole tree goes (torchrun's workers too)
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=cwd or self.cwd, start_new_session=True)
-            try:
-                code: int | None = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = None
-        with self.log.open() as f:
-            f.seek(start)
-            return code, f.read()
-
-
-def _tail(output: str, n: int = 12) -> str:
-    return "\n".join("    " + line for line in output.strip().splitlines()[-n:])
-
-
-def _error_line(output: str) -> str:
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"^\w*(Error|Exception)\b", line)]
-    return (errors or lines or ["no output"])[-1][:200]
-
+ENV_S = 20.0
+"""Estimated start of this command: imports, the matmul probe, composing the plan."""
+PROCESS_S = {"cuda": 30.0, "cpu": 15.0}
+"""Estimated start of a torchrun process: Python, torch, CUDA, imports (estimates only)."""
+SETUP_S = {"cuda": 10.0, "cpu": 5.0}
+"""Estimated corpus and model build of each mode in a running process."""
+COMPILE_S = 45.0
+"""Estimated compile of one transformer block, forward and backward, per compiled mode."""
+TESTS_S = {"gpu": 420.0, "gpu and not slow": 200.0}
+"""Estimated pytest tests/gpu on one H100 per selection (the slow one compiles the FP8 bench)."""
 
 # ---- env -----------------------------------------------------------------------------------
 def environment(device: torch.device, *, quick: bool) -> dict:
@@ -169,27 +113,44 @@ def table_overrides(*, device: str, sizing: plan_mod.Sizing, steps: int, eval_ba
 
 def run_table(children: Children, modes: list[str], *, overrides: list[str], compiled: set[str],
               work: Path) -> list[dict]:
-    rows = []
-    for mode in sorted(modes, key=lambda m: RUN_ORDER.index(m) if m in RUN_ORDER else len(RUN_ORDER)):
-        out = work / f"{mode.replace('+', '_')}.json"
-        compile_flag = f"train.compile={'true' if mode in compiled else 'false'}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               "-m", "trainlab.bench.fp8", "--precisions", mode, "--json", str(out), *overrides, compile_flag]
-        t0 = time.monotonic()
-        code, output = children.run(f"table {mode}", cmd)
-        took = time.monotonic() - t0
-        if code == 0 and out.is_file():
-            row = json.loads(out.read_text())["rows"][0]
-            row["wall_s"] = took
+    """The compiled modes in one torchrun process and the eager ones in another (a process
+    start and a corpus cost once); a mode whose process died before it ran gets one of its own."""
+    order = sorted(modes, key=lambda m: RUN_ORDER.index(m) if m in RUN_ORDER else len(RUN_ORDER))
+    groups = [[m for m in order if m in compiled], [m for m in order if m not in compiled]]
+    rows: dict[str, dict] = {}
+    for group in filter(None, groups):
+        rows.update(_run_modes(children, group, overrides=overrides, compiled=group[0] in compiled, work=work))
+    for mode in [m for m in order if m not in rows]:  # its process crashed or ran out of time first
+        rows.update(_run_modes(children, [mode], overrides=overrides, compiled=mode in compiled, work=work))
+    return [rows.get(m) or {"precision": m, "status": "error: did not run", "compile": m in compiled}
+            for m in modes]
+
+
+def _run_modes(children: Children, modes: list[str], *, overrides: list[str], compiled: bool,
+               work: Path) -> dict[str, dict]:
+    out = work / f"{'_'.join(modes).replace('+', '-')}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           "-m", "trainlab.bench.fp8", "--keep-going", "--precisions", ",".join(modes), "--json", str(out),
+           *overrides, f"train.compile={'true' if compiled else 'false'}"]
+    t0 = time.monotonic()
+    code, output = children.run(f"table {','.join(modes)}", cmd)
+    rows = {r["precision"]: r for r in json.loads(out.read_text())["rows"]} if out.is_file() else {}
+    for mode in modes:
+        row = rows.get(mode)
+        if row is None:
+            continue
+        row.setdefault("compile", compiled)
+        if row.get("status") == "finished":
             print(f"  {mode:<16} {row['tokens_per_s']:>12,.0f} tokens/s  val loss {row['val_loss']:.4f}  "
-                  f"({took:.0f} s)", flush=True)
+                  f"peak {row['peak_mem_gb']:.1f} GB  ({row['elapsed_s']:.0f} s training)", flush=True)
         else:
-            why = "out of time" if code is None else _error_line(output)
-            row = {"precision": mode, "status": f"error: {why}", "wall_s": took, "compile": mode in compiled}
-            print(f"  {mode:<16} failed ({took:.0f} s): {why}\n{_tail(output)}", flush=True)
-        rows.append(row)
-    order = {m: i for i, m in enumerate(modes)}
-    return sorted(rows, key=lambda r: order.get(r["precision"], len(order)))
+            print(f"  {mode:<16} {row['status']}", flush=True)
+    missing = [m for m in modes if m not in rows]
+    if missing:
+        why = "out of time" if code is None else error_line(output)
+        print(f"  {','.join(missing)}: no result after {time.monotonic() - t0:.0f} s ({why})\n{tail(output)}",
+              flush=True)
+    return rows
 
 
 # ---- overhead and tests ------------------------------------------------------------------
@@ -200,8 +161,8 @@ def run_overhead(children: Children, *, overrides: list[str], repeats: int) -> d
     ratio = re.search(r"^ratio: ([0-9.]+)", output, re.M)
     median = re.search(r"^median: engine ([0-9,]+) tok/s\s+bare ([0-9,]+) tok/s", output, re.M)
     if code != 0 or ratio is None:
-        why = "out of time" if code is None else _error_line(output)
-        print(f"  overhead failed: {why}\n{_tail(output)}", flush=True)
+        why = "out of time" if code is None else error_line(output)
+        print(f"  overhead failed: {why}\n{tail(output)}", flush=True)
         return {"status": f"error: {why}", "overrides": overrides}
     result = {"status": "finished", "ratio": float(ratio.group(1)), "overrides": overrides}
     if median:
@@ -216,11 +177,66 @@ def run_tests(children: Children, *, select: str) -> dict:
     code, output = children.run("tests", cmd, cwd=REPO)
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
     failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    text = summary[-1].strip("= ") if summary else ("out of time" if code is None else _error_line(output))
+    text = summary[-1].strip("= ") if summary else ("out of time" if code is None else error_line(output))
     print(f"  tests/gpu: {text}", flush=True)
     for line in failed:
         print(f"    {line[:200]}", flush=True)
     return {"exit_code": code, "summary": text, "failed": failed}
+
+
+def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes: list[str]) -> dict:
+    """The table's model and steps, each part's estimate, printed; parts that do not fit the
+    budget after the table are deferred to a second call (when --parts was left as all)."""
+    dev = device.type
+    if args.quick:
+        sizing = plan_mod.size_of(args.model if args.model != "auto" else "tiny", vocab_size=64, seq_len=64,
+                                  micro_batch=4)
+        vocab, eval_batches, compiled = 64, 2, set()
+    else:
+        vocab, eval_batches, compiled = args.vocab, 8, COMPILED & set(modes)
+        kw = dict(vocab_size=vocab, seq_len=args.seq_len, micro_batch=args.micro_batch)
+        sizing = (plan_mod.largest_fitting(env["memory_gb"], **kw) if args.model == "auto"
+                  else plan_mod.size_of(args.model, **kw))
+    flops_per_step = sizing.flops_per_token * sizing.micro_batch * sizing.seq_len
+    select = args.tests or ("gpu and not slow" if "table" in parts else "gpu")
+    tests_s = TESTS_S.get(select, max(TESTS_S.values())) if dev == "cuda" else 30.0
+    overhead_s = 60.0 if dev == "cuda" and not args.quick else 40.0
+    est = dict(flops_per_step=flops_per_step, rates=env["matmul_tflops"], eval_batches=eval_batches,
+               setup_s=SETUP_S[dev], compile_s=0.0 if args.quick else COMPILE_S, compiled=compiled)
+    processes_s = PROCESS_S[dev] * (1 + bool(compiled) * bool(set(modes) - compiled))
+    table_budget = args.budget_s - ENV_S - processes_s - (overhead_s if "overhead" in parts else 0)
+    steps = args.steps or (8 if args.quick else plan_mod.fit_steps(
+        modes, budget_s=table_budget, max_steps=60, min_steps=20, **est))
+    table_s = plan_mod.table_seconds(modes, steps=steps, **est) if "table" in parts else {}
+    costs = {"table": sum(table_s.values()) + processes_s if table_s else 0.0, "overhead": overhead_s,
+             "tests": tests_s}
+    deferred, total = [], ENV_S
+    for part in ("table", "overhead", "tests"):
+        if part not in parts:
+            continue
+        if args.parts == ",".join(PARTS) and part != "table" and total + costs[part] > args.budget_s:
+            deferred.append(part)
+        else:
+            total += costs[part]
+    print(f"plan: model {sizing.model} ({sizing.params / 1e6:,.3g}M params, fp32 estimate "
+          f"{sizing.memory_gb:.1f} GB of {env['memory_gb']:.0f}), markov vocab {vocab}, {steps} steps x "
+          f"{sizing.micro_batch} x {sizing.seq_len} tokens, the same tokens for every mode; "
+          f"{flops_per_step / 1e12:.3g} TFLOP a step; compiled: {', '.join(sorted(compiled)) or 'none'}", flush=True)
+    print("estimate: " + ", ".join([f"{m} {t:.0f} s" for m, t in table_s.items()]
+                                   + [f"{p} {costs[p]:.0f} s" for p in ("overhead", "tests")
+                                      if p in parts and p not in deferred])
+          + f"; total {total:.0f} s of a {args.budget_s:.0f} s budget", flush=True)
+    if deferred:
+        print(f"deferred (over the budget): {', '.join(deferred)}; run them in a second call: "
+              f"bash .ci/gpu-accept --parts {','.join(deferred)}", flush=True)
+    elif total > args.budget_s:
+        print("warning: the estimate is over the budget; what runs past it is stopped and reported as such",
+              flush=True)
+    return {"sizing": dataclasses.asdict(sizing), "model": sizing.model, "params": sizing.params, "steps": steps,
+            "micro_batch": sizing.micro_batch, "seq_len": sizing.seq_len, "vocab": vocab,
+            "eval_batches": eval_batches, "compiled": sorted(compiled), "tests_select": select,
+            "estimate_s": {**table_s, **{p: costs[p] for p in ("overhead", "tests") if p in parts}},
+            "budget_s": args.budget_s, "deferred": deferred}
 
 
 # ---- the command ---------------------------------------------------------------------------
@@ -237,7 +253,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=4096, help="markov corpus vocabulary (at most 4096)")
     ap.add_argument("--overhead-model", default="350m")
-    ap.add_argument("--tests", default="gpu", help="pytest -m expression for tests/gpu")
+    ap.add_argument("--tests", default="", help="pytest -m expression for tests/gpu; default 'gpu', or "
+                    "'gpu and not slow' with the table (which covers the slow FP8 bench test)")
     ap.add_argument("--budget-s", type=float, default=570.0, help="wall-clock budget of the whole run")
     ap.add_argument("--out", default=os.environ.get("OUT") or "acceptance-out")
     ap.add_argument("--without", default="", help="comma-separated packages to hide (simulates the GPU machine)")
@@ -271,64 +288,30 @@ def main(argv: list[str]) -> int:
               "bash .ci/gpu-wheels.sh) and run bash .ci/gpu-accept", file=sys.stderr)
         return 2
 
-    # ---- the plan and its estimate ----
-    quick = args.quick
-    cuda = device.type == "cuda"
-    if quick:
-        sizing = plan_mod.size_of(args.model if args.model != "auto" else "tiny", vocab_size=64, seq_len=64,
-                                  micro_batch=4)
-        vocab, eval_batches, compiled = 64, 2, set()
-    else:
-        vocab, eval_batches, compiled = args.vocab, 8, COMPILED & set(modes)
-        sizing = (plan_mod.largest_fitting(env["memory_gb"], vocab_size=vocab, seq_len=args.seq_len,
-                                           micro_batch=args.micro_batch) if args.model == "auto"
-                  else plan_mod.size_of(args.model, vocab_size=vocab, seq_len=args.seq_len,
-                                        micro_batch=args.micro_batch))
-    flops_per_step = sizing.flops_per_token * sizing.micro_batch * sizing.seq_len
-    startup_s, compile_s = (25.0, 60.0) if cuda else (10.0, 120.0)
-    tests_s = 240.0 if cuda else 30.0
-    overhead_s = 60.0 if cuda and not quick else 40.0
-    others = (tests_s if "tests" in parts else 0) + (overhead_s if "overhead" in parts else 0)
-    est = dict(flops_per_step=flops_per_step, rates=rates, eval_batches=eval_batches, startup_s=startup_s,
-               compile_s=compile_s, compiled=compiled)
-    steps = args.steps or (8 if quick else plan_mod.fit_steps(
-        modes, budget_s=max(60.0, args.budget_s - others - 20), max_steps=60, min_steps=20, **est))
-    per_mode = plan_mod.table_seconds(modes, steps=steps, **est) if "table" in parts else {}
-    print(f"plan: model {sizing.model} ({sizing.params / 1e6:,.3g}M params, fp32 estimate "
-          f"{sizing.memory_gb:.1f} GB of {env['memory_gb']:.0f}), markov vocab {vocab}, {steps} steps x "
-          f"{sizing.micro_batch} x {sizing.seq_len} tokens, the same tokens for every mode; "
-          f"{flops_per_step / 1e12:.1f} TFLOP a step", flush=True)
-    total = sum(per_mode.values()) + others
-    print("estimate: " + ", ".join(f"{m} {s:.0f} s" for m, s in per_mode.items())
-          + (f", overhead {overhead_s:.0f} s" if "overhead" in parts else "")
-          + (f", tests {tests_s:.0f} s" if "tests" in parts else "")
-          + f"; total {total:.0f} s of a {args.budget_s:.0f} s budget", flush=True)
-    if total > args.budget_s:
-        print("warning: the estimate is over the budget: parts that do not fit are cut; run them in a "
-              "second call, e.g. --parts tests", flush=True)
-
+    plan = make_plan(args, env=env, device=device, parts=parts, modes=modes)
+    parts = [p for p in parts if p not in plan["deferred"]]
     work = Path(tempfile.mkdtemp(prefix="trainlab-accept-"))
     children = Children(log=log, env=child_env(extra_path), deadline=t_start + args.budget_s, cwd=work)
-    result: dict = {"env": env, "plan": {"model": sizing.model, "params": sizing.params, "steps": steps,
-                                         "micro_batch": sizing.micro_batch, "seq_len": sizing.seq_len,
-                                         "vocab": vocab, "estimate_s": per_mode, "budget_s": args.budget_s},
-                    "rows": [], "overhead": None, "tests": None}
+    result: dict = {"env": env, "plan": plan, "rows": [], "overhead": None, "tests": None}
+    sizing, cuda, quick = plan_mod.Sizing(**plan["sizing"]), device.type == "cuda", args.quick
     if "table" in parts:
         print("table:", flush=True)
-        overrides = table_overrides(device=device.type, sizing=sizing, steps=steps, eval_batches=eval_batches,
-                                    quick=quick, vocab_size=vocab, extra=args.overrides)
+        overrides = table_overrides(device=device.type, sizing=sizing, steps=plan["steps"],
+                                    eval_batches=plan["eval_batches"], quick=quick, vocab_size=plan["vocab"],
+                                    extra=args.overrides)
         result["table_overrides"] = overrides
-        result["rows"] = run_table(children, modes, overrides=overrides, compiled=compiled, work=work)
+        result["rows"] = run_table(children, modes, overrides=overrides, compiled=set(plan["compiled"]), work=work)
     if "overhead" in parts:
         print("overhead:", flush=True)
-        model, seq, steps_o, repeats = ("tiny", 64, 10, 1) if quick else (args.overhead_model, 1024, 40, 3)
+        model, seq, steps, repeats = ("tiny", 64, 10, 1) if quick else (args.overhead_model, 1024, 40, 3)
         result["overhead"] = run_overhead(children, repeats=repeats, overrides=[
-            f"model={model}", "data=markov", f"data.vocab_size={vocab}", "precision=bf16" if cuda else "precision=fp32",
-            f"train.seq_len={seq}", "train.micro_batch_size=8", "train.global_batch_size=8",
-            f"train.max_steps={steps_o}", "tracking=none", f"cluster.device={device.type}", "cluster.num_workers=1"])
+            f"model={model}", "data=markov", f"data.vocab_size={plan['vocab']}",
+            f"precision={'bf16' if cuda else 'fp32'}", f"train.seq_len={seq}", "train.micro_batch_size=8",
+            "train.global_batch_size=8", f"train.max_steps={steps}", "tracking=none",
+            f"cluster.device={device.type}", "cluster.num_workers=1"])
     if "tests" in parts:
-        print("tests:", flush=True)
-        result["tests"] = run_tests(children, select=args.tests)
+        print(f"tests (-m '{plan['tests_select']}'):", flush=True)
+        result["tests"] = run_tests(children, select=plan["tests_select"])
     result["targets"] = targets(result, gpu=cuda)
     result["wall_s"] = time.monotonic() - t_start
     report = format_report(result)

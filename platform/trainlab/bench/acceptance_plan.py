@@ -9,6 +9,7 @@ the run reports is measured.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ def fp32_training_gb(args: ModelArgs, *, tokens: int) -> float:
     return (state + acts + logits) / 1e9
 
 
+@functools.lru_cache(maxsize=None)
 def size_of(preset: str, *, vocab_size: int, seq_len: int, micro_batch: int) -> Sizing:
     from trainlab.config import compose_run_config
 
@@ -125,14 +127,15 @@ def step_seconds(mode: str, *, flops_per_step: float, rates: dict[str, float | N
 
 
 def table_seconds(modes: list[str], *, steps: int, eval_batches: int, flops_per_step: float,
-                  rates: dict[str, float | None], startup_s: float, compile_s: float,
+                  rates: dict[str, float | None], setup_s: float, compile_s: float,
                   compiled: set[str]) -> dict[str, float]:
-    """Estimated seconds of each mode's run: start-up, compile, steps and the validation pass
-    (a forward is about a third of a training step)."""
+    """Estimated seconds of each mode's run in a process already started: building the corpus
+    and model, compile, the steps and the validation pass (a forward is about a third of a
+    training step)."""
     out = {}
     for mode in modes:
         step = step_seconds(mode, flops_per_step=flops_per_step, rates=rates) or 0.0
-        out[mode] = startup_s + (compile_s if mode in compiled else 0.0) + (steps + eval_batches / 3) * step
+        out[mode] = setup_s + (compile_s if mode in compiled else 0.0) + (steps + eval_batches / 3) * step
     return out
 
 

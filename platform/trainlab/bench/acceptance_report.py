@@ -55,7 +55,9 @@ def format_report(result: dict) -> str:
     if result["rows"]:
         lines.append(f"model {plan['model']} ({plan['params'] / 1e6:,.3g}M params), markov vocab {plan['vocab']}, "
                      f"{plan['steps']} steps x {plan['micro_batch']} x {plan['seq_len']} tokens, same seed "
-                     "and tokens for every mode; tokens/s and MFU are medians over steps after the first")
+                     "and tokens for every mode; tokens/s and MFU are medians over steps after the first; "
+                     + ("peak GB: the most device memory allocated" if env["device_type"] == "cuda"
+                        else "peak GB: the process's largest resident set (CPU)"))
         ref = _row(result, "bf16")
         width = max(len(str(r.get("device", env["device"]))) for r in result["rows"])
         lines.append(f"{'device':<{width}}  {'mode':<15} {'compile':>7} {'tokens/s':>11} {'MFU':>6} "
@@ -77,6 +79,8 @@ def format_report(result: dict) -> str:
     if result.get("tests") is not None:
         lines.append(f"tests/gpu: {result['tests']['summary']}")
         lines.extend(f"  {line[:160]}" for line in result["tests"]["failed"])
+    if plan.get("deferred"):
+        lines.append(f"deferred to a second call: bash .ci/gpu-accept --parts {','.join(plan['deferred'])}")
     lines.append("targets (issue 15, one H100/H200):")
     lines.extend(f"  {t['target']:<46} {t['shown']:>9}  {t['verdict']}" for t in result["targets"])
     speedup = fp8_over_bf16(result)

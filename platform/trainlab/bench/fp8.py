@@ -110,7 +110,9 @@ def main(argv: list[str]) -> None:
                     help=f"comma-separated, the first is the reference (default {DEFAULT_PRECISIONS})")
     ap.add_argument("--matmul", action="store_true", help="time bare matmuls over sizes instead")
     ap.add_argument("--sizes", default="256,512,1024,2048,4096,8192", help="--matmul sizes")
-    ap.add_argument("--json", default="", help="also write the rows to this file (rank 0)")
+    ap.add_argument("--json", default="", help="also write the rows to this file (rank 0), after each mode")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="a mode that raises gets an error row and the next mode runs (one process only)")
     ap.add_argument("overrides", nargs="*", default=[],
                     help="Hydra overrides of the trial (default: model=small train.max_steps=40)")
     args = ap.parse_args(argv)
@@ -124,18 +126,34 @@ def main(argv: list[str]) -> None:
     modes = args.precisions.split(",")
     for mode in modes:
         mode_overrides(mode)  # a typo fails before the first mode trains
-    rows = [run_precision(overrides, p, world) for p in modes]
-    if args.json and int(os.environ.get("RANK", "0")) == 0:
-        with open(args.json, "w") as f:
-            json.dump({"overrides": overrides, "world_size": world, "rows": rows}, f, indent=1)
-    print0(f"fp8 bench on {rows[0]['device']} x{world}: {' '.join(overrides)}")
+    if args.keep_going and world > 1:
+        ap.error("--keep-going runs in one process only: a rank that carries on alone would hang its peers")
+    rows = []
+    for mode in modes:
+        try:
+            rows.append(run_precision(overrides, mode, world))
+        except Exception as e:
+            if not args.keep_going:
+                raise
+            print0(f"{mode} failed: {type(e).__name__}: {e}")
+            rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}"})
+        if args.json and int(os.environ.get("RANK", "0")) == 0:  # after each mode: a crash keeps the rest
+            with open(args.json, "w") as f:
+                json.dump({"overrides": overrides, "world_size": world, "rows": rows}, f, indent=1)
+    done = [r for r in rows if "tokens_per_s" in r]
+    print0(f"fp8 bench on {done[0]['device'] if done else '?'} x{world}: {' '.join(overrides)}")
     print0(f"{'precision':<20} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU hp peak':>14} "
            f"{'MFU fp8 peak':>13} {'val loss':>9} {'peak GB':>8}  status")
     for r in rows:
+        if r not in done:
+            print0(f"{r['precision']:<20} {r['status']}")
+            continue
         print0(f"{r['precision']:<20} {r['tokens_per_s']:>10,.0f} {r['tflops']:>8.3g} {_pct(r['mfu']):>14} "
                f"{_pct(r['mfu_fp8']):>13} {r['val_loss']:>9.4f} {r['peak_mem_gb']:>8.2f}  {r['status']}")
     ref = rows[0]
-    for r in rows[1:]:
+    for r in done if ref in done else []:
+        if r is ref:
+            continue
         gap = (r["val_loss"] - ref["val_loss"]) / ref["val_loss"]
         print0(f"{r['precision']} vs {ref['precision']}: speedup: {r['tokens_per_s'] / ref['tokens_per_s']:.2f}x"
                f"   val loss gap: {100 * gap:+.2f}%")
