@@ -74,7 +74,7 @@ def test_acceptance_command_prints_the_table_and_ends_with_fp8_over_bf16(tmp_pat
     assert re.search(r"overhead \(engine / bare loop, model tiny, tracking=none\): \d\.\d{3}", report)
     # a CPU run reports the targets without judging them: they are for one H100/H200
     assert [t["verdict"] for t in result["targets"]] == ["-"] * 4
-    assert "===== table fp8_tensorwise" in (out / "acceptance.log").read_text()
+    assert "===== table bf16,fp8_tensorwise: " in (out / "acceptance.log").read_text()
 
 
 def test_plan_trains_the_largest_preset_that_fits_the_device():

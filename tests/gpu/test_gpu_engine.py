@@ -32,10 +32,11 @@ BIG = ["model=125m", "data=markov", "data.vocab_size=256", "train.seq_len=256", 
        "train.global_batch_size=8", "train.max_steps=60", "train.eval_every=0", "train.eval_batches=4",
        "cluster.device=cuda", "cluster.num_workers=1"]
 """125m (85M parameters at vocabulary 256, 768-wide: every linear FP8-aligned), 60 steps of 2,048 tokens."""
-TINY = ["model=tiny", "data=markov", "train.seq_len=64", "train.micro_batch_size=4", "train.global_batch_size=8",
-        "train.max_steps=30", "train.eval_every=0", "train.eval_batches=2", "cluster.num_workers=1"]
-MODES = ["fp32", "fp32+tf32", "bf16", "bf16_pure", "fp16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp",
-         "fp8_delayed", "emulated"]
+TINY = ["model=tiny", "data=markov", "train.seq_len=64", "train.micro_batch_size=4",
+        "train.global_batch_size=8", "train.max_steps=30", "train.eval_every=0", "train.eval_batches=2",
+        "cluster.num_workers=1"]
+MODES = ["fp32", "fp32+tf32", "bf16", "bf16_pure", "fp16", "fp8_tensorwise", "fp8_rowwise",
+         "fp8_rowwise_gw_hp", "fp8_delayed", "emulated"]
 
 
 def spec(mode: str):
@@ -53,7 +54,8 @@ def skip_unless_runs(mode: str) -> None:
         need = (8, 0)
     have = torch.cuda.get_device_capability()
     if have < need:
-        pytest.skip(f"{mode} needs SM {need[0]}.{need[1]}+; {torch.cuda.get_device_name()} is {have[0]}.{have[1]}")
+        pytest.skip(f"{mode} needs SM {need[0]}.{need[1]}+; "
+                    f"{torch.cuda.get_device_name()} is {have[0]}.{have[1]}")
 
 
 def assert_mfu_as_the_peak_table_says(result, tags: dict) -> None:

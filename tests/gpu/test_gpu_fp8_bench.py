@@ -27,7 +27,7 @@ def test_fp8_bench_trains_bf16_and_fp8_on_the_same_tokens(tmp_path):
     out = tmp_path / "fp8.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "trainlab.bench.fp8", "--precisions", "bf16,fp8_tensorwise", "--json", str(out),
-           "model=125m", "data=markov", "data.vocab_size=4096", "train.seq_len=1024",
+           "model=125m", "data=markov", "data.vocab_size=256", "train.seq_len=1024",
            "train.micro_batch_size=8", "train.global_batch_size=8", "train.max_steps=40",
            "train.eval_batches=8", "train.numerics_every=0", "train.compile=true", "train.compile_unit=block",
            "optim.lr=3e-4", "cluster.device=cuda"]

@@ -71,7 +71,8 @@ def environment(device: torch.device, *, quick: bool) -> dict:
         info[name] = _version(name) if found else "absent"
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(device=torch.cuda.get_device_name(device), capability=list(torch.cuda.get_device_capability(device)),
+        info.update(device=torch.cuda.get_device_name(device),
+                    capability=list(torch.cuda.get_device_capability(device)),
                     memory_gb=props.total_memory / 1e9, gpus=torch.cuda.device_count())
     else:
         import platform
@@ -81,7 +82,8 @@ def environment(device: torch.device, *, quick: bool) -> dict:
         info.update(device=f"cpu ({platform.machine()})", capability=None,
                     memory_gb=psutil.virtual_memory().total / 1e9, gpus=0)
     n = 512 if quick or device.type == "cpu" else 8192
-    info["matmul_tflops"] = {d: plan_mod.matmul_tflops(device, d, n=n) for d in ("bf16", "fp16", "tf32", "fp32", "fp8")}
+    info["matmul_tflops"] = {d: plan_mod.matmul_tflops(device, d, n=n)
+                             for d in ("bf16", "fp16", "tf32", "fp32", "fp8")}
     info["matmul_size"] = n
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -119,7 +121,8 @@ def run_table(children: Children, modes: list[str], *, overrides: list[str], com
     groups = [[m for m in order if m in compiled], [m for m in order if m not in compiled]]
     rows: dict[str, dict] = {}
     for group in filter(None, groups):
-        rows.update(_run_modes(children, group, overrides=overrides, compiled=group[0] in compiled, work=work))
+        rows.update(_run_modes(children, group, overrides=overrides, compiled=group[0] in compiled,
+                               work=work))
     for mode in [m for m in order if m not in rows]:  # its process crashed or ran out of time first
         rows.update(_run_modes(children, [mode], overrides=overrides, compiled=mode in compiled, work=work))
     return [rows.get(m) or {"precision": m, "status": "error: did not run", "compile": m in compiled}
@@ -221,7 +224,8 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
     print(f"plan: model {sizing.model} ({sizing.params / 1e6:,.3g}M params, fp32 estimate "
           f"{sizing.memory_gb:.1f} GB of {env['memory_gb']:.0f}), markov vocab {vocab}, {steps} steps x "
           f"{sizing.micro_batch} x {sizing.seq_len} tokens, the same tokens for every mode; "
-          f"{flops_per_step / 1e12:.3g} TFLOP a step; compiled: {', '.join(sorted(compiled)) or 'none'}", flush=True)
+          f"{flops_per_step / 1e12:.3g} TFLOP a step; compiled: {', '.join(sorted(compiled)) or 'none'}",
+          flush=True)
     print("estimate: " + ", ".join([f"{m} {t:.0f} s" for m, t in table_s.items()]
                                    + [f"{p} {costs[p]:.0f} s" for p in ("overhead", "tests")
                                       if p in parts and p not in deferred])
@@ -232,7 +236,8 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
     elif total > args.budget_s:
         print("warning: the estimate is over the budget; what runs past it is stopped and reported as such",
               flush=True)
-    return {"sizing": dataclasses.asdict(sizing), "model": sizing.model, "params": sizing.params, "steps": steps,
+    return {"sizing": dataclasses.asdict(sizing), "model": sizing.model, "params": sizing.params,
+            "steps": steps,
             "micro_batch": sizing.micro_batch, "seq_len": sizing.seq_len, "vocab": vocab,
             "eval_batches": eval_batches, "compiled": sorted(compiled), "tests_select": select,
             "estimate_s": {**table_s, **{p: costs[p] for p in ("overhead", "tests") if p in parts}},
@@ -245,19 +250,24 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {', '.join(PARTS)}")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    ap.add_argument("--quick", action="store_true", help="tiny model, few steps, no compile: the plumbing only")
-    ap.add_argument("--modes", default=",".join(plan_mod.TABLE_MODES), help="the table's modes (fp32+tf32: TF32)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny model, few steps, no compile: the plumbing only")
+    ap.add_argument("--modes", default=",".join(plan_mod.TABLE_MODES),
+                    help="the table's modes (fp32+tf32: TF32)")
     ap.add_argument("--model", default="auto", help="the table's preset; auto = the largest that fits")
     ap.add_argument("--steps", type=int, default=0, help="steps per mode; 0 = as many as fit (at most 60)")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096, help="markov corpus vocabulary (at most 4096)")
+    ap.add_argument("--vocab", type=int, default=256,
+                    help="markov corpus vocabulary (at most 4096; small, so the loss falls past the "
+                    "unigram entropy within the steps)")
     ap.add_argument("--overhead-model", default="350m")
     ap.add_argument("--tests", default="", help="pytest -m expression for tests/gpu; default 'gpu', or "
                     "'gpu and not slow' with the table (which covers the slow FP8 bench test)")
     ap.add_argument("--budget-s", type=float, default=570.0, help="wall-clock budget of the whole run")
     ap.add_argument("--out", default=os.environ.get("OUT") or "acceptance-out")
-    ap.add_argument("--without", default="", help="comma-separated packages to hide (simulates the GPU machine)")
+    ap.add_argument("--without", default="",
+                    help="comma-separated packages to hide (simulates the GPU machine)")
     ap.add_argument("overrides", nargs="*", default=[], help="Hydra overrides added to every table run")
     args = ap.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
@@ -275,11 +285,12 @@ def main(argv: list[str]) -> int:
         extra_path.append(without(args.without.split(",")))
         runpy.run_path(str(Path(extra_path[0], "sitecustomize.py")))  # here too: env reports them absent
 
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
     env = environment(device, quick=args.quick)
     print(f"acceptance on {env['device']} x{env['gpus'] or 1}: torch {env['torch']} (CUDA {env['cuda']}), "
-          f"torchao {env['torchao']}, hydra {env['hydra']}, ray {env['ray']}, mlflow {env['mlflow']}", flush=True)
+          f"torchao {env['torchao']}, hydra {env['hydra']}, ray {env['ray']}, mlflow {env['mlflow']}",
+          flush=True)
     rates = env["matmul_tflops"]
     print("matmul TFLOP/s at {0}^3: {1}".format(env["matmul_size"], ", ".join(
         f"{k} {v:.3g}" if v else f"{k} -" for k, v in rates.items())), flush=True)
@@ -300,7 +311,8 @@ def main(argv: list[str]) -> int:
                                     eval_batches=plan["eval_batches"], quick=quick, vocab_size=plan["vocab"],
                                     extra=args.overrides)
         result["table_overrides"] = overrides
-        result["rows"] = run_table(children, modes, overrides=overrides, compiled=set(plan["compiled"]), work=work)
+        result["rows"] = run_table(children, modes, overrides=overrides, compiled=set(plan["compiled"]),
+                                   work=work)
     if "overhead" in parts:
         print("overhead:", flush=True)
         model, seq, steps, repeats = ("tiny", 64, 10, 1) if quick else (args.overhead_model, 1024, 40, 3)

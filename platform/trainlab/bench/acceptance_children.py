@@ -36,7 +36,8 @@ def without(names: list[str]) -> str:
 
 def child_env(extra_path: list[str]) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([*extra_path, str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([*extra_path, str(PACKAGE_ROOT),
+                                         *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

@@ -36,8 +36,8 @@ def targets(result: dict, *, gpu: bool) -> list[dict]:
          None if gap is None else abs(gap) <= VAL_LOSS_GAP_TARGET, lambda v: f"{100 * v:+.2f}%"),
         (f"bf16 MFU >= {BF16_MFU_TARGET:.0%}", mfu, None if mfu is None else mfu >= BF16_MFU_TARGET,
          lambda v: f"{100 * v:.1f}%"),
-        (f"engine vs bare loop >= {OVERHEAD_TARGET}", ratio, None if ratio is None else ratio >= OVERHEAD_TARGET,
-         lambda v: f"{v:.3f}"),
+        (f"engine vs bare loop >= {OVERHEAD_TARGET}", ratio,
+         None if ratio is None else ratio >= OVERHEAD_TARGET, lambda v: f"{v:.3f}"),
     ]
     return [{"target": name, "value": value, "shown": "-" if value is None else fmt(value),
              "verdict": "-" if ok is None or not gpu else ("pass" if ok else "FAIL")}
@@ -53,7 +53,8 @@ def format_report(result: dict) -> str:
     lines = [f"== GPU acceptance: {env['device']} x{env['gpus'] or 1}, torch {env['torch']}, "
              f"torchao {env['torchao']}, {result['wall_s']:.0f} s =="]
     if result["rows"]:
-        lines.append(f"model {plan['model']} ({plan['params'] / 1e6:,.3g}M params), markov vocab {plan['vocab']}, "
+        lines.append(f"model {plan['model']} ({plan['params'] / 1e6:,.3g}M params), "
+                     f"markov vocab {plan['vocab']}, "
                      f"{plan['steps']} steps x {plan['micro_batch']} x {plan['seq_len']} tokens, same seed "
                      "and tokens for every mode; tokens/s and MFU are medians over steps after the first; "
                      + ("peak GB: the most device memory allocated" if env["device_type"] == "cuda"
@@ -64,7 +65,8 @@ def format_report(result: dict) -> str:
                      f"{'MFU fp8':>7} {'val loss':>9} {'vs bf16':>8} {'peak GB':>8}  status")
         for r in result["rows"]:
             if r.get("status") != "finished":
-                lines.append(f"{env['device']:<{width}}  {r['precision']:<15} {'yes' if r.get('compile') else 'no':>7} "
+                compiled = "yes" if r.get("compile") else "no"
+                lines.append(f"{env['device']:<{width}}  {r['precision']:<15} {compiled:>7} "
                              f"{'-':>11} {'-':>6} {'-':>7} {'-':>9} {'-':>8} {'-':>8}  {r['status']}")
                 continue
             gap = f"{100 * (r['val_loss'] - ref['val_loss']) / ref['val_loss']:+.2f}%" if ref else "-"
