@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import rank_env, spawn_ranks
+from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
@@ -172,3 +173,88 @@ def test_check_pp_accepts_the_layouts_torch_runs():
                  schedule=schedule)
     check_pp(n_layers=4, pp=PP, batch=BATCH, n_microbatches=1, schedule="gpipe")  # gpipe: m < pp is fine
     assert bubble_fraction(pp=PP, n_microbatches=1) > bubble_fraction(pp=PP, n_microbatches=MICRO)
+
+
+# --- what follows the stages: precision state, probes, NaN injection -------------------
+TRIAL = ["model=tiny", "model.n_layers=4", "data=markov", "train.max_steps=6",
+         "train.global_batch_size=8", "train.micro_batch_size=2", "train.seq_len=32",
+         "train.eval_every=0", "train.numerics_every=3", "optim.warmup_steps=2"]
+FP8_DELAYED = ["precision=fp8_delayed", "precision.fp8_impl=emulated", "precision.hp_dtype=fp32"]
+PIPELINE = ["parallel=pp", "parallel.pp_schedule=1f1b"]  # 2 stages of 2 blocks, 4 micro-batches
+
+
+def _trial(rank: int, world: int, port: int, out, overrides: list[str]) -> None:
+    """One rank of a trial through run_trial; rank 0 puts (every logged metric by step,
+    status, diverged step) on `out`."""
+    rank_env(rank, world, port)
+    from conftest import RecordingTracker, reporting_to
+    from trainlab.engine.run import run_trial
+
+    run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
+    tracker = RecordingTracker()
+    with reporting_to(out):
+        result = run_trial(run, tracker_factory=lambda *_: tracker)
+        if rank == 0:
+            out.put((tracker.metrics, result.status, result.diverged_step))
+
+
+def _run_trial(world: int, overrides: list[str]):
+    (got,) = spawn_ranks(_trial, world, [*TRIAL, *overrides], timeout=300)
+    assert not isinstance(got, str), got  # a rank's error
+    return got
+
+
+def _series(metrics, key: str) -> list[float]:
+    return [m[key] for _, m in metrics if key in m]
+
+
+def _cast_layers(metrics, step: int) -> set[str]:
+    """The layers the numerics probe reported at `step` (num/<layer>/<tensor>/<stat>)."""
+    keys = {k for s, m in metrics if s == step for k in m}
+    parts = [k.split("/") for k in keys if k.startswith(names.NUM_PREFIX)]
+    return {p[1] for p in parts if len(p) == 4 and p[2] in names.CAST_TENSORS and p[1] != "max"}
+
+
+def test_fp8_delayed_pipeline_scales_the_stages_and_trains_like_one_process():
+    """The delayed scales, the probes and the amax reduction follow the stage copies: every
+    stage's layers cast with scales from their own amaxes (off 1 after the first step, where
+    a scale of 1 flushes most gradients to zero in e5m2), and the numerics of both stages
+    reach rank 0's tracker under the model's layer names, as one process reports them."""
+    one, one_status, _ = _run_trial(1, FP8_DELAYED)
+    pp, pp_status, _ = _run_trial(2, [*FP8_DELAYED, *PIPELINE])
+    assert one_status == pp_status == names.STATUS_FINISHED
+    assert _series(pp, names.LOSS) == pytest.approx(_series(one, names.LOSS), rel=1e-3)
+    linears = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+               "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+    layers = {f"layers.{i}.{linear}" for i in range(4) for linear in linears}
+    for step in (1, 3, 6):  # the sampled steps: every fp8 layer of both stages
+        assert _cast_layers(pp, step) == _cast_layers(one, step) == layers, step
+    # step 1, same weights: each layer's first micro-batch, not torch's first pass over a stage
+    # on uninitialized tensors (to learn its shapes), which must leave no trace in any layer
+    first = {k: v for s, m in one if s == 1 for k, v in m.items() if k.endswith("/input/amax")}
+    assert {k: v for s, m in pp if s == 1 for k, v in m.items() if k in first} == pytest.approx(first, rel=1e-5)
+    for layer in ("layers.0.attention.wq", "layers.3.feed_forward.w2"):  # one of each stage
+        for kind in names.CAST_TENSORS:
+            scales = _series(pp, names.cast_metric(layer, kind, names.CAST_SCALE))
+            assert scales[0] == 1.0 and all(1.0 != s < float("inf") for s in scales[1:]), (layer, kind, scales)
+            if kind != "grad_output":  # the pipeline's gradients reach the casts n_microbatches x larger
+                # the same amaxes as one process's, up to how step 1's scale-1 casts differ
+                assert scales == pytest.approx(
+                    _series(one, names.cast_metric(layer, kind, names.CAST_SCALE)), rel=0.1), (layer, kind)
+    flushed = names.cast_max_metric("grad_output", names.CAST_UNDERFLOW)
+    for metrics in (one, pp):
+        assert max(_series(metrics, flushed)[1:]) < 0.01  # with scale 1 it was ~0.9
+    # pooled over both stages (step 1's update differs: its scale-1 casts flush differently)
+    for key in (names.UPDATE_TO_WEIGHT, names.UPDATE_TO_WEIGHT_MAX):
+        assert _series(pp, key)[1:] == pytest.approx(_series(one, key)[1:], rel=1e-2), key
+    for _, m in pp:  # maxima over the layers of both stages
+        if names.NUM_SWIGLU_AMAX in m:
+            assert m[names.NUM_SWIGLU_AMAX] == max(m[names.swiglu_metric(i, "amax")] for i in range(4))
+            amax = names.cast_max_metric("grad_output", names.CAST_AMAX)
+            assert m[amax] == max(m[names.cast_metric(x, "grad_output", names.CAST_AMAX)] for x in layers)
+
+
+def test_nan_injected_into_the_last_stage_ends_the_pipelined_trial():
+    """train.inject_nan hooks the module where it runs: here a block of the second stage."""
+    _, status, diverged_step = _run_trial(2, [*PIPELINE, "train.inject_nan=layers.3.feed_forward@2"])
+    assert status == names.STATUS_DIVERGED and diverged_step == 2

@@ -85,7 +85,6 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     spec = spec_of(run.precision.name)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
-    raw_model = model
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
     layout = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
@@ -125,7 +124,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                       balancer=balancer)
     if t.nan_injection is not None and inject:
         module, step = t.nan_injection
-        inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)
+        inject_nan(model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
 
 

@@ -54,6 +54,7 @@ from trainlab.telemetry import (
 from trainlab.telemetry.checksum import loss_curve_sha256, params_checksum
 from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
+from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
 from trainlab.tracking import NullTracker, Tracker
 
@@ -213,7 +214,8 @@ class Trainer:
             if self.balancer is not None and self.balancer.measuring(self.step + 1):  # reading syncs a GPU
                 self.balancer.observe(self.step + 1, sequences=sum(len(x) for x, _ in micro_batches),
                                       compute_s=self.rank_timer.step_compute_s)
-        numerics = self.probe.collect() | self.swiglu.collect() if sample else {}
+        stages = self.pipeline.group if self.pipeline is not None else None  # numerics of every stage
+        numerics = self.probe.collect(group=stages) | self.swiglu.collect() if sample else {}
         self.recipe.unscale(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = self._clip_gradients(params)
@@ -234,9 +236,9 @@ class Trainer:
         self.grad_norms.add(grad_norm)
         if sample:
             if applied:
-                numerics |= update_to_weight(params, before)
+                numerics |= update_to_weight(params, before, group=stages)
             numerics |= w13_alignment(self.raw_model) | self.grad_norms.percentiles()
-            result.numerics = numerics
+            result.numerics = gather_over_stages(numerics, group=stages)
         return result
 
     def _slowed(self, sequences: int):

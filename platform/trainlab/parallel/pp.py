@@ -142,6 +142,20 @@ class _TimedStage(PipelineStage):
     def backward_weight_one_chunk(self, *args, **kwargs):
         return self._clock.timed(super().backward_weight_one_chunk)(*args, **kwargs)
 
+    def _forward_metadata_inference(self, *args, **kwargs):
+        # On its first step torch learns the shapes a stage sends by running it, and its
+        # backward, once more: on uninitialized tensors for every stage but the first. In eval
+        # mode no layer learns from that pass (delayed FP8 amax histories, the numerics and
+        # SwiGLU probes and NaN injection look at module.training); the backward pass is
+        # traced by this forward, so it records nothing either. Shapes and dtypes are the same.
+        modes = [(m, m.training) for m in self.submod.modules()]
+        self.submod.eval()
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            for module, training in modes:
+                module.training = training
+
 
 class Pipeline:
     """This rank's part of a pipeline: its stage modules and the schedule that runs them."""

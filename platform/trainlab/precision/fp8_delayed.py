@@ -32,6 +32,7 @@ module filter guarantees.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -43,7 +44,15 @@ E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 ROWS = ("input", "weight", "grad_output")
 _INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2
-_FP8_MAX = torch.tensor([torch.finfo(E4M3).max, torch.finfo(E4M3).max, torch.finfo(E5M2).max])
+
+
+@functools.cache
+def _fp8_max(device: torch.device) -> torch.Tensor:
+    """[3] largest finite value of each row's format, made on `device` once per process:
+    the per-step update then copies nothing from the host (a host tensor's .to(device)
+    would be one host-to-device copy per layer per step)."""
+    return torch.tensor([torch.finfo(E4M3).max, torch.finfo(E4M3).max, torch.finfo(E5M2).max],
+                        device=device)
 
 
 def _to_fp8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -156,7 +165,7 @@ class DelayedScalingFp8Linear(nn.Linear):
         self.amax_history.copy_(torch.roll(self.amax_history, shifts=1, dims=1))
         self.amax_history[:, 0] = amax
         hist_max = self.amax_history.amax(dim=1)
-        new = _FP8_MAX.to(hist_max.device) / hist_max / 2**self.margin
+        new = _fp8_max(hist_max.device) / hist_max / 2**self.margin
         # keep the old scale while nothing was seen (first step) or an amax went inf/NaN
         self.scale.copy_(torch.where((hist_max > 0) & torch.isfinite(hist_max), new, self.scale))
         self.running_amax.zero_()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainlab.config.schema import EMULATION_TARGETS, PrecisionConfig
+from trainlab.parallel.parts import modules_by_name
 from trainlab.precision import fp8
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
@@ -63,8 +64,11 @@ class PrecisionRecipe:
 
     def attach(self, model: nn.Module, *, dp_group=None) -> None:
         """Called with the parallelized model (e.g. to register a DDP communication hook) and
-        its data-parallel group (parallel.Parallelized.dp_group; None: dp = 1)."""
+        its data-parallel group (parallel.Parallelized.dp_group; None: dp = 1). The casts
+        follow the modules that train: a pipeline stage is a copy of the prepared model, and
+        holds only some of its layers (parallel.parts)."""
         self.dp_group = dp_group
+        self.casts = _trained_casts(self.casts, model)
 
     def autocast(self) -> ContextManager:
         return contextlib.nullcontext()
@@ -102,6 +106,14 @@ def _autocast(device_type: str, dtype: torch.dtype) -> ContextManager:
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
+
+
+def _trained_casts(casts: list[tuple[str, nn.Module, CastSpec]],
+                   model: nn.Module) -> list[tuple[str, nn.Module, CastSpec]]:
+    """`casts` re-bound by name to the modules of `model` that run on this rank; the layers
+    another pipeline rank holds are left out."""
+    modules = modules_by_name(model)
+    return [(name, modules[name], spec) for name, _, spec in casts if name in modules]
 
 
 def _all_linears(model: nn.Module, spec: CastSpec) -> list[tuple[str, nn.Module, CastSpec]]:
@@ -231,6 +243,10 @@ class Fp8Recipe(PrecisionRecipe):
         self.casts = [(name, converted[name], spec) for name in self.plan.lowp]
         self._model = model
         return model
+
+    def attach(self, model: nn.Module, *, dp_group=None) -> None:
+        super().attach(model, dp_group=dp_group)
+        self._model = model  # fp8_delayed updates the scales of the layers that run here
 
     def autocast(self) -> ContextManager:
         return _autocast(self.device_type, self.hp_dtype)

@@ -16,6 +16,8 @@ from typing import Callable, ContextManager, Iterable
 import torch
 from torch import nn
 
+from trainlab.parallel.parts import holds_stages, model_parts, modules_by_name
+
 ACTIVATION = "activation:"
 GRADIENT = "grad:"
 LOSS = "loss"
@@ -53,7 +55,8 @@ class NonFiniteMonitor:
     def first_gradient(self) -> str:
         """Gradients are produced from the output backwards: the first non-finite one in that
         order is where the overflow started."""
-        for name, param in reversed(list(self.model.named_parameters())):
+        named = [p for part in model_parts(self.model) for p in part.named_parameters()]
+        for name, param in reversed(named):  # pipeline stages in stage order, under the model's names
             if param.grad is not None and not torch.isfinite(param.grad).all():
                 return GRADIENT + name
         return ""
@@ -66,7 +69,7 @@ class NonFiniteMonitor:
 
 def injection_target(model: nn.Module, module_name: str) -> nn.Module:
     """The module train.inject_nan names; ValueError naming the field and some real names."""
-    modules = dict(model.named_modules())
+    modules = modules_by_name(model)
     if module_name not in modules:
         known = [n for n in modules if n and n.count(".") <= 2]
         raise ValueError(f"train.inject_nan names module {module_name!r}, which the model does not "
@@ -76,7 +79,12 @@ def injection_target(model: nn.Module, module_name: str) -> nn.Module:
 
 def inject_nan(model: nn.Module, module_name: str, *, at_step: int, current_step: Callable[[], int]):
     """Make `module_name`'s output NaN during optimizer step `at_step` (1-based): a fault to
-    prove the monitor attributes it. Runs before any other forward hook of that module."""
+    prove the monitor attributes it. Runs before any other forward hook of that module.
+
+    `model`: what trains (parallel.parts): under pipeline stages only the rank holding the
+    module hooks it (None elsewhere; preflight checked the name against the whole model)."""
+    if holds_stages(model) and module_name not in modules_by_name(model):
+        return None
     target = injection_target(model, module_name)
 
     def hook(module, _args, output):

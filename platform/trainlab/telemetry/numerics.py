@@ -16,6 +16,7 @@ from trainlab import names
 from trainlab.precision.formats import CastStats, FloatFormat, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry.sharded import full
+from trainlab.telemetry.stages import sum_over_stages
 
 
 def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
@@ -49,15 +50,17 @@ class NumericsProbe:
     # being traced once per layer name and recompiling past dynamo's limit
     def _input_hook(self, name: str, spec: CastSpec, module: nn.Module):
         @torch.compiler.disable
-        def hook(_m, args):
-            if spec.input is not None and (name, "input") not in self._seen:
+        def hook(m, args):
+            # forwards of an eval-mode module are no training casts (torch's pipeline runs
+            # one on uninitialized tensors to learn a stage's shapes: parallel.pp)
+            if m.training and spec.input is not None and (name, "input") not in self._seen:
                 self._seen[(name, "input")] = self._measure(args[0], spec.input, spec, module, "input")
         return hook
 
     def _output_hook(self, name: str, spec: CastSpec, module: nn.Module):
         @torch.compiler.disable
-        def hook(_m, _args, output):
-            if spec.grad_output is None or not (torch.is_tensor(output) and output.requires_grad):
+        def hook(m, _args, output):
+            if not m.training or spec.grad_output is None or not (torch.is_tensor(output) and output.requires_grad):
                 return
 
             def on_grad(grad):
@@ -81,8 +84,10 @@ class NumericsProbe:
                                   (nonzero & (quantize(g / self.loss_scale, fmt) == 0)).sum()])
         return stats, counts
 
-    def collect(self) -> dict[str, float]:
-        """Remove the hooks; the sampled metrics (per layer, plus the max over layers)."""
+    def collect(self, *, group=None) -> dict[str, float]:
+        """Remove the hooks; the sampled metrics (per layer, plus the max over layers).
+        `group`: the pipeline group (a collective), whose stages' gradients are pooled into
+        the underflow fractions (telemetry.stages merges the rest)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -101,8 +106,11 @@ class NumericsProbe:
                     metrics[key] = max(metrics.get(key, value), value)
             if counts is not None:
                 pooled.append(counts)
-        if pooled:
-            nonzero, flushed, flushed_unscaled = torch.stack(pooled).sum(0).tolist()
+        counts = [*torch.stack(pooled).sum(0).tolist(), 1] if pooled else [0, 0, 0, 0]
+        if group is not None:  # every stage's, even where this one pooled nothing
+            counts = sum_over_stages(counts, group=group)
+        nonzero, flushed, flushed_unscaled, pooling = counts
+        if pooling:
             metrics[names.NUM_GRAD_UNDERFLOW] = flushed / max(nonzero, 1)
             metrics[names.NUM_GRAD_UNDERFLOW_UNSCALED] = flushed_unscaled / max(nonzero, 1)
         self._seen.clear()

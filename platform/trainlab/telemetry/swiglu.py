@@ -86,6 +86,8 @@ class SwigluMonitor:
     def _hook(self, index: int):
         @torch.compiler.disable  # run eagerly under torch.compile: no recompile per block
         def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            if not module.training:  # not a training forward (e.g. parallel.pp's shape pass)
+                return
             with torch.no_grad():
                 h = full(output.detach()).float()
                 amax = h.abs().amax()
