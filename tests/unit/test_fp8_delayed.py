@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from conftest import free_port
 from trainlab.precision.fp8_delayed import (
@@ -16,6 +17,7 @@ from trainlab.precision.fp8_delayed import (
     DelayedScalingFp8Linear,
     convert_to_delayed_fp8,
     update_delayed_scales,
+    update_layer_scales,
 )
 
 MAX_E4M3 = torch.finfo(E4M3).max
@@ -181,6 +183,61 @@ def test_runs_under_cpu_autocast_and_returns_bf16():
     assert y.dtype == want.dtype == torch.bfloat16
     assert x.grad.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
     assert rel_err(y, want) < 0.05
+
+
+class HostTraffic(TorchFunctionMode):
+    """Records the calls that copy host data to a device on CUDA: a tensor made from Python
+    data, a `.to()` / `.cuda()` that names a device, a copy_ between devices. On CPU nothing
+    moves, but the calls are the same, so a CPU test sees what a CUDA step would copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        moves = func in (torch.tensor, torch.as_tensor, torch.Tensor.cuda) or (
+            func is torch.Tensor.to and any(isinstance(a, (torch.device, str, torch.Tensor))
+                                            for a in (*args[1:], kwargs.get("device"), kwargs.get("other"))))
+        moves |= func is torch.Tensor.copy_ and args[0].device != args[1].device
+        if moves:
+            self.calls.append(f"{getattr(func, '__qualname__', func)}{tuple(type(a).__name__ for a in args)}")
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("emulate", [True, False])
+def test_a_training_step_copies_nothing_from_the_host(emulate):
+    """The update's constants (the formats' largest values) live on the layer's device,
+    made once: a step makes no host-to-device copy (on CUDA each is a sync-free but
+    serializing memcpy per layer per step; tests/gpu counts them on a GPU)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(DelayedScalingFp8Linear(64, 32, emulate=emulate),
+                          DelayedScalingFp8Linear(32, 16, emulate=emulate))
+    for step in range(3):
+        x = torch.randn(4, 64, requires_grad=True)
+        with HostTraffic() as traffic:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = model(x)
+            y.float().sum().backward()
+            update_delayed_scales(model)
+        if step:  # the first step may make the constants
+            assert traffic.calls == [], step
+    assert all(s != 1.0 for layer in model for s in layer.current_scales().values())
+
+
+def test_layers_held_elsewhere_keep_their_slot_and_are_left_alone():
+    """A pipeline rank passes the whole model's fp8 layers, None for another stage's: it
+    updates its own layers from their slots (one all-reduce of one length on every rank)."""
+    torch.manual_seed(0)
+    mine = [DelayedScalingFp8Linear(32, 16), DelayedScalingFp8Linear(32, 16)]
+    for layer in mine:
+        step(layer, torch.randn(8, 32), torch.randn(8, 16))
+    amax = [layer.running_amax.clone() for layer in mine]
+    update_layer_scales([None, mine[0], None, mine[1]])
+    for layer, seen in zip(mine, amax):
+        torch.testing.assert_close(layer.amax_history[:, 0], seen)
+        assert torch.all(layer.running_amax == 0)
+    update_layer_scales([None, None], device=torch.device("cpu"))  # a rank that holds none joins too
 
 
 def _rank_scales(rank: int, world: int, port: int, out_dir: str) -> None:
