@@ -19,7 +19,7 @@ from trainlab.parallel.parts import holds_stages, model_parts, modules_by_name
 from trainlab.parallel.pp import split_stages
 from trainlab.precision import build_recipe
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
-from trainlab.telemetry import NumericsProbe, inject_nan
+from trainlab.telemetry import NonFiniteMonitor, NumericsProbe, inject_nan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -120,3 +120,11 @@ def test_nan_injection_hooks_the_copy_on_the_rank_that_holds_it():
     assert torch.isfinite(model(x)).all()  # the model the stages were cut from is left alone
     with pytest.raises(ValueError, match="train.inject_nan"):
         inject_nan(model, "layers.9.feed_forward", at_step=1, current_step=lambda: 1)
+
+
+def test_a_nonfinite_gradient_of_a_stage_is_named_as_in_the_model():
+    model = _model()
+    stages = _stages(model, 1)
+    for name, param in stages[0].named_parameters():
+        param.grad = torch.full_like(param, float("inf") if name == "layers.2.attention.wo.weight" else 1.0)
+    assert NonFiniteMonitor(stages).first_gradient() == "grad:layers.2.attention.wo.weight"
