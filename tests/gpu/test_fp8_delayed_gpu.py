@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear, update_layer_scales
+from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear, update_delayed_scales
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -38,8 +38,7 @@ def test_fp8_delayed_step_copies_nothing_from_the_host(emulate):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = model(x)
             y.float().sum().backward()
-            # as a pipeline rank calls it: a slot for a layer another stage holds
-            update_layer_scales([*model, None])
+            update_delayed_scales(model)
 
     steps(1)  # the first step makes the constants
     # the count works: a tensor built on the host and moved is one copy
