@@ -48,6 +48,11 @@ LAYOUTS = {
     "ddp": [], "zero1": ["parallel=zero1"], "fsdp": ["parallel=fsdp"], "tp": ["parallel=tp"],
     "pp": ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"],
     "fp16": ["precision=fp16"], "fp8_delayed": ["precision=fp8_delayed"],
+    # the Kahan compensation is optimizer state (sharded DTensors under FSDP); stochastic
+    # rounding draws by (seed, step, parameter), so a resumed run rounds as the whole one, and
+    # DDP replicas alike (else the resumed ranks, loading rank 0's weights, would part ways)
+    "bf16_pure_kahan": ["precision=bf16_pure_kahan", "parallel=fsdp"],
+    "bf16_pure_stochastic": ["precision=bf16_pure_stochastic"],
 }
 
 

@@ -74,6 +74,8 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
         names.TAG_CORPUS: run.data.name,
         names.TAG_STATUS: names.STATUS_RUNNING,
     }
+    if run.precision.name == "bf16_pure":  # its variants train differently: tell them apart
+        tags[names.TAG_BF16_UPDATE] = run.precision.bf16_update
     span = elastic_range(run)
     if span:  # rank 0 sets world_size to its own start's gang; fault/workers holds every start's
         tags[names.TAG_ELASTIC] = f"{span[0]}-{span[1]}"
