@@ -280,7 +280,9 @@ def test_stochastic_rounding_is_torchaos_given_the_same_bits():
     from trainlab.precision.lowp_adamw import bf16_stochastic_round
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(10_000, generator=g) * torch.logspace(-20, 20, 10_000)
+    x = torch.randn(10_000, generator=g) * torch.logspace(-40, 38, 10_000)  # subnormals to huge
+    f32 = torch.finfo(torch.float32)
+    x[:6] = torch.tensor([f32.max, -f32.max, 0.0, -0.0, f32.smallest_normal * f32.eps, -1.0])
     torch.manual_seed(1)
     theirs = _fp32_to_bf16_sr(x)  # torchao draws its bits from the global generator
     ours = bf16_stochastic_round(x, generator=torch.Generator().manual_seed(1))

@@ -123,16 +123,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def bf16_stochastic_round(x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
     """float32 -> bfloat16, rounding away from zero with probability (low 16 bits) / 2**16.
 
-    torchao.optim.quant_utils._fp32_to_bf16_sr's construction (int32 arithmetic: most ops
-    have no uint32 kernels); `generator` supplies the 16 random bits of each element."""
+    Bit for bit torchao.optim.quant_utils._fp32_to_bf16_sr given the same 16 random bits r per
+    element (`generator` supplies them): it rounds away iff r < the low 16 bits, which is when
+    adding 0xFFFF - r to the float's bits carries into the upper 16 (one bf16 ulp further from
+    zero, in int32 sign-magnitude; inf past the largest finite, as torchao). The carry form,
+    torchao's own faster alternative, is ~2x cheaper than its torch.where on CPU."""
     assert x.dtype == torch.float32, x.dtype
-    rand_16bit = torch.randint(0, 1 << 16, x.shape, device=x.device, dtype=torch.int32,
-                               generator=generator)
-    bits = x.view(torch.int32)
-    toward_zero = bits & -0x10000  # the upper 16 bits: the bf16 value truncated toward zero
-    away = toward_zero + 0x10000  # one bf16 ulp further from zero (inf past the largest finite)
-    rounded = torch.where(rand_16bit < (bits & 0xFFFF), away, toward_zero)
-    return rounded.view(torch.float32).bfloat16()  # exact: the low 16 bits are zero
+    bits = torch.randint(0, 1 << 16, x.shape, device=x.device, dtype=torch.int32, generator=generator)
+    bits.neg_().add_(0xFFFF).add_(x.view(torch.int32)).bitwise_and_(-0x10000)
+    return bits.view(torch.float32).bfloat16()  # exact: the low 16 bits are zero
 
 
 def _sr_seed(seed: int, step: int, index: int) -> int:
