@@ -431,7 +431,7 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to fp8 and emulated "
                          f"modes; ignored with precision={run.precision.name}")
-    if run.precision.name != "bf16_pure" and run.precision.bf16_update != PrecisionConfig().bf16_update:
+    if not spec.low_precision_params and run.precision.bf16_update != PrecisionConfig().bf16_update:
         notes.append(f"precision.bf16_update={run.precision.bf16_update} only applies to precision=bf16_pure "
                      f"(the other modes keep fp32 master weights); ignored with precision={run.precision.name}")
     p = run.parallel
