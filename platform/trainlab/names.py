@@ -147,6 +147,9 @@ TAG_FP8_LAYERS = "fp8_layers"
 """How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""
 TAG_HP_LAYERS = "hp_layers"
 """The linear layers kept in high precision by precision.keep_hp, comma-separated."""
+TAG_BF16_UPDATE = "bf16_update"
+"""precision=bf16_pure: how the bf16 parameters take an update (plain, stochastic, kahan:
+precision.bf16_update); absent in other modes. The precision tag stays 'bf16_pure'."""
 
 TAG_PARENT_RUN_ID = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children
 TAG_ROLE = "trainlab.role"

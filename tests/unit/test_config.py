@@ -63,10 +63,10 @@ def test_every_option_composes_and_validates(group, option, token_file):
     assert isinstance(run, RunConfig)
     section = getattr(run, group)
     if hasattr(section, "name"):
-        # an option names its own mode; emulated_<x> files are presets of the emulated mode
-        # (formats chosen), e.g. precision=emulated_fp4
-        assert section.name == option or (group == "precision" and option.startswith("emulated_")
-                                          and section.name == "emulated")
+        # an option names its own mode; emulated_<x> and bf16_pure_<x> files are presets of
+        # a mode (formats, the update's rounding), e.g. precision=emulated_fp4
+        assert section.name == option or (group == "precision" and section.name in ("emulated", "bf16_pure")
+                                          and option.startswith(f"{section.name}_"))
 
 
 def test_config_error_is_a_value_error():

@@ -39,7 +39,8 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
     layout = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device)
     model = layout.model
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
-                                           make_optimizer=layout.make_optimizer)
+                                           make_optimizer=layout.make_optimizer,
+                                           bf16_update=run.precision.bf16_update, seed=run.seed)
     t = run.train
     batches = TokenBatches(train_tokens, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                            micro_batch_size=t.micro_batch_size, dp_rank=dist_info.rank,

@@ -24,6 +24,8 @@ from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS
 ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
+BF16_UPDATES = ("plain", "stochastic", "kahan")
+"""How bf16_pure's bf16 parameters take an update (precision.bf16_update)."""
 EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
 KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned")
 DEVICES = ("auto", "cpu", "cuda")
@@ -313,6 +315,13 @@ class PrecisionConfig:
     scaling: str = "tensor"
     """emulated: 'tensor' (per-tensor scale to the format's range, as FP8 recipes do) or 'none'
     (raw casts: watch values fall off the format's range)."""
+    bf16_update: str = "kahan"
+    """bf16_pure only: how the bf16 parameters take an update. plain: torch's AdamW, rounded
+    to nearest (an update below half a bf16 ulp, 2**-9 of the weight, is lost: late-cosine
+    steps vanish); stochastic: computed in fp32 and rounded up or down with the probability
+    of the remainder (kept in expectation, as torchao's bf16_stochastic_round); kahan: a bf16
+    compensation buffer per parameter carries what rounding lost (2 more bytes a parameter,
+    deterministic, follows the fp32-master trajectory)."""
 
     def __post_init__(self) -> None:
         _one_of("precision", "name", self.name, PRECISIONS)
@@ -321,6 +330,7 @@ class PrecisionConfig:
         _one_of("precision", "hp_dtype", self.hp_dtype, HP_DTYPES)
         _one_of("precision", "loss_scale", self.loss_scale, ("dynamic", "none"))
         _one_of("precision", "scaling", self.scaling, ("tensor", "none"))
+        _one_of("precision", "bf16_update", self.bf16_update, BF16_UPDATES)
         _positive("precision", init_scale=self.init_scale, growth_factor=self.growth_factor,
                   backoff_factor=self.backoff_factor, growth_interval=self.growth_interval,
                   amax_history_len=self.amax_history_len)

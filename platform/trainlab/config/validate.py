@@ -431,6 +431,9 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to fp8 and emulated "
                          f"modes; ignored with precision={run.precision.name}")
+    if not spec.low_precision_params and run.precision.bf16_update != PrecisionConfig().bf16_update:
+        notes.append(f"precision.bf16_update={run.precision.bf16_update} only applies to precision=bf16_pure "
+                     f"(the other modes keep fp32 master weights); ignored with precision={run.precision.name}")
     p = run.parallel
     if p.dp_balance == "equal" and (p.dp_weights or p.dp_balance_warmup != ParallelConfig().dp_balance_warmup):
         notes.append("parallel.dp_weights and parallel.dp_balance_warmup only apply to parallel.dp_balance="

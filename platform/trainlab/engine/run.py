@@ -96,7 +96,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     model = layout.model
     recipe.attach(model, dp_group=layout.dp_group)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
-                                           make_optimizer=layout.make_optimizer)
+                                           make_optimizer=layout.make_optimizer,
+                                           bf16_update=run.precision.bf16_update,  # bf16 params only
+                                           seed=run.seed)
 
     t = run.train
     dp_rank = coords(dist_info.rank, dims).dp_rank  # tp and pp peers read the same batch

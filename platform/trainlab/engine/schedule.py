@@ -20,13 +20,17 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: flo
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int,
-                    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None):
+                    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+                    bf16_update: str = "plain", seed: int = 0):
     """AdamW with weight decay on matrices only (not norms or biases) and its LR schedule.
 
     Moments stored in low precision (optim.exp_avg_dtype / exp_avg_sq_dtype) use the
     project's LowPrecisionAdamW; all-fp32 state uses torch's own AdamW. make_optimizer:
     (optimizer_cls, param_groups, **kwargs) -> optimizer, from the layout
-    (parallel.Parallelized.make_optimizer; ZeRO-1 shards the states); None = optimizer_cls."""
+    (parallel.Parallelized.make_optimizer; ZeRO-1 shards the states); None = optimizer_cls.
+    bf16_update (precision.bf16_update, for bf16 parameters): plain is torch's AdamW; stochastic
+    and kahan use LowPrecisionAdamW with the moments in bf16 where the config says fp32, as
+    torch's AdamW keeps them for bf16 parameters (bf16_pure's memory), `seed` for its rounding."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -39,6 +43,13 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, max_steps: int,
 
         optimizer_cls = LowPrecisionAdamW
         extra = dict(exp_avg_dtype=cfg.exp_avg_dtype, exp_avg_sq_dtype=cfg.exp_avg_sq_dtype)
+    if bf16_update != "plain" and any(p.dtype == torch.bfloat16 for p in params):
+        from trainlab.precision.lowp_adamw import LowPrecisionAdamW
+
+        optimizer_cls = LowPrecisionAdamW
+        extra = dict(exp_avg_dtype=cfg.exp_avg_dtype.replace("fp32", "bf16"),
+                     exp_avg_sq_dtype=cfg.exp_avg_sq_dtype.replace("fp32", "bf16"),
+                     bf16_update=bf16_update, seed=seed)
     if make_optimizer is not None:
         optimizer = make_optimizer(optimizer_cls, groups, **kwargs, **extra)
     else:

@@ -50,6 +50,9 @@ class PrecisionSpec:
     """The keep_hp / hp_dtype policy applies (some linears run in a low-precision format)."""
     loss_scaling: bool = False
     """Gradients carry a loss scale (the precision.init_scale ... fields apply)."""
+    low_precision_params: bool = False
+    """Parameters are stored in bf16 with no fp32 master: how an update is rounded into them
+    matters (precision.bf16_update applies; its value is tagged)."""
     rollback_target: bool = False
     """A diverged trial may retry in this mode: its config is the name alone."""
     tensor_parallel: bool = True
@@ -95,7 +98,8 @@ SPECS: dict[str, PrecisionSpec] = {s.name: s for s in (
                   emulation="operands rounded through fp16, fp32 accumulation (default on CPU)",
                   compute_dtype="fp16", param_dtype="fp16", loss_scaling=True, rollback_target=True),
     PrecisionSpec("bf16_pure", "bf16 parameters, gradients, optimizer state and compute",
-                  f"{_RECIPES}:PureBf16Recipe", rank=3, min_capability=AMPERE, compute_dtype="bf16"),
+                  f"{_RECIPES}:PureBf16Recipe", rank=3, min_capability=AMPERE, compute_dtype="bf16",
+                  low_precision_params=True),
     PrecisionSpec("fp8_delayed", "FP8 linears scaled from an amax history (Transformer Engine style)",
                   f"{_RECIPES}:Fp8Recipe", rank=4, min_capability=FP8_TENSOR_CORES,
                   emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",

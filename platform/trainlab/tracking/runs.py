@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.config.validate import elastic_range
+from trainlab.precision.spec import spec_of
 
 MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
 
@@ -74,6 +75,8 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
         names.TAG_CORPUS: run.data.name,
         names.TAG_STATUS: names.STATUS_RUNNING,
     }
+    if spec_of(run.precision.name).low_precision_params:  # its update variants train differently
+        tags[names.TAG_BF16_UPDATE] = run.precision.bf16_update
     span = elastic_range(run)
     if span:  # rank 0 sets world_size to its own start's gang; fault/workers holds every start's
         tags[names.TAG_ELASTIC] = f"{span[0]}-{span[1]}"
