@@ -6,6 +6,7 @@ the caller hands in a tracker factory and a progress callback.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import random
@@ -21,7 +22,7 @@ from torch import nn
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.validate import elastic_range, unordered_reductions
+from trainlab.config.validate import compile_unit, elastic_range, unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
@@ -34,13 +35,13 @@ from trainlab.engine.checkpoint import (
     rollback_of,
 )
 from trainlab.engine.determinism import set_deterministic
-from trainlab.engine.distributed import DistInfo, device_name, gather_strings, setup_distributed
+from trainlab.engine.distributed import DistInfo, backend_for, device_name, gather_strings, setup_distributed
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
-from trainlab.parallel import parallelize
+from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
@@ -78,11 +79,13 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                                capability=torch.cuda.get_device_capability(dist_info.device),
                                device_name=device_name(dist_info.device))
     spec = spec_of(run.precision.name)
-    recipe = build_recipe(run.precision, device_type=dist_info.device.type)
+    recipe = build_recipe(run.precision, device_type=dist_info.device.type,
+                          fsdp_backend=backend_for(dist_info.device.type) if fsdp_shards(dims, run.parallel) else "")
     model = recipe.prepare(model)
     raw_model = model
-    compile_blocks = run.train.compile and run.train.compile_unit == "block"
-    if run.train.compile and not compile_blocks:
+    run = resolve_compile(run, unit=compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated))
+    compile_blocks = run.train.compile == "true" and run.train.compile_unit == "block"
+    if run.train.compile == "true" and not compile_blocks:
         # the numerics probes arm hooks on some steps only: dynamo must re-check hooks
         torch._dynamo.config.skip_nnmodule_hook_guards = False
         model = torch.compile(model)
@@ -138,6 +141,14 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         module, step = t.nan_injection
         inject_nan(raw_model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
+
+
+def resolve_compile(run: RunConfig, *, unit: str) -> RunConfig:
+    """`run` with train.compile (auto included) resolved to what runs: true with its unit, or
+    false; the trainer's run, so the `compile` tag says what ran."""
+    train = dataclasses.replace(run.train, compile="true" if unit else "false",
+                                compile_unit=unit or run.train.compile_unit)
+    return dataclasses.replace(run, train=train)
 
 
 def gang_peak(local: Peak) -> Peak:
@@ -206,8 +217,16 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
+            names.TAG_COMPILE: trainer.run.train.compile_unit if trainer.run.train.compile == "true" else "off",
             **_layer_tags(trainer.recipe),
         })
+        plan = trainer.recipe.plan
+        if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
+            warn({"kind": "warning", "message": (
+                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept every linear "
+                f"in high precision ({plan.kept}); this is not an FP8 trial. Small models' linears are "
+                "too small for FP8 to pay (keep_hp 'small'): set precision.keep_hp=[output,unaligned] "
+                "to study FP8 numerics anyway")})
         for note in unordered_reductions(run) if dist_info.is_rank0 else ():
             warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
@@ -355,8 +374,10 @@ def _layer_tags(recipe) -> dict[str, str]:
     if recipe.plan is None:
         return {}
     # MLflow tag values are limited to 5000 characters (a 7b model keeps few layers in hp)
-    return {names.TAG_FP8_LAYERS: recipe.plan.summary,
-            names.TAG_HP_LAYERS: ",".join(recipe.plan.hp)[:5000] or "-"}
+    tags = {names.TAG_FP8_LAYERS: recipe.plan.summary, names.TAG_HP_LAYERS: recipe.plan.kept[:5000] or "-"}
+    if recipe.all_gather is not None:
+        tags[names.TAG_FP8_ALL_GATHER] = recipe.all_gather.tag
+    return tags
 
 
 def _print_event(event: dict) -> None:

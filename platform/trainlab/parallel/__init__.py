@@ -18,6 +18,11 @@ FSDP_KINDS = ("fsdp", "zero2", "hsdp")
 REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def fsdp_shards(dims: ParallelDims, cfg: ParallelConfig) -> bool:
+    """Whether parallelize() shards parameters with FSDP2 (which then all-gathers them)."""
+    return dims.dp > 1 and dims.pp == 1 and cfg.data_parallel in FSDP_KINDS
+
+
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
                 param_dtype: torch.dtype | None = None, compile_blocks: bool = False,
@@ -46,7 +51,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
         compile_each_block(model)
     if dims.dp == 1:
         return model
-    if cfg.data_parallel in FSDP_KINDS:
+    if fsdp_shards(dims, cfg):
         from trainlab.parallel.fsdp import HSDP_DIM_NAMES, apply_fsdp
 
         dp_mesh = mesh[HSDP_DIM_NAMES] if cfg.data_parallel == "hsdp" and cfg.dp_replicate > 1 else (
@@ -78,6 +83,18 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
+def reshard(model: nn.Module) -> None:
+    """Shard again what FSDP2 left gathered after a forward without backward (an evaluation):
+    the root and the last block keep their parameters gathered for a backward that does not
+    come, and until they are resharded `model.parameters()` are those gathered compute copies
+    (hp_dtype, or float8 with float8 all-gather), not the sharded fp32 masters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     """Skip the gradient all-reduce on every micro-batch but the last of an optimizer step."""
     if last_micro_batch or not hasattr(model, "no_sync"):
@@ -85,4 +102,4 @@ def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     return model.no_sync()
 
 
-__all__ = ["apply_ddp", "no_sync", "parallelize", "unwrap"]
+__all__ = ["apply_ddp", "fsdp_shards", "no_sync", "parallelize", "reshard", "unwrap"]
