@@ -34,7 +34,9 @@ def test_fp8_trains_compiled_on_gpu_with_both_mfus(precision):
     run = compose_run_config(["model=125m", "data=markov", "data.vocab_size=4096",
                               f"precision={precision}", "cluster.num_workers=1",
                               "cluster.device=cuda", "train.max_steps=30", "train.eval_every=0",
-                              "train.compile=true", "train.seq_len=256"])
+                              "train.compile=true", "train.seq_len=256",
+                              # 125m's linears are too small for rowwise FP8 to pay: convert anyway
+                              "precision.keep_hp=[output,unaligned]"])
     result = run_trial(run)
     assert result.status == names.STATUS_FINISHED
     assert result.final_loss < 8.0
