@@ -223,10 +223,10 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         plan = trainer.recipe.plan
         if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
             warn({"kind": "warning", "message": (
-                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept every linear "
-                f"in high precision ({plan.kept}); this is not an FP8 trial. Small models' linears are "
-                "too small for FP8 to pay (keep_hp 'small'): set precision.keep_hp=[output,unaligned] "
-                "to study FP8 numerics anyway")})
+                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(plan.hp)} "
+                f"linears in high precision (tag {names.TAG_HP_LAYERS}), so this is not an FP8 trial; this "
+                "model's linears are too small for this recipe's FP8 matmuls to pay (keep_hp 'small'): "
+                "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")})
         for note in unordered_reductions(run) if dist_info.is_rank0 else ():
             warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
