@@ -146,7 +146,12 @@ fixed gang."""
 TAG_FP8_LAYERS = "fp8_layers"
 """How many linear layers run in low precision, e.g. '12/13' (the rest kept in high precision)."""
 TAG_HP_LAYERS = "hp_layers"
-"""The linear layers kept in high precision by precision.keep_hp, comma-separated."""
+"""The linear layers kept in high precision, by the precision.keep_hp entry that kept them:
+'small: layers.0.attention.wq,layers.0.attention.wk; output: output' ('-' = none)."""
+TAG_FP8_ALL_GATHER = "fp8_all_gather"
+"""fp8 modes: 'true' when FSDP2 all-gathers the FP8 weights in float8, else 'false: <why>'."""
+TAG_COMPILE = "compile"
+"""What torch.compile compiled (train.compile, auto resolved): 'model', 'block' or 'off'."""
 TAG_BF16_UPDATE = "bf16_update"
 """precision=bf16_pure: how the bf16 parameters take an update (plain, stochastic, kahan:
 precision.bf16_update); absent in other modes. The precision tag stays 'bf16_pure'."""

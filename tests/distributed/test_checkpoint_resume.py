@@ -47,7 +47,9 @@ def _interrupted(rank: int, world: int, port: int, out, layouts: dict[str, list[
 LAYOUTS = {
     "ddp": [], "zero1": ["parallel=zero1"], "fsdp": ["parallel=fsdp"], "tp": ["parallel=tp"],
     "pp": ["parallel=pp", "model.n_layers=4", "parallel.pp_schedule=1f1b"],
-    "fp16": ["precision=fp16"], "fp8_delayed": ["precision=fp8_delayed"],
+    "fp16": ["precision=fp16"], 
+    # tiny's linears are too small for FP8 to pay (keep_hp 'small'): convert them anyway
+    "fp8_delayed": ["precision=fp8_delayed", "precision.keep_hp=[output,unaligned]"],
     # the Kahan compensation is optimizer state (here each rank's ZeRO-1 shard); stochastic
     # rounding draws by (seed, step, parameter), so a resumed run rounds as the whole one (here
     # on FSDP's DTensor shards)

@@ -21,7 +21,7 @@ TINY = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_b
 TOO_HIGH = ["optim.lr=1000", "train.max_steps=12", "train.checkpoint_every=0"]
 ROLLBACK = ["train.on_divergence=rollback"]
 # fp8 attempt poisoned at step 5 (an injected NaN, as a transient fault); checkpoints at 2, 4, 6
-FP8 = ["precision=fp8_delayed", "train.max_steps=8", "train.checkpoint_every=2",
+FP8 = ["precision=fp8_delayed", "precision.keep_hp=[output,unaligned]", "train.max_steps=8", "train.checkpoint_every=2",
        "train.inject_nan=layers.0.feed_forward@5", *ROLLBACK, "train.rollback_lr_factor=1",
        "train.rollback_precision=fp32"]
 

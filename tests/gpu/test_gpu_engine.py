@@ -47,6 +47,12 @@ def spec(mode: str):
 FP8_MODES = [m for m in MODES if spec(m).fp8]
 
 
+def every_linear(mode: str) -> list[str]:
+    """FP8 modes keep 125m's linears that are too small for FP8 to pay in high precision
+    (keep_hp 'small', rowwise: all of them); these tests want every aligned linear in FP8."""
+    return ["precision.keep_hp=[output,unaligned]"] if spec(mode).fp8 else []
+
+
 def skip_unless_runs(mode: str) -> None:
     """Skip a mode this GPU cannot run natively (bf16 below SM 8.0, FP8 below 8.9)."""
     need = spec(mode).needs_capability(hp_dtype="bf16", emulated=False)
@@ -83,7 +89,7 @@ def trial(overrides: list[str]):
 @pytest.mark.parametrize("mode", MODES)
 def test_each_precision_trains_a_model_that_matters(mode):
     skip_unless_runs(mode)
-    result, tracker = trial([*BIG, *mode_overrides(mode)])
+    result, tracker = trial([*BIG, *mode_overrides(mode), *every_linear(mode)])
     assert result.status == names.STATUS_FINISHED, result.first_nonfinite
     # past the unigram entropy: it learned which token follows which, not only their frequencies
     assert result.final_val_loss < result.extra["unigram_entropy"], (result.final_val_loss, result.extra)
@@ -110,7 +116,7 @@ def test_fp8_layers_really_run_fp8_matmuls(mode, cuda_dist_info):
     from trainlab.engine.run import build_trainer
 
     skip_unless_runs(mode)
-    trainer = build_trainer(compose_run_config([*BIG, f"precision={mode}"]), cuda_dist_info)
+    trainer = build_trainer(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), cuda_dist_info)
     lowp = len(trainer.recipe.plan.lowp)
     assert trainer.recipe.plan.summary.startswith(f"{lowp}/")  # what the fp8_layers tag says
     micro = trainer.batches.next_step()

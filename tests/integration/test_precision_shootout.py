@@ -73,7 +73,7 @@ def test_precision_shootout_sweep_and_compare(tmp_path):
     by_label = {r.data.tags[names.TAG_CONFIG_LABEL]: r for r in children}
     tensorwise = by_label["precision=fp8_tensorwise"].data
     assert tensorwise.tags[names.TAG_FP8_LAYERS] == "14/15"  # the LM head stays in bf16/fp32
-    assert tensorwise.tags[names.TAG_HP_LAYERS] == "output"
+    assert tensorwise.tags[names.TAG_HP_LAYERS] == "output: output"  # kept by the entry "output"
     per_layer = names.cast_metric("layers.0.feed_forward.w2", "grad_output", names.CAST_UNDERFLOW)
     assert per_layer in tensorwise.metrics
     fp4_underflow = by_label["precision=emulated_fp4"].data.metrics[

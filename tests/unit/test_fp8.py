@@ -37,7 +37,9 @@ TINY_RUN = [
     "model=tiny", "data=markov", "train.max_steps=12", "train.global_batch_size=4",
     "train.micro_batch_size=4", "train.seq_len=32", "cluster.num_workers=1",
     "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu",
+    "precision.keep_hp=[output,unaligned]",  # tiny's linears are all 'small': FP8 on every aligned one
 ]
+EVERY_ALIGNED = ["output", "unaligned"]
 TRAIN_STEPS = 15
 # measured: fp32 and every fp8 mode fall from ~4.18 to ~3.89 over 15 steps (a drop of ~0.29);
 # half of that is a margin no noise reaches and a broken recipe (no learning) cannot pass
@@ -215,7 +217,7 @@ def test_every_fp8_mode_trains_the_tiny_model(precision, impl, dist_info, fp32_f
 @pytest.mark.parametrize("precision", FP8_PRECISIONS)
 def test_fp8_impl_emulated_converts_to_emulating_modules(precision, tiny_cfg, float8_linear):
     for impl, emulated in [("emulated", True), ("native", False)]:
-        cfg = PrecisionConfig(name=precision, fp8_impl=impl, hp_dtype="fp32")
+        cfg = PrecisionConfig(name=precision, fp8_impl=impl, hp_dtype="fp32", keep_hp=EVERY_ALIGNED)
         recipe = build_recipe(cfg, device_type="cpu")
         model = recipe.prepare(tiny_model(tiny_cfg))
         fp8_modules = [m for m in model.modules() if isinstance(m, fp8_type(precision, float8_linear))]
@@ -242,7 +244,8 @@ def test_plain_torchao_gw_hp_fails_under_bf16_autocast_where_the_recipe_trains(t
     with pytest.raises(RuntimeError, match="same dtype"):
         loss_of(plain, torch.autocast("cpu", dtype=torch.bfloat16)).backward()
 
-    recipe = build_recipe(PrecisionConfig(name="fp8_rowwise_gw_hp", hp_dtype="bf16"), device_type="cpu")
+    recipe = build_recipe(PrecisionConfig(name="fp8_rowwise_gw_hp", hp_dtype="bf16", keep_hp=EVERY_ALIGNED),
+                          device_type="cpu")
     ours = recipe.prepare(tiny_model(tiny_cfg))
     loss_of(ours, recipe.autocast()).backward()
     grads = [p.grad for p in ours.parameters()]
@@ -326,12 +329,15 @@ def test_layer_tags_record_the_plan(tiny_cfg, float8_linear):
     kept = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     n_fp8 = sum(isinstance(m, float8_linear) for m in model.modules())
     assert tags[names.TAG_FP8_LAYERS] == recipe.plan.summary == f"{n_fp8}/{N_LINEARS}"
-    assert sorted(tags[names.TAG_HP_LAYERS].split(",")) == sorted(kept)
-    assert len(kept) == PER_BLOCK + 1
+    # grouped by the entry that kept them
+    assert tags[names.TAG_HP_LAYERS] == f"first_block: {','.join(kept[:-1])}; output: output"
+    assert kept[-1] == "output" and len(kept) == PER_BLOCK + 1
+    assert tags[names.TAG_FP8_ALL_GATHER].startswith("false: ")  # rowwise; and no FSDP2 here
 
     everything = dataclasses.replace(cfg, keep_hp=[])
     recipe = build_recipe(everything, device_type="cpu")
     recipe.prepare(tiny_model(tiny_cfg))
-    assert _layer_tags(recipe) == {names.TAG_FP8_LAYERS: f"{N_LINEARS}/{N_LINEARS}", names.TAG_HP_LAYERS: "-"}
+    tags = _layer_tags(recipe)
+    assert (tags[names.TAG_FP8_LAYERS], tags[names.TAG_HP_LAYERS]) == (f"{N_LINEARS}/{N_LINEARS}", "-")
     # modes without a layer plan tag nothing
     assert _layer_tags(build_recipe(PrecisionConfig(name="bf16"), device_type="cpu")) == {}

@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 # the precision modes and their families come from their specifications (precision.spec)
-from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS
+from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
 
 ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
@@ -27,7 +27,7 @@ STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
 BF16_UPDATES = ("plain", "stochastic", "kahan")
 """How bf16_pure's bf16 parameters take an update (precision.bf16_update)."""
 EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
-KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned")
+KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned", "small")
 DEVICES = ("auto", "cpu", "cuda")
 DATASETS = ("text", "markov", "tokens")
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
@@ -37,6 +37,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 DP_BALANCE = ("equal", "weighted", "accumulate")
 COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
+COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
@@ -302,10 +303,13 @@ class PrecisionConfig:
     hp_dtype: str = "bf16"
     """fp8 and emulated modes: dtype of everything that is not a low-precision linear
     (attention, norms, the high-precision layers): bf16 autocast or fp32."""
-    keep_hp: list[str] = field(default_factory=lambda: ["output", "unaligned"])
+    keep_hp: list[str] | None = None
     """fp8 and emulated modes: linear layers kept in high precision. Each entry is first_block,
     last_block, output (the LM head), unaligned (in or out features not a multiple of 16,
-    which FP8 matmuls cannot take) or a glob on module names (e.g. 'layers.*.attention.*')."""
+    which FP8 matmuls cannot take), small (fp8 modes: too small for FP8 matmuls to pay for
+    their casts, by torchao's thresholds for the recipe) or a glob on module names (e.g.
+    'layers.*.attention.*'). Unset (null) = the mode's default: [output, unaligned, small]
+    for fp8 modes, [output, unaligned] otherwise; [] = keep none."""
     amax_history_len: int = 16
     """fp8_delayed: steps of amax history a scale is taken from (the max over it)."""
     fp8_margin: int = 0
@@ -331,6 +335,13 @@ class PrecisionConfig:
         _one_of("precision", "loss_scale", self.loss_scale, ("dynamic", "none"))
         _one_of("precision", "scaling", self.scaling, ("tensor", "none"))
         _one_of("precision", "bf16_update", self.bf16_update, BF16_UPDATES)
+        spec = spec_of(self.name)
+        if self.keep_hp is None:
+            self.keep_hp = list(spec.keep_hp)
+        if "small" in self.keep_hp and not spec.size_filter:
+            raise ValueError(
+                f"precision.keep_hp entry 'small' (linears too small for FP8 matmuls to pay) has no "
+                f"meaning with precision={self.name}, which runs no FP8 kernels; remove it")
         _positive("precision", init_scale=self.init_scale, growth_factor=self.growth_factor,
                   backoff_factor=self.backoff_factor, growth_interval=self.growth_interval,
                   amax_history_len=self.amax_history_len)
@@ -441,10 +452,14 @@ class TrainConfig:
     """Sample the numerics (per-layer amax, scale, underflow and overflow of every
     low-precision cast, SwiGLU outliers, update-to-weight ratio, grad-norm percentiles)
     every N optimizer steps; 0 = never. Costs one extra pass over the casts when sampled."""
-    compile: bool = False
-    """torch.compile the model (the fast path on GPUs; slow to start on CPU)."""
+    compile: str = "auto"
+    """torch.compile the model: true, false, or auto = on CUDA GPUs for every mode that runs
+    natively (FP8 pays only compiled: torch.compile fuses its casts; bf16 is compiled too, so
+    the two compare fairly), off on CPU (slow to start) and for emulated casts. auto compiles
+    each block (compile_unit=block) where the layout shards or splits the model. The trial's
+    `compile` tag says what ran (engine.run.build_trainer decides, config.validate.compile_unit)."""
     compile_unit: str = "model"
-    """What train.compile compiles: `model` (one graph, before any parallel wrapping; plain
+    """What train.compile=true compiles: `model` (one graph, before any parallel wrapping; plain
     DDP / ZeRO-1 layouts) or `block` (each transformer block on its own, after tensor
     parallel and activation checkpointing and before FSDP2, as torchtitan does; every layout)."""
     deterministic: bool = False
@@ -480,6 +495,8 @@ class TrainConfig:
             raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
         if self.numerics_every < 0:
             raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
+        self.compile = str(self.compile).lower()  # YAML and Hydra's true / false arrive as 'True' / 'False'
+        _one_of("train", "compile", self.compile, COMPILE)
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
         _one_of("train", "on_divergence", self.on_divergence, ON_DIVERGENCE)
         if self.rollback_precision:

@@ -163,11 +163,8 @@ def check_parallel(run: RunConfig) -> None:
                 "(the scale would have to reach every stage's loss); use bf16 with pipelines")
         check_pp_layout(n_layers=m.n_layers, pp=p.pp, virtual_stages=pp_virtual_stages(run),
                         n_microbatches=pp_microbatches(run), schedule=p.pp_schedule)
-    wraps = [f"parallel.{k}={v}" for k, v, on in (
-        ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1),
-        ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1))
-        if on]
-    if run.train.compile and run.train.compile_unit == "model" and wraps:
+    wraps = _wrapping_layouts(run)
+    if run.train.compile == "true" and run.train.compile_unit == "model" and wraps:
         raise ValueError(
             f"train.compile_unit=model compiles one graph of the whole model, which {' and '.join(wraps)} "
             "then shards or splits; set train.compile_unit=block (each block compiled, as torchtitan does)")
@@ -227,6 +224,30 @@ def check_dp_communication(run: RunConfig) -> None:
     if p.pp > 1 and p.comm_dtype != "fp32":
         raise ValueError(f"parallel.comm_dtype={p.comm_dtype} with parallel.pp={p.pp}: {reducer}; "
                          "set parallel.comm_dtype=fp32")
+
+
+def _wrapping_layouts(run: RunConfig) -> list[str]:
+    """The parallel settings that shard or split the model (a whole-model graph cannot follow)."""
+    p, dims = run.parallel, parallel_dims(run)
+    return [f"parallel.{k}={v}" for k, v, on in (
+        ("tp", p.tp, p.tp > 1), ("pp", p.pp, p.pp > 1),
+        ("data_parallel", p.data_parallel, p.data_parallel in ("fsdp", "zero2", "hsdp") and dims.dp > 1))
+        if on]
+
+
+def compile_unit(run: RunConfig, *, device_type: str, emulated: bool) -> str:
+    """What the trial compiles: '' (nothing), 'model' or 'block' (train.compile and
+    train.compile_unit, with auto resolved). Decided once, by build_trainer, which records it in
+    the `compile` tag. auto compiles on CUDA unless the recipe emulates its casts (emulation
+    studies numerics; torchao's emulated FP8 does not compile), per block where the layout
+    shards or splits the model; on CPU it stays eager (inductor's start-up costs more than a
+    CPU run gains)."""
+    t = run.train
+    if t.compile == "false" or (t.compile == "auto" and (device_type != "cuda" or emulated)):
+        return ""
+    if t.compile == "auto" and _wrapping_layouts(run):
+        return "block"
+    return t.compile_unit
 
 
 def check_balance(run: RunConfig) -> None:

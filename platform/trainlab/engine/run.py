@@ -6,6 +6,7 @@ the caller hands in a tracker factory and a progress callback.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import random
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.validate import elastic_range, pp_microbatches, pp_virtual_stages, unordered_reductions
+from trainlab.config.validate import compile_unit, elastic_range, pp_microbatches, pp_virtual_stages, unordered_reductions
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
@@ -35,6 +36,7 @@ from trainlab.engine.checkpoint import (
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.distributed import (
     DistInfo,
+    backend_for,
     device_name,
     gather_strings,
     process_group_backend,
@@ -45,7 +47,7 @@ from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
-from trainlab.parallel import parallelize
+from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
@@ -83,13 +85,15 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                                capability=torch.cuda.get_device_capability(dist_info.device),
                                device_name=device_name(dist_info.device))
     spec = spec_of(run.precision.name)
-    recipe = build_recipe(run.precision, device_type=dist_info.device.type)
+    recipe = build_recipe(run.precision, device_type=dist_info.device.type,
+                          fsdp_backend=backend_for(dist_info.device.type) if fsdp_shards(dims, run.parallel) else "")
     model = recipe.prepare(model)
+    run = resolve_compile(run, unit=compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated))
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
     layout = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
                          param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
-                         compile_unit=run.train.compile_unit if run.train.compile else None,
+                         compile_unit=run.train.compile_unit if run.train.compile == "true" else None,
                          deterministic=run.train.deterministic, loss_fn=_loss,
                          pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1,
                          pp_virtual_stages=pp_virtual_stages(run))
@@ -128,6 +132,14 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         module, step = t.nan_injection
         inject_nan(model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
+
+
+def resolve_compile(run: RunConfig, *, unit: str) -> RunConfig:
+    """`run` with train.compile (auto included) resolved to what runs: true with its unit, or
+    false; the trainer's run, so the `compile` tag says what ran."""
+    train = dataclasses.replace(run.train, compile="true" if unit else "false",
+                                compile_unit=unit or run.train.compile_unit)
+    return dataclasses.replace(run, train=train)
 
 
 def gang_peak(local: Peak) -> Peak:
@@ -182,8 +194,16 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
+            names.TAG_COMPILE: trainer.run.train.compile_unit if trainer.run.train.compile == "true" else "off",
             **_layer_tags(trainer.recipe),
         })
+        plan = trainer.recipe.plan
+        if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
+            warn({"kind": "warning", "message": (
+                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(plan.hp)} "
+                f"linears in high precision (tag {names.TAG_HP_LAYERS}), so this is not an FP8 trial; this "
+                "model's linears are too small for this recipe's FP8 matmuls to pay (keep_hp 'small'): "
+                "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")})
         for note in unordered_reductions(run) if dist_info.is_rank0 else ():
             warn({"kind": "warning", "message": note})
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
@@ -331,8 +351,10 @@ def _layer_tags(recipe) -> dict[str, str]:
     if recipe.plan is None:
         return {}
     # MLflow tag values are limited to 5000 characters (a 7b model keeps few layers in hp)
-    return {names.TAG_FP8_LAYERS: recipe.plan.summary,
-            names.TAG_HP_LAYERS: ",".join(recipe.plan.hp)[:5000] or "-"}
+    tags = {names.TAG_FP8_LAYERS: recipe.plan.summary, names.TAG_HP_LAYERS: recipe.plan.kept[:5000] or "-"}
+    if recipe.all_gather is not None:
+        tags[names.TAG_FP8_ALL_GATHER] = recipe.all_gather.tag
+    return tags
 
 
 def _print_event(event: dict) -> None:

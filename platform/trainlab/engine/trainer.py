@@ -38,7 +38,7 @@ from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_string
 from trainlab.engine.preemption import Preemption
 from trainlab.engine.rollback import Rollback
 from trainlab.engine.slowdown import Slowdown
-from trainlab.parallel import no_sync, unwrap
+from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.precision import PrecisionRecipe
 from trainlab.telemetry import (
@@ -294,6 +294,7 @@ class Trainer:
             with self.recipe.autocast():
                 logits = self.model(x.to(self.dist.device))
             total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(self.dist.device).flatten()))
+        reshard(self.model)  # FSDP2: parameters are the masters again (checksums, probes read them)
         self.model.train()
         (mean,) = all_reduce_mean([total / max(1, len(self.val))], device=self.dist.device)
         return mean

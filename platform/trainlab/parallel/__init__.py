@@ -47,6 +47,11 @@ class Parallelized:
     over dp_group; every other layout builds optimizer_cls as it is."""
 
 
+def fsdp_shards(dims: ParallelDims, cfg: ParallelConfig) -> bool:
+    """Whether parallelize() shards parameters with FSDP2 (which then all-gathers them)."""
+    return dims.dp > 1 and dims.pp == 1 and cfg.data_parallel in FSDP_KINDS
+
+
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
                 param_dtype: torch.dtype | None = None, compile_unit: str | None = None,
@@ -93,7 +98,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     model = _apply_to_stage(model, cfg=cfg, compile_unit=compile_unit)
     if dims.dp == 1:
         return Parallelized(model=model)
-    if cfg.data_parallel in FSDP_KINDS:
+    if fsdp_shards(dims, cfg):
         from trainlab.parallel.fsdp import HSDP_DIM_NAMES, apply_fsdp
 
         dp_mesh = mesh[HSDP_DIM_NAMES] if cfg.data_parallel == "hsdp" and cfg.dp_replicate > 1 else (
@@ -159,6 +164,18 @@ def unwrap(model: nn.Module) -> nn.Module:
         model = inner
 
 
+def reshard(model: nn.Module) -> None:
+    """Shard again what FSDP2 left gathered after a forward without backward (an evaluation):
+    the root and the last block keep their parameters gathered for a backward that does not
+    come, and until they are resharded `model.parameters()` are those gathered compute copies
+    (hp_dtype, or float8 with float8 all-gather), not the sharded fp32 masters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     """Skip the gradient all-reduce on every micro-batch but the last of an optimizer step
     (DDP, and replicate as DDP does; FSDP2's sharded layouts reduce every micro-batch)."""
@@ -172,4 +189,4 @@ def no_sync(model: nn.Module, *, last_micro_batch: bool) -> ContextManager:
     return model.no_sync()
 
 
-__all__ = ["Parallelized", "apply_ddp", "no_sync", "parallelize", "unwrap"]
+__all__ = ["Parallelized", "apply_ddp", "fsdp_shards", "no_sync", "parallelize", "reshard", "unwrap"]

@@ -97,6 +97,18 @@ def apply_fsdp(model: nn.Module, *, mesh: DeviceMesh, reshard_after_forward: boo
     return model
 
 
+def float8_only_groups(model: nn.Module, *, float8_params: set[str]) -> list[str]:
+    """The groups `apply_fsdp` would make of `model` (one per block of `model.layers`, then the
+    root with the rest) whose every parameter is in `float8_params` (names as in
+    model.named_parameters()): what gloo could not all-gather with float8 all-gather on."""
+    groups: dict[str, list[str]] = {f"layers.{i}": [] for i in range(len(getattr(model, "layers", ())))}
+    groups["<root>"] = []
+    for name, _ in model.named_parameters():
+        block = ".".join(name.split(".")[:2])
+        groups[block if block in groups else "<root>"].append(name)
+    return [group for group, params in groups.items() if params and set(params) <= float8_params]
+
+
 def _backend_lacks_float8(mesh: DeviceMesh) -> bool:
     """True where the mesh's collectives run on gloo (no float8 dtype)."""
     for dim in range(mesh.ndim):
@@ -166,4 +178,4 @@ def _local_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-__all__ = ["HSDP_DIM_NAMES", "apply_fsdp", "apply_zero1", "sharded_bytes"]
+__all__ = ["HSDP_DIM_NAMES", "apply_fsdp", "apply_zero1", "float8_only_groups", "sharded_bytes"]

@@ -7,6 +7,7 @@ GPU kernels a CPU build lacks, and every other mode must not pay for it.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,11 +44,59 @@ def torchao_cast_spec(config) -> CastSpec:
     )
 
 
-def convert_torchao(model: nn.Module, precision: str, *, layers: list[str], emulate: bool) -> dict[str, nn.Module]:
-    """Swap the named nn.Linear layers for torchao Float8Linear; returns name -> new module."""
+@dataclass(frozen=True)
+class Float8AllGather:
+    """Whether FSDP2 all-gathers a trial's FP8 weights in float8 (torchao's
+    enable_fsdp_float8_all_gather: half of bf16's bytes, one amax all-reduce for every weight
+    after each optimizer step) and, when it does not, why (the `fp8_all_gather` tag)."""
+
+    enabled: bool
+    reason: str = ""
+
+    @property
+    def tag(self) -> str:
+        return "true" if self.enabled else f"false: {self.reason}"
+
+
+def float8_all_gather(precision: str, *, fsdp_backend: str, model: nn.Module, layers: list[str]) -> Float8AllGather:
+    """The one decision on float8 all-gather, before `layers` of `model` are converted.
+    `fsdp_backend`: the backend FSDP2 shards parameters over ('' = the layout has no FSDP2).
+
+    On: a torchao recipe with tensorwise weight scales (torchao refuses the flag otherwise),
+    FSDP2 on, and a backend that can send the bytes: NCCL, or gloo (no float8 dtype) where every
+    FSDP group also holds other parameters, so FSDP2 gathers the group as one uint8 buffer."""
+    if not spec_of(precision).torchao_recipe:
+        return Float8AllGather(False, f"{precision} is not a torchao recipe; its weights are "
+                                      "all-gathered in precision.hp_dtype")
+    from torchao.float8.config import ScalingGranularity
+
+    weight = torchao_config(precision, emulate=False).cast_config_weight
+    if weight.scaling_granularity != ScalingGranularity.TENSORWISE:
+        return Float8AllGather(False, f"torchao all-gathers float8 weights only with tensorwise scales, "
+                                      f"{precision} scales rows; weights all-gathered in precision.hp_dtype")
+    if not fsdp_backend:
+        return Float8AllGather(False, "no FSDP2 in this layout (nothing is all-gathered)")
+    if not layers:
+        return Float8AllGather(False, "no fp8 layers")
+    if fsdp_backend == "gloo":
+        from trainlab.parallel.fsdp import float8_only_groups
+
+        only = float8_only_groups(model, float8_params={f"{name}.weight" for name in layers})
+        if only:
+            return Float8AllGather(False, f"gloo has no float8 dtype and FSDP group {only[0]} holds "
+                                          "only fp8 weights")
+    return Float8AllGather(True)
+
+
+def convert_torchao(model: nn.Module, precision: str, *, layers: list[str], emulate: bool,
+                    all_gather: bool = False) -> dict[str, nn.Module]:
+    """Swap the named nn.Linear layers for torchao Float8Linear; returns name -> new module.
+    `all_gather`: FSDP2 all-gathers their weights in float8 (decided by `float8_all_gather`)."""
     from torchao.float8 import convert_to_float8_training
 
     config = torchao_config(precision, emulate=emulate)
+    if all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     wanted = set(layers)
     convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, fqn: fqn in wanted)
     converted = {n: m for n, m in model.named_modules() if n in wanted}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -51,21 +52,32 @@ class LayerPlan:
     def summary(self) -> str:
         return f"{len(self.lowp)}/{len(self.lowp) + len(self.hp)}"
 
+    @property
+    def kept(self) -> str:
+        """The kept linears by the entry that kept them: 'small: layers.0.attention.wq,...; output: output'."""
+        by_entry: dict[str, list[str]] = {}
+        for name, entry in self.hp.items():
+            by_entry.setdefault(entry, []).append(name)
+        return "; ".join(f"{entry}: {','.join(names)}" for entry, names in by_entry.items())
+
 
 def linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def plan_layers(model: nn.Module, keep_hp: list[str]) -> LayerPlan:
+def plan_layers(model: nn.Module, keep_hp: list[str], *, size_filter: str = "") -> LayerPlan:
     """Apply keep_hp to every nn.Linear of `model` (names as in model.named_modules()).
+    `size_filter`: the torchao recipe whose thresholds define `small` (PrecisionSpec.size_filter).
 
     Checks the globs first: preflight does too, but torchrun runs no preflight."""
     check_keep_hp(model, keep_hp)
+    assert size_filter or "small" not in keep_hp, "PrecisionConfig refuses 'small' without a size filter"
     linears = linear_layers(model)
     blocks = sorted({int(m.group(1)) for n, _ in linears if (m := _BLOCK.match(n))})
+    small = too_small_for_fp8(size_filter) if "small" in keep_hp else None
     lowp, hp = [], {}
     for name, module in linears:
-        reason = next((entry for entry in keep_hp if _keeps(entry, name, module, blocks)), None)
+        reason = next((entry for entry in keep_hp if _keeps(entry, name, module, blocks, small)), None)
         if reason is None:
             lowp.append(name)
         else:
@@ -87,7 +99,19 @@ def check_keep_hp(model: nn.Module, keep_hp: list[str]) -> None:
             )
 
 
-def _keeps(entry: str, name: str, module: nn.Linear, blocks: list[int]) -> bool:
+def too_small_for_fp8(recipe: str) -> Callable[[nn.Linear], bool]:
+    """Whether an aligned linear is too small for FP8 matmuls to pay for their casts, by torchao's
+    auto filter for `recipe` (tensorwise: K <= 4096 and N <= 1024; rowwise: N <= 2048, K <= 1024,
+    or N <= 4096 and K <= 2048, for a weight N x K; thresholds from H100 benchmarks that do not
+    look at M, the tokens per matmul). Asked of torchao, so the selector follows its version."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    converts = _auto_filter_for_recipe(recipe, filter_fqns=[])
+    return lambda module: not converts(module, "")
+
+
+def _keeps(entry: str, name: str, module: nn.Linear, blocks: list[int],
+           small: Callable[[nn.Linear], bool] | None) -> bool:
     block = m.group(1) if (m := _BLOCK.match(name)) else None
     if entry == "first_block":
         return block is not None and blocks and int(block) == blocks[0]
@@ -95,6 +119,9 @@ def _keeps(entry: str, name: str, module: nn.Linear, blocks: list[int]) -> bool:
         return block is not None and blocks and int(block) == blocks[-1]
     if entry == "output":
         return name == "output"
+    unaligned = module.in_features % ALIGNMENT != 0 or module.out_features % ALIGNMENT != 0
     if entry == "unaligned":
-        return module.in_features % ALIGNMENT != 0 or module.out_features % ALIGNMENT != 0
+        return unaligned
+    if entry == "small":  # torchao's filter also refuses unaligned linears: not for their size
+        return not unaligned and small(module)
     return fnmatch.fnmatchcase(name, entry)

@@ -48,6 +48,10 @@ class PrecisionRecipe:
     dp_group: object = None
     """The data-parallel process group the recipe's own collectives run on (set by attach;
     None: no data-parallel peers)."""
+    fsdp_backend: str = ""
+    """The backend FSDP2 will all-gather parameters over ('' = the layout has no FSDP2)."""
+    all_gather: fp8.Float8AllGather | None = None
+    """fp8 modes: whether FSDP2 all-gathers the FP8 weights in float8, and why not."""
 
     @classmethod
     def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
@@ -227,9 +231,12 @@ class Fp8Recipe(PrecisionRecipe):
         self._model: nn.Module | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        self.plan = plan_layers(model, self.cfg.keep_hp)
+        self.plan = plan_layers(model, self.cfg.keep_hp, size_filter=spec_of(self.name).size_filter)
+        self.all_gather = fp8.float8_all_gather(self.name, fsdp_backend=self.fsdp_backend, model=model,
+                                                layers=self.plan.lowp)
         if spec_of(self.name).torchao_recipe:
-            converted = fp8.convert_torchao(model, self.name, layers=self.plan.lowp, emulate=self.emulated)
+            converted = fp8.convert_torchao(model, self.name, layers=self.plan.lowp, emulate=self.emulated,
+                                            all_gather=self.all_gather.enabled)
             spec = fp8.torchao_cast_spec(fp8.torchao_config(self.name, emulate=self.emulated))
         else:
             from trainlab.precision.fp8_delayed import convert_to_delayed_fp8
@@ -258,6 +265,12 @@ class Fp8Recipe(PrecisionRecipe):
 
             # this step's amaxes -> histories -> next scales, the same on every dp replica
             update_delayed_scales(self._model, group=self.dp_group, reduce=self.dp_group is not None)
+        if applied and self.all_gather.enabled:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            # the new weights' scales, for the next all-gathers: one all-reduce of every amax
+            # instead of one per weight and gather (torchtitan's post-optimizer hook)
+            precompute_float8_dynamic_scale_for_fsdp(self._model)
         return applied
 
 
@@ -307,10 +320,12 @@ class EmulatedRecipe(PrecisionRecipe):
         return applied
 
 
-def build_recipe(cfg: PrecisionConfig, *, device_type: str) -> PrecisionRecipe:
-    """The recipe of precision `cfg.name` (its class named by precision.spec) on `device_type`."""
+def build_recipe(cfg: PrecisionConfig, *, device_type: str, fsdp_backend: str = "") -> PrecisionRecipe:
+    """The recipe of precision `cfg.name` (its class named by precision.spec) on `device_type`.
+    `fsdp_backend`: the backend FSDP2 will shard parameters over ('' = no FSDP2 in the layout)."""
     spec = spec_of(cfg.name)
     recipe = spec.recipe_class().build(cfg, spec, device_type=device_type)
+    recipe.fsdp_backend = fsdp_backend
     if device_type == "cuda":
         # set either way: a warm worker may run an fp32 trial with TF32 after one without
         tf32 = recipe.peak_dtype == "tf32"

@@ -60,6 +60,12 @@ class PrecisionSpec:
     fp32_hp_min_capability: tuple[int, int] | None = None
     """With precision.hp_dtype=fp32, natively: the capability its FP8 matmuls need instead
     (rowwise-scaled _scaled_mm with an fp32 output exists in cuBLAS for SM 9.0 only)."""
+    keep_hp: tuple[str, ...] = ("output", "unaligned")
+    """precision.keep_hp when the config leaves it unset: the linears kept in high precision."""
+    size_filter: str = ""
+    """The torchao recipe whose size thresholds (torchao.float8._auto_filter_for_recipe, from
+    H100 benchmarks) decide keep_hp=small: linears too small for FP8 matmuls to pay for their
+    casts. '' = the selector does not apply (no FP8 kernels to pay for)."""
 
     def needs_capability(self, *, hp_dtype: str, emulated: bool) -> tuple[int, int]:
         """The CUDA compute capability this mode needs with these settings."""
@@ -87,6 +93,9 @@ class PrecisionSpec:
 
 
 _RECIPES = "trainlab.precision.recipes"
+FP8_KEEP_HP = ("output", "unaligned", "small")
+"""FP8 modes keep the linears too small to gain from FP8 in high precision by default: an FP8
+trial should be the faster one where FP8 can be (README: which presets have FP8 layers)."""
 
 SPECS: dict[str, PrecisionSpec] = {s.name: s for s in (
     PrecisionSpec("fp32", "fp32 parameters and compute", f"{_RECIPES}:PrecisionRecipe", rank=0,
@@ -103,21 +112,25 @@ SPECS: dict[str, PrecisionSpec] = {s.name: s for s in (
     PrecisionSpec("fp8_delayed", "FP8 linears scaled from an amax history (Transformer Engine style)",
                   f"{_RECIPES}:Fp8Recipe", rank=4, min_capability=FP8_TENSOR_CORES,
                   emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
-                  param_dtype="hp", fp8=True, low_precision_layers=True, tensor_parallel=False),
+                  param_dtype="hp", fp8=True, low_precision_layers=True, tensor_parallel=False,
+                  keep_hp=FP8_KEEP_HP, size_filter="tensorwise"),  # per-tensor scales, like tensorwise
     PrecisionSpec("fp8_rowwise_gw_hp", "torchao FP8 linears, rowwise scales, weight gradient in hp",
                   f"{_RECIPES}:Fp8Recipe", rank=7, min_capability=FP8_TENSOR_CORES,
                   emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
                   param_dtype="hp", fp8=True, torchao_recipe="rowwise_with_gw_hp",
-                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER),
+                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER,
+                  # torchao has no filter for it; its hp weight gradient pays later than rowwise
+                  keep_hp=FP8_KEEP_HP, size_filter="rowwise"),
     PrecisionSpec("fp8_rowwise", "torchao FP8 linears, one scale per row", f"{_RECIPES}:Fp8Recipe", rank=6,
                   min_capability=FP8_TENSOR_CORES, emulation="the same casts, matmuls in precision.hp_dtype",
                   compute_dtype="hp", param_dtype="hp", fp8=True, torchao_recipe="rowwise",
-                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER),
+                  low_precision_layers=True, tensor_parallel=False, fp32_hp_min_capability=HOPPER,
+                  keep_hp=FP8_KEEP_HP, size_filter="rowwise"),
     PrecisionSpec("fp8_tensorwise", "torchao FP8 linears, one scale per tensor", f"{_RECIPES}:Fp8Recipe",
                   rank=5, min_capability=FP8_TENSOR_CORES,
                   emulation="the same casts, matmuls in precision.hp_dtype", compute_dtype="hp",
                   param_dtype="hp", fp8=True, torchao_recipe="tensorwise", low_precision_layers=True,
-                  tensor_parallel=False),
+                  tensor_parallel=False, keep_hp=FP8_KEEP_HP, size_filter="tensorwise"),
     PrecisionSpec("emulated", "any eXmY format on chosen tensors (precision.formats)",
                   f"{_RECIPES}:EmulatedRecipe", rank=8, min_capability=(0, 0),
                   emulation="fake-quantized casts, matmuls in precision.hp_dtype", compute_dtype="hp",
