@@ -21,7 +21,13 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.validate import compile_unit, elastic_range, pp_microbatches, pp_virtual_stages, unordered_reductions
+from trainlab.config.validate import (
+    compile_unit,
+    elastic_range,
+    pp_microbatches,
+    pp_virtual_stages,
+    unordered_reductions,
+)
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
