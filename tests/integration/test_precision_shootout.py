@@ -76,6 +76,8 @@ def test_precision_shootout_sweep_and_compare(tmp_path):
     assert tensorwise.tags[names.TAG_HP_LAYERS] == "output: output"  # kept by the entry "output"
     per_layer = names.cast_metric("layers.0.feed_forward.w2", "grad_output", names.CAST_UNDERFLOW)
     assert per_layer in tensorwise.metrics
+    # the precision tag is the mode, the swept option is the label (compare ranks by the mode)
+    assert by_label["precision=emulated_fp4"].data.tags[names.TAG_PRECISION] == "emulated"
     fp4_underflow = by_label["precision=emulated_fp4"].data.metrics[
         names.cast_max_metric("input", names.CAST_UNDERFLOW)]
     assert fp4_underflow > 10 * tensorwise.metrics[names.cast_max_metric("input", names.CAST_UNDERFLOW)]

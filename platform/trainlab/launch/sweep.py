@@ -257,7 +257,10 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.submitted_at = time.perf_counter()
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
-        tags.update({k: v for k, v in map(_key_value, t.overrides) if k in keys and k != names.TAG_SEED})
+        # one tag per swept key, but the precision tag stays the trial's mode (precision.spec): a
+        # swept option such as bf16_pure_kahan is in config_label; compare ranks by the mode
+        tags.update({k: v for k, v in map(_key_value, t.overrides)
+                     if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
             outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
                             on_event=on_event)
