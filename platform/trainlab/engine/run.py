@@ -41,6 +41,7 @@ from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
+from trainlab.models.init import materialize
 from trainlab.parallel import parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
@@ -70,8 +71,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
     corpus = build_corpus(run.data)
-    seed_everything(run.seed)  # same init on every rank (DDP also broadcasts rank 0's)
-    model = build_model(run.model, vocab_size=corpus.vocab_size).to(dist_info.device)
+    seed_everything(run.seed)
+    with torch.device("meta"):  # shapes only: no rank ever holds the unsharded model (models.init)
+        model = build_model(run.model, vocab_size=corpus.vocab_size)
     if dist_info.device.type == "cuda":
         # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
         check_precision_on_gpu(run.precision,
@@ -103,6 +105,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         model = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
                             precision=run.precision.name, compile_blocks=compile_blocks,
                             deterministic=run.train.deterministic)
+    # this rank's part of the layout gets storage and the one-process model's values
+    materialize(model, device=dist_info.device, seed=run.seed)
     recipe.attach(model)
     optimizer, scheduler = build_optimizer(
         model, run.optim, max_steps=run.train.max_steps,

@@ -9,7 +9,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
               process_group=None) -> nn.Module:
-    """`process_group`: the data-parallel group when the world also holds tp or pp ranks."""
+    """`process_group`: the data-parallel group when the world also holds tp or pp ranks.
+
+    A model built on the meta device gets uninitialised storage on `device` here: DDP buckets
+    and broadcasts real tensors. Its values come after (models.init.materialize fills them in
+    place, the same on every rank, so the broadcast's garbage never survives)."""
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model.to_empty(device=device)
     return DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
