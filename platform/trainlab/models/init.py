@@ -56,10 +56,10 @@ def ones() -> Fill:
 def fill_parameter(param: torch.Tensor, fill: Fill, *, seed: int, name: str) -> None:
     """Write the full tensor `fill` makes (float32, on the host, from `name`'s generator) into
     `param`: all of it into a plain tensor, this rank's shard into a DTensor."""
-    full = fill(torch.empty(param.shape, dtype=torch.float32),
+    spec = _dtensor_spec(param)
+    full = fill(torch.empty(param.shape if spec is None else spec[2], dtype=torch.float32),
                 torch.Generator().manual_seed(param_seed(seed, name)))
     local = _local(param)
-    spec = _dtensor_spec(param)
     if spec is not None:
         from torch.distributed.tensor import distribute_tensor
 
@@ -71,15 +71,15 @@ def fill_parameter(param: torch.Tensor, fill: Fill, *, seed: int, name: str) -> 
 
 
 def _dtensor_spec(t: torch.Tensor):
-    """(mesh, placements) of a DTensor, or of a local tensor torch's DDP-over-TP transform
-    made from one (`_pre_dp_module_transform` keeps them in `_st_info`); None otherwise."""
-    mesh = getattr(t, "device_mesh", None)
-    if mesh is not None:
-        return mesh, t.placements
+    """(mesh, placements, global shape) of a DTensor, or of a local tensor torch's DDP-over-TP
+    transform made from one (`_pre_dp_module_transform` keeps its DTensorSpec in `_st_info`);
+    None for a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return t.device_mesh, t.placements, t.shape
     info = getattr(t, "_st_info", None)
-    if info is not None:
-        return info.device_mesh, info.placements
-    return None
+    return None if info is None else (info.mesh, info.placements, info.shape)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
