@@ -47,6 +47,7 @@ from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
+from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
 
@@ -207,6 +208,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_CORPUS: corpus.name,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
+            names.TAG_MEMORY_SOURCE: memory_source(dist_info.device),
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
             **_layer_tags(trainer.recipe),
         })
