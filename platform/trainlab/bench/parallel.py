@@ -6,9 +6,10 @@
 Every layout (conf/parallel/<layout>.yaml) trains in these same processes, one after another,
 on the process group the first one set up; each builds its own DeviceMesh (and its model on
 the meta device: no layout's numbers include an unsharded build). Per rank it measures
-tokens/s (the trial's median over the steps after the first) and memory: the bytes of this
-rank's parameters, gradients and optimizer state after training (local shards only,
-sharded_bytes), side by side with the peak after warm-up (telemetry.memory: allocated device
+tokens/s (the trial's median over the steps after the first) and memory, from the trainer's
+own rank telemetry at the last step: the bytes of this rank's parameters, gradients and
+optimizer state (local shards only, sharded_bytes), side by side with its peak since the
+warm-up step (telemetry.memory: allocated device
 memory on GPU; the process's peak resident set on CPU, which includes the interpreter and
 torch, the same few hundred MB for every layout). Rank 0 prints one table: the slowest
 rank's tokens/s and the largest rank's memory, with ratios to the first layout's (the
@@ -22,6 +23,7 @@ its reason: the config's checks raise ValueError (tp on 1 rank), or it would deg
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import math
 import os
@@ -29,12 +31,13 @@ import os
 import torch
 import torch.distributed as dist
 
+from trainlab import names
 from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
 from trainlab.console import print0
 from trainlab.engine.distributed import device_name, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.parallel.fsdp import sharded_bytes
 from trainlab.telemetry.memory import memory_source
+from trainlab.tracking import NullTracker
 
 DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"
 # the same trial for every layout: nothing but training steps inside the timed loop
@@ -53,21 +56,46 @@ def run_layout(overrides: list[str], layout: str, world: int) -> dict:
             torch.set_num_threads(run.cluster.cpus_per_worker)
         else:
             torch.cuda.empty_cache()  # the trainer resets the peak: this layout's, after its warm-up
-        trainer = build_trainer(run, dist_info)
+        latest = _Latest()
+        trainer = build_trainer(run, dist_info, tracker=latest)
     except ValueError as e:  # the config's checks: the same on every rank, before any collective
         return row | {"status": "skipped", "reason": " ".join(str(e).split())}
     result = trainer.train()
-    # the last step's gradients are still there: the trainer zeroes them at the next step's start
-    state = {k: v / 1e9 for k, v in sharded_bytes(trainer.model, trainer.optimizer).items()}
-    peak = result.peak_mem_gb  # since the end of the first step (telemetry.memory)
     row |= {"status": result.status, "tokens_per_s": result.tokens_per_s,
-            "params_gb": state["params"], "grads_gb": state["grads"], "optim_gb": state["optim_state"],
-            "peak_gb": peak, "memory_gb": peak if dist_info.device.type == "cuda" else state["total"],
             "device": dist_info.device.type, "device_name": device_name(dist_info.device),
             "memory_source": memory_source(dist_info.device)}
+    if dist_info.is_rank0:
+        # the trainer's own per-rank telemetry at the last step (after its optimizer step, before
+        # the final evaluation, which leaves FSDP2's unsharded roots gathered): the largest rank's
+        # bytes of params, gradients and optimizer state, and its peak since the warm-up step
+        m = latest.metrics
+        row |= {"params_gb": m[names.PARAM_GB], "grads_gb": m[names.GRAD_GB],
+                "optim_gb": m[names.OPTIM_STATE_GB], "peak_gb": m[names.PEAK_MEM_GB_MAX]}
+        row["memory_gb"] = row["peak_gb"] if dist_info.device.type == "cuda" else (
+            row["params_gb"] + row["grads_gb"] + row["optim_gb"])
     del trainer  # free this layout's model and optimizer before the next one is built
     gc.collect()
+    _trim_heap()
     return row
+
+
+class _Latest(NullTracker):
+    """Keeps the latest value of every metric (rank 0's trainer logs the gathered rank metrics)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, metrics: dict[str, float], *, step: int) -> None:
+        self.metrics.update(metrics)
+
+
+def _trim_heap() -> None:
+    """Give the freed heap back to the OS (glibc), so that the next layout's peak resident set
+    starts from this process's baseline rather than from what the last layout left cached."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peak then includes that cache
+        pass
 
 
 def _check_not_degenerate(run) -> None:
@@ -93,14 +121,13 @@ def gather_rows(rows: list[dict]) -> list[list[dict]]:
 
 
 def summarize(per_rank: list[list[dict]]) -> list[dict]:
-    """One row per layout: the slowest rank's tokens/s and the largest rank's memory."""
+    """One row per layout: the slowest rank's tokens/s and (rank 0's row: the trainer gathers
+    them there) the largest rank's memory."""
     rows = []
     for same_layout in zip(*per_rank):
         row = dict(same_layout[0])
         if row["status"] != "skipped":
             row["tokens_per_s"] = min(r["tokens_per_s"] for r in same_layout)
-            for key in ("memory_gb", *MEMORY_COLUMNS):
-                row[key] = max(r[key] for r in same_layout)
         rows.append(row)
     return rows
 
@@ -117,8 +144,8 @@ def print_table(rows: list[dict], *, world: int, overrides: list[str]) -> None:
         shown = {o.split("=", 1)[0]: o for o in overrides}  # the value that wins for each key
         _line(f"parallel bench on {ref['device_name']} x{world}: {' '.join(shown.values())}")
         _line("tokens/s: median per step after the first, slowest rank")
-        _line("GB:       this rank's params, grads and optimizer state after training (sharded_bytes) "
-              f"and its peak after warm-up ({ref['memory_source']}); each the largest rank's")
+        _line("GB:       params, grads and optimizer state at the last step (local shards) and the peak "
+              f"after warm-up ({ref['memory_source']}); each the largest rank's")
         _line("memory:   " + ("the peak" if gpu else "params + grads + optimizer state (the CPU peak "
                               "includes the interpreter and torch)") + f", as a ratio to {ref['layout']}")
         vs = f"vs {ref['layout']}"
