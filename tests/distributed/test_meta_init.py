@@ -4,6 +4,8 @@ weights one process starts from (models.init)."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -99,6 +101,9 @@ def _build_growth(rank: int, world: int, port: int, out) -> None:
 
     with reporting_to(out):
         dist_info = setup_distributed("cpu")
+        # a tiny build first: what any build costs once (imports, the corpus, gloo) is not counted
+        _build([*BIG, "model.dim=64", "model.ffn_dim=128", "model.n_heads=4", "model.n_kv_heads=4"], dist_info)
+        gc.collect()
         assert reset_peak_memory(dist_info.device)
         start = rss_gb()
         trainer = _build(BIG, dist_info)
@@ -117,4 +122,4 @@ def test_an_fsdp_rank_never_holds_the_unsharded_model():
     for r in results:
         assert r["full_gb"] > 0.15
         assert r["shard_gb"] == pytest.approx(r["full_gb"] / 4, rel=0.05)
-        assert r["growth_gb"] < 0.6 * r["full_gb"], r
+        assert r["growth_gb"] < 0.5 * r["full_gb"], r
