@@ -48,11 +48,15 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
 
     # every per-step metric, at every step
     per_step = [names.LOSS, names.LR, names.GRAD_NORM, names.TOKENS_PER_S, names.STEP_TIME_S,
-                names.MFU, names.PEAK_MEM_GB, names.SKIPPED_STEPS, names.NONFINITE_STEPS,
+                names.MFU, names.SKIPPED_STEPS, names.NONFINITE_STEPS,
                 names.LOSS_SPIKES, names.TOKENS_SEEN]
     for key in per_step:
         steps = [s for s, _ in _history(client, outcome.run_id, key)]
         assert steps == list(range(1, STEPS + 1)), key
+    # memory: the warm-up step's peak apart, the steady state after it
+    assert [s for s, _ in _history(client, outcome.run_id, names.PEAK_MEM_WARMUP_GB)] == [1]
+    assert [s for s, _ in _history(client, outcome.run_id, names.PEAK_MEM_GB)] == list(range(2, STEPS + 1))
+    assert mrun.data.tags[names.TAG_MEMORY_SOURCE].startswith("cpu:peak_rss")
     loss = [v for _, v in _history(client, outcome.run_id, names.LOSS)]
     assert loss[-1] < loss[0] - 0.5, loss
     val = _history(client, outcome.run_id, names.VAL_LOSS)

@@ -4,13 +4,18 @@
     trainlab bench parallel --layouts ddp,fsdp model=tiny     # one process: a smoke test only
 
 Every layout (conf/parallel/<layout>.yaml) trains in these same processes, one after another,
-on the process group the first one set up; each builds its own DeviceMesh. Per rank it
-measures tokens/s (the trial's median over the steps after the first) and memory: peak
-allocated device memory on GPU; on CPU, which has no allocator peak, the bytes of this rank's
-parameters, gradients and optimizer state after training (local shards only, sharded_bytes).
-Rank 0 prints one table: the slowest rank's tokens/s and the largest rank's memory, each
-with its ratio to the first layout's (the reference); then one line per layout with
-`speedup: X.XXx  memory: Y.YYx`. A layout that this world size cannot run is skipped with
+on the process group the first one set up; each builds its own DeviceMesh (and its model on
+the meta device: no layout's numbers include an unsharded build). Per rank it measures
+tokens/s (the trial's median over the steps after the first) and memory, from the trainer's
+own rank telemetry at the last step: the bytes of this rank's parameters, gradients and
+optimizer state (local shards only, sharded_bytes), side by side with its peak since the
+warm-up step (telemetry.memory: allocated device
+memory on GPU; the process's peak resident set on CPU, which includes the interpreter and
+torch, the same few hundred MB for every layout). Rank 0 prints one table: the slowest
+rank's tokens/s and the largest rank's memory, with ratios to the first layout's (the
+reference); then one line per layout with `speedup: X.XXx  memory: Y.YYx`, memory being
+the peak on GPU and params + grads + optimizer state on CPU (where the peak's fixed
+overhead would flatten the ratio). A layout that this world size cannot run is skipped with
 its reason: the config's checks raise ValueError (tp on 1 rank), or it would degenerate
 (dp_tp, dp_pp, fsdp_tp and hsdp need 4 ranks: on 2, dp or dp_shard would be 1).
 """
@@ -18,6 +23,7 @@ its reason: the config's checks raise ValueError (tp on 1 rank), or it would deg
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import math
 import os
@@ -25,16 +31,18 @@ import os
 import torch
 import torch.distributed as dist
 
+from trainlab import names
 from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
 from trainlab.console import print0
 from trainlab.engine.distributed import device_name, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.parallel.fsdp import sharded_bytes
-from trainlab.telemetry.memory import peak_memory_gb
+from trainlab.telemetry.memory import memory_source
+from trainlab.tracking import NullTracker
 
 DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"
 # the same trial for every layout: nothing but training steps inside the timed loop
 FIXED = ("tracking=none", "train.eval_every=0", "train.numerics_every=0")
+MEMORY_COLUMNS = ("params_gb", "grads_gb", "optim_gb", "peak_gb")
 
 
 def run_layout(overrides: list[str], layout: str, world: int) -> dict:
@@ -47,20 +55,47 @@ def run_layout(overrides: list[str], layout: str, world: int) -> dict:
         if dist_info.device.type == "cpu":
             torch.set_num_threads(run.cluster.cpus_per_worker)
         else:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dist_info.device)  # this layout's peak, not the last one's
-        trainer = build_trainer(run, dist_info)
+            torch.cuda.empty_cache()  # the trainer resets the peak: this layout's, after its warm-up
+        latest = _Latest()
+        trainer = build_trainer(run, dist_info, tracker=latest)
     except ValueError as e:  # the config's checks: the same on every rank, before any collective
         return row | {"status": "skipped", "reason": " ".join(str(e).split())}
     result = trainer.train()
-    # the last step's gradients are still there: the trainer zeroes them at the next step's start
-    state = sharded_bytes(trainer.model, trainer.optimizer)["total"]
     row |= {"status": result.status, "tokens_per_s": result.tokens_per_s,
-            "memory_gb": peak_memory_gb(dist_info.device) if dist_info.device.type == "cuda" else state / 1e9,
-            "device": dist_info.device.type, "device_name": device_name(dist_info.device)}
+            "device": dist_info.device.type, "device_name": device_name(dist_info.device),
+            "memory_source": memory_source(dist_info.device)}
+    if dist_info.is_rank0:
+        # the trainer's own per-rank telemetry at the last step (after its optimizer step, before
+        # the final evaluation, which leaves FSDP2's unsharded roots gathered): the largest rank's
+        # bytes of params, gradients and optimizer state, and its peak since the warm-up step
+        m = latest.metrics
+        row |= {"params_gb": m[names.PARAM_GB], "grads_gb": m[names.GRAD_GB],
+                "optim_gb": m[names.OPTIM_STATE_GB], "peak_gb": m[names.PEAK_MEM_GB_MAX]}
+        row["memory_gb"] = row["peak_gb"] if dist_info.device.type == "cuda" else (
+            row["params_gb"] + row["grads_gb"] + row["optim_gb"])
     del trainer  # free this layout's model and optimizer before the next one is built
     gc.collect()
+    _trim_heap()
     return row
+
+
+class _Latest(NullTracker):
+    """Keeps the latest value of every metric (rank 0's trainer logs the gathered rank metrics)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, metrics: dict[str, float], *, step: int) -> None:
+        self.metrics.update(metrics)
+
+
+def _trim_heap() -> None:
+    """Give the freed heap back to the OS (glibc), so that the next layout's peak resident set
+    starts from this process's baseline rather than from what the last layout left cached."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peak then includes that cache
+        pass
 
 
 def _check_not_degenerate(run) -> None:
@@ -86,13 +121,13 @@ def gather_rows(rows: list[dict]) -> list[list[dict]]:
 
 
 def summarize(per_rank: list[list[dict]]) -> list[dict]:
-    """One row per layout: the slowest rank's tokens/s and the largest rank's memory."""
+    """One row per layout: the slowest rank's tokens/s and (rank 0's row: the trainer gathers
+    them there) the largest rank's memory."""
     rows = []
     for same_layout in zip(*per_rank):
         row = dict(same_layout[0])
         if row["status"] != "skipped":
             row["tokens_per_s"] = min(r["tokens_per_s"] for r in same_layout)
-            row["memory_gb"] = max(r["memory_gb"] for r in same_layout)
         rows.append(row)
     return rows
 
@@ -109,12 +144,13 @@ def print_table(rows: list[dict], *, world: int, overrides: list[str]) -> None:
         shown = {o.split("=", 1)[0]: o for o in overrides}  # the value that wins for each key
         _line(f"parallel bench on {ref['device_name']} x{world}: {' '.join(shown.values())}")
         _line("tokens/s: median per step after the first, slowest rank")
-        _line("memory:   " + ("peak allocated device memory (torch.cuda.max_memory_allocated), largest rank"
-                              if gpu else "params + grads + optimizer state after training, largest rank "
-                              "(sharded_bytes; CPU has no allocator peak)"))
+        _line("GB:       params, grads and optimizer state at the last step (local shards) and the peak "
+              f"after warm-up ({ref['memory_source']}); each the largest rank's")
+        _line("memory:   " + ("the peak" if gpu else "params + grads + optimizer state (the CPU peak "
+                              "includes the interpreter and torch)") + f", as a ratio to {ref['layout']}")
         vs = f"vs {ref['layout']}"
-        mem_col = "max rank peak GB" if gpu else "max rank state GB"
-        _line(f"{'layout':<9} {'tokens/s':>10} {vs:>8} {mem_col:>18} {vs:>8}  status")
+        _line(f"{'layout':<9} {'tokens/s':>10} {vs:>8} {'params':>8} {'grads':>8} {'optim':>8} "
+              f"{'peak':>8} {'memory':>8}  status")
         for r in ran:
             r["speedup"] = _ratio(r["tokens_per_s"], ref["tokens_per_s"])
             r["memory"] = _ratio(r["memory_gb"], ref["memory_gb"])
@@ -122,10 +158,12 @@ def print_table(rows: list[dict], *, world: int, overrides: list[str]) -> None:
         _line(f"parallel bench x{world}: every layout was skipped")
     for r in rows:
         if r["status"] == "skipped":
-            _line(f"{r['layout']:<9} {'-':>10} {'-':>8} {'-':>18} {'-':>8}  skipped: {r['reason']}")
+            _line(f"{r['layout']:<9} {'-':>10} {'-':>8} {'-':>8} {'-':>8} {'-':>8} {'-':>8} {'-':>8}  "
+                  f"skipped: {r['reason']}")
         else:
-            _line(f"{r['layout']:<9} {r['tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x "
-                  f"{r['memory_gb']:>18.4g} {r['memory']:>7.2f}x  {r['status']}")
+            gb = " ".join(f"{r[k]:>8.4g}" for k in MEMORY_COLUMNS)
+            _line(f"{r['layout']:<9} {r['tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x {gb} "
+                  f"{r['memory']:>7.2f}x  {r['status']}")
     for r in rows:  # last: one line per layout
         if r["status"] == "skipped":
             _line(f"layout {r['layout']}: skipped: {r['reason']}")

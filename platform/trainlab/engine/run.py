@@ -53,12 +53,14 @@ from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
 from trainlab.models import build_model, flops_per_token, resolve_dims
+from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.spec import spec_of
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
+from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
 
@@ -83,8 +85,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
     corpus = build_corpus(run.data)
-    seed_everything(run.seed)  # same init on every rank (DDP also broadcasts rank 0's)
-    model = build_model(run.model, vocab_size=corpus.vocab_size).to(dist_info.device)
+    seed_everything(run.seed)
+    with torch.device("meta"):  # shapes only: no rank ever holds the unsharded model (models.init)
+        model = build_model(run.model, vocab_size=corpus.vocab_size)
     if dist_info.device.type == "cuda":
         # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
         check_precision_on_gpu(run.precision,
@@ -104,6 +107,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                          pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1,
                          pp_virtual_stages=pp_virtual_stages(run))
     model = layout.model
+    # this rank's part of the layout gets storage and the one-process model's values
+    materialize(model, device=dist_info.device, seed=run.seed)
     recipe.attach(model, dp_group=layout.dp_group)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
                                            make_optimizer=layout.make_optimizer,
@@ -199,6 +204,7 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
             names.TAG_CORPUS: corpus.name,
             names.TAG_CORPUS_FINGERPRINT: corpus.fingerprint,
             names.TAG_MFU_PEAK_SOURCE: trainer.throughput.peak.source,
+            names.TAG_MEMORY_SOURCE: memory_source(dist_info.device),
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
             names.TAG_COMPILE: trainer.run.train.compile_unit if trainer.run.train.compile == "true" else "off",
             **_layer_tags(trainer.recipe),

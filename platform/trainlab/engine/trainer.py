@@ -48,10 +48,10 @@ from trainlab.telemetry import (
     SpikeDetector,
     StabilityCounters,
     Throughput,
-    peak_memory_gb,
-    update_to_weight,
+    UpdateMeter,
 )
 from trainlab.telemetry.checksum import loss_curve_sha256, params_checksum
+from trainlab.telemetry.memory import memory_gb, peak_memory_gb, reset_peak_memory
 from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.stages import gather_over_stages
@@ -94,6 +94,7 @@ class TrialResult:
     mfu: float | None
     """Median MFU against the peak of the mode's high-precision compute (bf16 for fp8 modes)."""
     peak_mem_gb: float
+    """Peak memory since the end of the first step (that step's own when it was the only one)."""
     skipped_steps: int
     nonfinite_steps: int
     loss_spikes: int
@@ -125,6 +126,8 @@ class Trainer:
         """parallel.dp_balance weighted / accumulate: fixes the uneven shares of `batches`."""
         self.tracker: Tracker = tracker if tracker is not None and dist_info.is_rank0 else NullTracker()
         self.step = 0
+        self._warmup_step = 1
+        """The first step of this attempt (train() sets it): its memory peak is logged apart."""
         self.tokens_seen = 0
         self.counters = StabilityCounters()
         self.spikes = SpikeDetector(factor=run.train.spike_factor)
@@ -225,8 +228,8 @@ class Trainer:
         # finite, and the stability bookkeeping needs the loss of every step
         loss, grad_norm, local_loss = torch.stack(
             [mean_over_ranks(local), norm.double().to(local.device), local]).tolist()
-        before = [p.detach().clone() for p in params] if sample else None
-        with self.rank_timer.compute():
+        meter = UpdateMeter(self.optimizer, params) if sample else None  # steps in chunks, no full copy
+        with self.rank_timer.compute(), meter.measuring() if meter else contextlib.nullcontext():
             applied = self.recipe.step(self.optimizer, grads_finite=math.isfinite(grad_norm))
         self.scheduler.step()
         result = StepResult(loss=loss, grad_norm=grad_norm, applied=applied)
@@ -236,7 +239,7 @@ class Trainer:
         self.grad_norms.add(grad_norm)
         if sample:
             if applied:
-                numerics |= update_to_weight(params, before, group=stages)
+                numerics |= meter.result(stages=stages)
             numerics |= w13_alignment(self.raw_model) | self.grad_norms.percentiles()
             result.numerics = gather_over_stages(numerics, group=stages)
         return result
@@ -313,6 +316,8 @@ class Trainer:
         t_start = time.perf_counter()
         self.model.train()
         self.throughput.restart()
+        self._warmup_step = self.step + 1  # this attempt's first step (after a resume too)
+        reset_peak_memory(self.dist.device)  # not the build's nor a checkpoint load's memory
         while self.step < t.max_steps:
             micro_batches = self.batches.next_step()
             lr = self.scheduler.get_last_lr()[0]
@@ -373,6 +378,8 @@ class Trainer:
             if preempted:
                 status = names.STATUS_PREEMPTED
                 break
+            if self.step == self._warmup_step:  # from here sys/peak_mem_gb is the steady state
+                reset_peak_memory(self.dist.device)
             self.throughput.restart()  # logging and validation are not training time
 
         return TrialResult(
@@ -425,8 +432,13 @@ class Trainer:
             names.NONFINITE_STEPS: self.counters.nonfinite_steps,
             names.LOSS_SPIKES: self.spikes.spikes,
             names.TOKENS_SEEN: self.tokens_seen,
-            names.PEAK_MEM_GB: peak_memory_gb(self.dist.device),
+            # the warm-up step's peak apart: sys/peak_mem_gb compares layouts in their steady state
+            (names.PEAK_MEM_WARMUP_GB if self.step == self._warmup_step else names.PEAK_MEM_GB):
+                peak_memory_gb(self.dist.device),
         }
+        now = memory_gb(self.dist.device)  # CUDA only
+        if now:
+            m[names.MEM_ALLOCATED_GB], m[names.MEM_RESERVED_GB] = now["allocated"], now["reserved"]
         if "mfu" in perf:
             m[names.MFU] = perf["mfu"]
         if "mfu_fp8" in perf:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainlab.models.args import ModelArgs
+from trainlab.models.init import Fill, fill_parameter, normal, ones
 
 
 # ---------------------------------------------------------------------------------------
@@ -119,11 +120,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
-    def init_weights(self, *, init_std: float, out_std: float) -> None:
-        for lin in (self.wq, self.wk, self.wv):
-            nn.init.normal_(lin.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
-
 
 class FeedForward(nn.Module):
     """SwiGLU MLP: w2(silu(w1 x) * w3 x).
@@ -176,11 +172,6 @@ class FeedForward(nn.Module):
         return torch.func.functional_call(
             self.w2, {"weight": weight / s.to(weight.dtype)}, (h * s.to(h.dtype),))
 
-    def init_weights(self, *, init_std: float, out_std: float) -> None:
-        nn.init.normal_(self.w1.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.w3.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
-
 
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then h + mlp(norm(h))."""
@@ -198,22 +189,17 @@ class TransformerBlock(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def init_weights(self, *, init_std: float, out_std: float) -> None:
-        self.attention.init_weights(init_std=init_std, out_std=out_std)
-        self.feed_forward.init_weights(init_std=init_std, out_std=out_std)
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-
 
 # ---------------------------------------------------------------------------------------
 class Transformer(nn.Module):
     """Decoder-only language model: tokens [B, T] -> next-token logits [B, T, V].
 
     Build with :func:`trainlab.models.build_model` from a config, or directly from
-    resolved `ModelArgs`. The constructor initializes the weights (see `init_weights`),
-    so a model built after ``torch.manual_seed(s)`` is a deterministic function of s.
-    For large models, construct under ``torch.device("meta")``, then ``to_empty(device=...)``
-    and call `init_weights()` on the real device.
+    resolved `ModelArgs`. The constructor initializes the weights (see `init_weights`) from
+    torch's global RNG, so a model built after ``torch.manual_seed(s)`` is a deterministic
+    function of s. Built under ``torch.device("meta")`` it holds shapes only: shard or split
+    it, then `trainlab.models.init.materialize` gives it storage and the weights of
+    ``init_weights(seed=...)``, the same whatever the layout.
     """
 
     def __init__(self, args: ModelArgs) -> None:
@@ -230,32 +216,52 @@ class Transformer(nn.Module):
         cos, sin = self._rope_tables(device=None)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if not self.rope_cos.is_meta:
+            self.init_weights()
 
     def _rope_tables(self, *, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(head_dim=self.args.head_dim, max_seq_len=self.args.max_seq_len,
                            theta=self.args.rope_theta, device=device)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, *, seed: int | None = None) -> None:
         """(Re)initialize every parameter and the rotary tables.
 
         Linear and embedding weights ~ N(0, init_std); the projections that write into
         the residual stream (attention ``wo``, MLP ``w2``) ~ N(0, init_std / sqrt(2 *
         n_layers)) so the residual's variance stays O(1) however deep the model (GPT-2).
-        RMSNorm gains = 1. The rotary tables are recomputed in place on their current
-        device, which makes meta-device construction + ``to_empty`` + this call work.
+        RMSNorm gains = 1. Each parameter's values come from a generator seeded by (seed, its
+        name) (`trainlab.models.init`), so a sharded parameter or a pipeline stage (whose
+        blocks keep the full model's names) gets exactly its part of the one-process model.
+        seed None: drawn from torch's global RNG.
         """
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), device="cpu"))
+        fills = self._param_fills()
+        for name, param in self.named_parameters():
+            fill_parameter(param, fills[name], seed=seed, name=name)
+        self.init_buffers()
+
+    def _param_fills(self) -> dict[str, Fill]:
+        """How each parameter starts (`init_weights`), by the module that owns it."""
         std = self.args.init_std
         out_std = std / math.sqrt(2 * self.args.n_layers)
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for layer in self.blocks():
-            layer.init_weights(init_std=std, out_std=out_std)
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+        to_residual = {id(m) for b in self.blocks() for m in (b.attention.wo, b.feed_forward.w2)}
+        fills: dict[str, Fill] = {}
+        for prefix, module in self.named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                if isinstance(module, RMSNorm):
+                    fill = ones()
+                else:
+                    assert isinstance(module, (nn.Linear, nn.Embedding)), (
+                        f"no init rule for the parameters of {type(module).__name__} ({prefix})")
+                    fill = normal(out_std if id(module) in to_residual else std)
+                fills[f"{prefix}.{pname}" if prefix else pname] = fill
+        return fills
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Recompute the rotary tables in place, on their current device and dtype."""
         cos, sin = self._rope_tables(device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)

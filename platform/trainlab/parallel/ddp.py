@@ -10,7 +10,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
               process_group=None) -> nn.Module:
     """`process_group`: the data-parallel group (None = the world). Plain tensors only: with
-    tensor parallel (DTensor parameters) the dp replicas are parallel.replicate's instead."""
+    tensor parallel (DTensor parameters) the dp replicas are parallel.replicate's instead.
+
+    A model built on the meta device gets uninitialised storage on `device` here: DDP buckets
+    and broadcasts real tensors. Its values come after (models.init.materialize fills them in
+    place, the same on every rank, so the broadcast's garbage never survives)."""
+    _allocate(model, device)
     return DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
@@ -18,6 +23,23 @@ def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
         process_group=process_group,
         forward_sync_buffers=False,  # the only buffers (rotary tables) are identical on every rank
     )
+
+
+def _allocate(model: nn.Module, device: torch.device) -> None:
+    """Uninitialised storage on `device` for every meta tensor of `model`. Not `to_empty`: it
+    replaces a meta Parameter by a new object, dropping the attributes torch's DDP-over-TP
+    transform keeps on the local shards (`_st_info`: how to rebuild the DTensor)."""
+    made: dict[int, nn.Parameter] = {}  # a parameter shared by two modules stays shared
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                if id(p) not in made:
+                    made[id(p)] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                    made[id(p)].__dict__.update(p.__dict__)
+                module._parameters[name] = made[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty_like(b, device=device)
 
 
 def allreduce_grads(params: list[torch.Tensor], *, group, ordered: bool = False) -> None:

@@ -71,8 +71,8 @@ def split_stages(model: Transformer, *, pp_rank: int, pp_size: int,
     """The stage modules `pp_rank` owns, in stage order: pruned copies of `model`.
 
     `model` is left whole. Each copy starts as a deep copy, so build the full model under
-    ``torch.device("meta")`` when it does not fit, then ``to_empty`` + ``init_weights()`` the
-    stages (an init equal to the single-process model's needs the full model built for real).
+    ``torch.device("meta")`` (a copy then costs nothing), then `models.init.materialize` the
+    stages: their blocks keep the full model's names, so they get the one-process values.
     """
     n_layers = len(model.blocks())
     num_stages = pp_size * virtual_stages
@@ -92,6 +92,10 @@ def split_stages(model: Transformer, *, pp_rank: int, pp_size: int,
             stage.output = None
         stages.append(stage)
     return stages
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(p.is_meta for p in module.parameters())
 
 
 def _pp_group(mesh_or_group) -> dist.ProcessGroup | None:
@@ -258,8 +262,9 @@ def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: 
     assert dist.get_world_size(group) == pp_size and dist.get_rank(group) == pp_rank, (
         "pp_rank / pp_size disagree with the pipeline process group")
     clock = _Clock(device)
-    modules = [m.to(device) for m in split_stages(model, pp_rank=pp_rank, pp_size=pp_size,
-                                                  virtual_stages=virtual_stages)]
+    # a meta-device model's stages stay on meta: the caller materialises them (models.init)
+    modules = [m if _on_meta(m) else m.to(device)
+               for m in split_stages(model, pp_rank=pp_rank, pp_size=pp_size, virtual_stages=virtual_stages)]
     num_stages = pp_size * virtual_stages
     run_as = [wrap(m) if wrap is not None else m for m in modules]
     stages = [_TimedStage(m, v * pp_size + pp_rank, num_stages, torch.device(device), group=group,

@@ -136,6 +136,13 @@ class DelayedScalingFp8Linear(nn.Linear):
         self.register_buffer("scale", torch.ones(3, **kw))
         self.register_buffer("running_amax", torch.zeros(3, **kw))
 
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The state before any step: no amax seen, scales 1 (after a meta-device build)."""
+        self.amax_history.zero_()
+        self.scale.fill_(1.0)
+        self.running_amax.zero_()
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, history_len: int = 16, margin: int = 0,
                     emulate: bool = False) -> DelayedScalingFp8Linear:

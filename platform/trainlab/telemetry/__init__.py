@@ -4,14 +4,10 @@ from trainlab.telemetry.memory import peak_memory_gb
 from trainlab.telemetry.nonfinite import NonFiniteMonitor, inject_nan
 from trainlab.telemetry.numerics import NumericsProbe
 from trainlab.telemetry.peak_flops import Peak, device_peak
-from trainlab.telemetry.stability import (
-    GradNormWindow,
-    SpikeDetector,
-    StabilityCounters,
-    update_to_weight,
-)
+from trainlab.telemetry.stability import GradNormWindow, SpikeDetector, StabilityCounters
 from trainlab.telemetry.throughput import Throughput
+from trainlab.telemetry.update_ratio import UpdateMeter, update_to_weight
 
 __all__ = ["GradNormWindow", "NonFiniteMonitor", "NumericsProbe", "Peak", "SpikeDetector",
-           "StabilityCounters", "Throughput", "device_peak", "inject_nan", "peak_memory_gb",
+           "StabilityCounters", "Throughput", "UpdateMeter", "device_peak", "inject_nan", "peak_memory_gb",
            "update_to_weight"]

@@ -1,16 +1,12 @@
 """Numerical stability: non-finite steps, skipped updates, loss spikes, grad-norm
-percentiles, update-to-weight ratio."""
+percentiles (the update-to-weight ratio: telemetry.update_ratio)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from trainlab import names
-from trainlab.telemetry.sharded import full
-from trainlab.telemetry.stages import sum_over_stages
 
 
 @dataclass
@@ -87,23 +83,3 @@ class GradNormWindow:
 
         return {names.GRAD_NORM_P50: rank(0.50), names.GRAD_NORM_P90: rank(0.90),
                 names.GRAD_NORM_P99: rank(0.99)}
-
-
-def update_to_weight(params: list[torch.Tensor], before: list[torch.Tensor], *,
-                     group=None) -> dict[str, float]:
-    """||w_after - w_before|| / ||w_before||: over all parameters, and the largest per tensor.
-    `group`: the pipeline group (a collective): the total is over every stage's parameters.
-
-    Around 1e-3 is healthy for Adam-style training; a layer far above it is being rewritten
-    each step (too high an LR for it, or a precision artefact)."""
-    if not params:  # e.g. DDP over tensor-parallel shards hides them between steps
-        return {}
-    after = [full(p.detach()).float() for p in params]
-    before = [full(b).float() for b in before]
-    deltas = [(a - b).norm() for a, b in zip(after, before)]
-    norms = [b.norm() for b in before]
-    per_tensor = torch.stack([d / n.clamp_min(1e-12) for d, n in zip(deltas, norms)])
-    squares = torch.stack([torch.stack(deltas).square().sum(), torch.stack(norms).square().sum()]).tolist()
-    delta_sq, norm_sq = sum_over_stages(squares, group=group)
-    total = math.sqrt(delta_sq) / max(math.sqrt(norm_sq), 1e-12)
-    return {names.UPDATE_TO_WEIGHT: total, names.UPDATE_TO_WEIGHT_MAX: float(per_tensor.max())}
