@@ -4,6 +4,8 @@ is logged apart, and CPU runs get no allocator metrics they cannot measure."""
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 
@@ -23,9 +25,11 @@ TRANSIENT_GB = 0.3
 
 
 def _touch(gb: float) -> None:
-    """Allocate and write `gb` of memory (resident, not just reserved), then free it."""
-    x = torch.ones(int(gb * 1e9 / 4))
-    del x
+    """Map, write (resident, not just reserved) and unmap `gb` of fresh memory. A mapping of its
+    own: a freed tensor's pages may be reused by the allocator while still resident after earlier
+    tests, and then touching them would raise no peak."""
+    with mmap.mmap(-1, int(gb * 1e9)) as m:
+        torch.frombuffer(m, dtype=torch.uint8).fill_(1)
 
 
 def test_a_reset_peak_leaves_out_memory_freed_before_it():
