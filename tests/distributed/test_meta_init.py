@@ -16,8 +16,10 @@ pytestmark = pytest.mark.distributed
 
 BASE = ["model=tiny", "model.n_layers=4", "data=markov", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "tracking=none"]
-FP8_DELAYED = ["precision=fp8_delayed", "precision.hp_dtype=fp32"]
-FP8_TENSORWISE = ["precision=fp8_tensorwise", "precision.hp_dtype=fp32"]
+# tiny's linears are too small for FP8 to pay (keep_hp 'small'): convert them anyway
+ALL_LINEARS = "precision.keep_hp=[output,unaligned]"
+FP8_DELAYED = ["precision=fp8_delayed", "precision.hp_dtype=fp32", ALL_LINEARS]
+FP8_TENSORWISE = ["precision=fp8_tensorwise", "precision.hp_dtype=fp32", ALL_LINEARS]
 CASES = {  # case: (layout, precision)
     "ddp": (["parallel=ddp"], []),
     "zero1_fp8_delayed": (["parallel=zero1"], FP8_DELAYED),
