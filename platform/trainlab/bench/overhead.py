@@ -4,19 +4,30 @@ Both train the same model from the same init on the same batches in this process
 each torchrun process), alternating engine / bare for --repeats rounds so drift on a shared
 machine hits both alike. Prints each round, the medians, and last `ratio: X.XXX` =
 engine tokens/s / bare tokens/s (1.0 = no overhead).
+
+--load N runs N processes that spin on a core each beside both loops: the engine's helper
+process (the MLflow writer with its system-metrics sampler) then competes with training for
+CPU, as on a busy machine; each round also prints the CPU seconds that helper used.
+SIGTERM or Ctrl-C stops the bench (exit 128 + signal, no ratio), whichever loop is running.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import resource
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
+from trainlab import names
 from trainlab.config import compose_run_config, parallel_dims
 from trainlab.console import print0
 from trainlab.data import TokenBatches
@@ -26,6 +37,43 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.precision import build_recipe
+
+
+class Stopped(Exception):
+    """The bench was asked to stop (SIGTERM, or SIGTERM during the engine's round)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+# exits on its own once its parent is gone (reparented), so a bench killed with SIGKILL
+# leaves no spinning process behind; Ctrl-C (the whole process group) ends it silently
+_SPIN = ("import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\nparent = os.getppid()\n"
+         "while os.getppid() == parent:\n    sum(range(100_000))\n")
+
+
+@contextlib.contextmanager
+def busy_load(num_procs: int):
+    """`num_procs` processes that keep a core each busy (at normal priority) while inside."""
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(num_procs)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have ended (the writer, once closed)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
@@ -69,9 +117,13 @@ def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
     trainer = build_trainer(run, dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0 = time.perf_counter()
-    result = trainer.train()
-    if tracker is not None:
-        tracker.close()  # the final flush is part of the engine's cost
+    try:
+        result = trainer.train()
+    finally:
+        if tracker is not None:
+            tracker.close()  # the final flush is part of the engine's cost
+    if result.status == names.STATUS_PREEMPTED:  # the trainer took the SIGTERM: stop here too
+        raise Stopped(signal.SIGTERM)
     return result.tokens_seen / (time.perf_counter() - t0)
 
 
@@ -79,9 +131,23 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="trainlab bench overhead", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="rounds of engine/bare (default 3)")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="N busy processes beside both loops, a machine other work keeps busy (default 0)")
     ap.add_argument("overrides", nargs="*", default=[],
                     help="Hydra overrides of the trial (default: model=small train.max_steps=60)")
     args = ap.parse_args(argv)
+    if args.repeats < 1 or args.load < 0:
+        ap.error(f"--repeats={args.repeats} must be >= 1 and --load={args.load} >= 0")
+    signal.signal(signal.SIGTERM, _stop)  # the trainer takes it over while it trains
+    try:
+        _bench(args)
+    except (Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print0(f"overhead: stopped by {signal.Signals(signum).name}; no ratio")
+        sys.exit(128 + signum)
+
+
+def _bench(args: argparse.Namespace) -> None:
     overrides = ["model=small", "train.max_steps=60", "train.eval_batches=1", "train.eval_every=0",
                  *args.overrides]
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -94,22 +160,23 @@ def main(argv: list[str]) -> None:
     corpus = build_corpus(run.data)
     print0(f"overhead: model={run.model.name} precision={run.precision.name} world={dist_info.world_size} "
            f"steps={run.train.max_steps} batch={run.train.global_batch_size}x{run.train.seq_len} "
-           f"device={dist_info.device}")
+           f"device={dist_info.device} load={args.load}")
     engine_rates, bare_rates = [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, busy_load(args.load):
         uri = f"sqlite:///{tmp}/bench.db"
         engine_loop(run, dist_info, tracking_uri=uri)  # warm-up round: store creation, kernels
         for i in range(args.repeats):
+            helper_cpu = children_cpu_s()
             engine_rates.append(engine_loop(run, dist_info, tracking_uri=uri))
+            helper_cpu = children_cpu_s() - helper_cpu
             bare_rates.append(bare_loop(run, dist_info, vocab_size=corpus.vocab_size,
                                         train_tokens=corpus.train))
-            print0(f"round {i + 1}: engine {engine_rates[-1]:,.0f} tok/s   bare {bare_rates[-1]:,.0f} tok/s")
+            print0(f"round {i + 1}: engine {engine_rates[-1]:,.0f} tok/s   bare {bare_rates[-1]:,.0f} tok/s   "
+                   f"ratio {engine_rates[-1] / bare_rates[-1]:.3f}   helper CPU {helper_cpu:.1f} s")
     e, b = statistics.median(engine_rates), statistics.median(bare_rates)
     print0(f"median: engine {e:,.0f} tok/s   bare {b:,.0f} tok/s")
     print0(f"ratio: {e / b:.3f}")
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])
