@@ -70,6 +70,17 @@ def busy_load(num_procs: int):
             p.wait()
 
 
+def end_children() -> None:
+    """Kill what this process started and still runs (a writer whose metrics a stopped bench
+    does not need: its store is a temporary directory)."""
+    import psutil
+
+    children = psutil.Process().children()
+    for child in children:
+        child.kill()
+    psutil.wait_procs(children, timeout=10)
+
+
 def children_cpu_s() -> float:
     """CPU seconds of this process's children that have ended (the writer, once closed)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -117,13 +128,11 @@ def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
     trainer = build_trainer(run, dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0 = time.perf_counter()
-    try:
-        result = trainer.train()
-    finally:
-        if tracker is not None:
-            tracker.close()  # the final flush is part of the engine's cost
+    result = trainer.train()
     if result.status == names.STATUS_PREEMPTED:  # the trainer took the SIGTERM: stop here too
         raise Stopped(signal.SIGTERM)
+    if tracker is not None:
+        tracker.close()  # the final flush is part of the engine's cost
     return result.tokens_seen / (time.perf_counter() - t0)
 
 
@@ -143,6 +152,7 @@ def main(argv: list[str]) -> None:
         _bench(args)
     except (Stopped, KeyboardInterrupt) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        end_children()
         print0(f"overhead: stopped by {signal.Signals(signum).name}; no ratio")
         sys.exit(128 + signum)
 
