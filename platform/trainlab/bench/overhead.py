@@ -7,7 +7,8 @@ engine tokens/s / bare tokens/s (1.0 = no overhead).
 
 --load N runs N processes that spin on a core each beside both loops: the engine's helper
 process (the MLflow writer with its system-metrics sampler) then competes with training for
-CPU, as on a busy machine; each round also prints the CPU seconds that helper used.
+CPU, as on a busy machine. Each round also prints the CPU seconds the writer used and how
+long the engine waited for its last delivery (part of the engine's time).
 SIGTERM or Ctrl-C stops the bench (exit 128 + signal, no ratio), whichever loop is running.
 """
 
@@ -120,8 +121,9 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
     return batches.tokens_per_step * t.max_steps / (time.perf_counter() - t0)
 
 
-def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
-    """The Trainer with MLflow tracking, system metrics and every telemetry hook on."""
+def engine_loop(run, dist_info, *, tracking_uri: str) -> tuple[float, float]:
+    """The Trainer with MLflow tracking, system metrics and every telemetry hook on; returns
+    tokens/s and the seconds of it spent waiting for the writer's last delivery at the end."""
     from trainlab.tracking.runs import start_trial_tracking
 
     tracker = start_trial_tracking(run, tracking_uri=tracking_uri)[1] if dist_info.is_rank0 else None
@@ -131,9 +133,11 @@ def engine_loop(run, dist_info, *, tracking_uri: str) -> float:
     result = trainer.train()
     if result.status == names.STATUS_PREEMPTED:  # the trainer took the SIGTERM: stop here too
         raise Stopped(signal.SIGTERM)
+    t_close = time.perf_counter()
     if tracker is not None:
         tracker.close()  # the final flush is part of the engine's cost
-    return result.tokens_seen / (time.perf_counter() - t0)
+    t_end = time.perf_counter()
+    return result.tokens_seen / (t_end - t0), t_end - t_close
 
 
 def main(argv: list[str]) -> None:
@@ -177,12 +181,14 @@ def _bench(args: argparse.Namespace) -> None:
         engine_loop(run, dist_info, tracking_uri=uri)  # warm-up round: store creation, kernels
         for i in range(args.repeats):
             helper_cpu = children_cpu_s()
-            engine_rates.append(engine_loop(run, dist_info, tracking_uri=uri))
+            rate, close_s = engine_loop(run, dist_info, tracking_uri=uri)
+            engine_rates.append(rate)
             helper_cpu = children_cpu_s() - helper_cpu
             bare_rates.append(bare_loop(run, dist_info, vocab_size=corpus.vocab_size,
                                         train_tokens=corpus.train))
             print0(f"round {i + 1}: engine {engine_rates[-1]:,.0f} tok/s   bare {bare_rates[-1]:,.0f} tok/s   "
-                   f"ratio {engine_rates[-1] / bare_rates[-1]:.3f}   helper CPU {helper_cpu:.1f} s")
+                   f"ratio {engine_rates[-1] / bare_rates[-1]:.3f}   writer: {helper_cpu:.1f} s CPU, "
+                   f"{close_s:.1f} s waited for at the end")
     e, b = statistics.median(engine_rates), statistics.median(bare_rates)
     print0(f"median: engine {e:,.0f} tok/s   bare {b:,.0f} tok/s")
     print0(f"ratio: {e / b:.3f}")
