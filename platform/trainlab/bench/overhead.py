@@ -41,7 +41,8 @@ from trainlab.precision import build_recipe
 
 
 class Stopped(Exception):
-    """The bench was asked to stop (SIGTERM, or SIGTERM during the engine's round)."""
+    """The bench was asked to stop: SIGTERM reached its handler, or the trainer's (which
+    ends the engine's round after the step, status preempted)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
