@@ -7,8 +7,10 @@ engine tokens/s / bare tokens/s (1.0 = no overhead).
 
 --load N runs N processes that spin on a core each beside both loops: the engine's helper
 process (the MLflow writer with its system-metrics sampler) then competes with training for
-CPU, as on a busy machine. Each round also prints the CPU seconds the writer used and how
-long the engine waited for its last delivery (part of the engine's time).
+CPU, as on a busy machine. Each round also prints the CPU seconds both loops and the writer
+used and how long the engine waited for the writer's last delivery (part of the engine's
+time); `cpu ratio` = bare CPU / (engine + writer CPU) for the same tokens, which other work
+on the machine hardly moves (the tokens/s ratio swings with it).
 SIGTERM or Ctrl-C stops the bench (exit 128 + signal, no ratio), whichever loop is running.
 """
 
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -89,8 +92,21 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
-    """The same training as the engine with nothing around it; returns tokens/s."""
+@dataclass
+class Loop:
+    """One loop's measurement."""
+
+    tokens_per_s: float
+    cpu_s: float
+    """CPU seconds of this process (all its threads) from the first step to the end."""
+    writer_cpu_s: float = 0.0
+    """The engine's MLflow writer process, its whole life."""
+    close_s: float = 0.0
+    """Seconds the engine waited for the writer's last delivery after training (in its time)."""
+
+
+def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> Loop:
+    """The same training as the engine with nothing around it."""
     seed_everything(run.seed)
     model = build_model(run.model, vocab_size=vocab_size).to(dist_info.device)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
@@ -103,7 +119,7 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
     batches = TokenBatches(train_tokens, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                            micro_batch_size=t.micro_batch_size, dp_rank=dist_info.rank,
                            dp_size=dist_info.world_size, seed=run.seed)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(t.max_steps):
         optimizer.zero_grad(set_to_none=True)
         micro = batches.next_step()
@@ -119,18 +135,18 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> float:
         scheduler.step()
     if dist_info.device.type == "cuda":
         torch.cuda.synchronize()
-    return batches.tokens_per_step * t.max_steps / (time.perf_counter() - t0)
+    return Loop(batches.tokens_per_step * t.max_steps / (time.perf_counter() - t0), time.process_time() - cpu0)
 
 
-def engine_loop(run, dist_info, *, tracking_uri: str) -> tuple[float, float]:
-    """The Trainer with MLflow tracking, system metrics and every telemetry hook on; returns
-    tokens/s and the seconds of it spent waiting for the writer's last delivery at the end."""
+def engine_loop(run, dist_info, *, tracking_uri: str) -> Loop:
+    """The Trainer with MLflow tracking, system metrics and every telemetry hook on."""
     from trainlab.tracking.runs import start_trial_tracking
 
+    writer_cpu = children_cpu_s()
     tracker = start_trial_tracking(run, tracking_uri=tracking_uri)[1] if dist_info.is_rank0 else None
     trainer = build_trainer(run, dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     result = trainer.train()
     if result.status == names.STATUS_PREEMPTED:  # the trainer took the SIGTERM: stop here too
         raise Stopped(signal.SIGTERM)
@@ -138,7 +154,8 @@ def engine_loop(run, dist_info, *, tracking_uri: str) -> tuple[float, float]:
     if tracker is not None:
         tracker.close()  # the final flush is part of the engine's cost
     t_end = time.perf_counter()
-    return result.tokens_seen / (t_end - t0), t_end - t_close
+    return Loop(result.tokens_seen / (t_end - t0), time.process_time() - cpu0,
+                writer_cpu_s=children_cpu_s() - writer_cpu, close_s=t_end - t_close)
 
 
 def main(argv: list[str]) -> None:
@@ -176,23 +193,20 @@ def _bench(args: argparse.Namespace) -> None:
     print0(f"overhead: model={run.model.name} precision={run.precision.name} world={dist_info.world_size} "
            f"steps={run.train.max_steps} batch={run.train.global_batch_size}x{run.train.seq_len} "
            f"device={dist_info.device} load={args.load}")
-    engine_rates, bare_rates = [], []
+    engines, bares = [], []
     with tempfile.TemporaryDirectory() as tmp, busy_load(args.load):
         uri = f"sqlite:///{tmp}/bench.db"
         engine_loop(run, dist_info, tracking_uri=uri)  # warm-up round: store creation, kernels
         for i in range(args.repeats):
-            helper_cpu = children_cpu_s()
-            rate, close_s = engine_loop(run, dist_info, tracking_uri=uri)
-            engine_rates.append(rate)
-            helper_cpu = children_cpu_s() - helper_cpu
-            bare_rates.append(bare_loop(run, dist_info, vocab_size=corpus.vocab_size,
-                                        train_tokens=corpus.train))
-            print0(f"round {i + 1}: engine {engine_rates[-1]:,.0f} tok/s   bare {bare_rates[-1]:,.0f} tok/s   "
-                   f"ratio {engine_rates[-1] / bare_rates[-1]:.3f}   writer: {helper_cpu:.1f} s CPU, "
-                   f"{close_s:.1f} s waited for at the end")
-    e, b = statistics.median(engine_rates), statistics.median(bare_rates)
-    print0(f"median: engine {e:,.0f} tok/s   bare {b:,.0f} tok/s")
-    print0(f"ratio: {e / b:.3f}")
+            engines.append(e := engine_loop(run, dist_info, tracking_uri=uri))
+            bares.append(b := bare_loop(run, dist_info, vocab_size=corpus.vocab_size, train_tokens=corpus.train))
+            print0(f"round {i + 1}: engine {e.tokens_per_s:,.0f} tok/s   bare {b.tokens_per_s:,.0f} tok/s   "
+                   f"ratio {e.tokens_per_s / b.tokens_per_s:.3f}   CPU s: engine {e.cpu_s:.1f} + writer "
+                   f"{e.writer_cpu_s:.1f}, bare {b.cpu_s:.1f}   writer waited for {e.close_s:.1f} s")
+    e_rate, b_rate = (statistics.median(r.tokens_per_s for r in rs) for rs in (engines, bares))
+    cpu_ratio = statistics.median(b.cpu_s / (e.cpu_s + e.writer_cpu_s) for e, b in zip(engines, bares))
+    print0(f"median: engine {e_rate:,.0f} tok/s   bare {b_rate:,.0f} tok/s   cpu ratio {cpu_ratio:.3f}")
+    print0(f"ratio: {e_rate / b_rate:.3f}")
 
 
 if __name__ == "__main__":

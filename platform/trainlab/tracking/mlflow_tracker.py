@@ -6,8 +6,7 @@ write costs ~0.4 ms of CPU per metric on sqlite; done in the training process it
 the core (and the GIL) from training. If the writer dies, training goes on and a warning
 says metrics are no longer recorded.
 
-The writer runs WRITER_NICE steps below the training process's priority, so on a machine
-with no core to spare it takes CPU only when training does not want it.
+The writer yields the CPU to training once MLflow is imported (mlflow_writer.WRITER_NICE).
 
 The writer reads its stdin whatever the tracking server does, so an outage never blocks or
 slows training: it holds the metrics (memory, then `spill_path`) and delivers them when the
@@ -16,9 +15,7 @@ server answers again; see trainlab.tracking.outbox.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -28,10 +25,6 @@ from typing import Any
 
 STUCK_AFTER_S = 30.0
 """At close, past its deadline, a writer that used no CPU for this long is stopped."""
-WRITER_NICE = 10
-"""Added to the writer's niceness: at 10 Linux gives it about a tenth of a training process's
-share of a contended core (CFS weights 110 : 1024), so a writer catching up on its start
-(importing MLflow, ~3 s of CPU) or a backlog slows training by a few percent at most."""
 
 
 class MlflowTracker:
@@ -62,9 +55,6 @@ class MlflowTracker:
             cmd.append("--resume")
         self._close_timeout_s = close_timeout_s
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        # set from here, not by the writer: its interpreter start and imports yield too
-        with contextlib.suppress(ProcessLookupError):  # gone already: _send will say so
-            os.setpriority(os.PRIO_PROCESS, self._proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICE)
         self._sync_id = self._synced = 0  # the last sync asked for / answered by the writer
         self._sync_cond = threading.Condition()
         threading.Thread(target=self._read_acks, name="mlflow-acks", daemon=True).start()
