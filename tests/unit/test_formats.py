@@ -289,6 +289,52 @@ def test_cast_stats_counts_exactly():
     assert scaled.scale == 16.0
 
 
+# values beside each format's max_value: rounded to it (in range, torch's cast gives max_value
+# too) / rounded beyond it (the cast saturates, e4m3fn, or turns them to inf, e5m2 and fp16)
+OVERFLOW_EDGE = {
+    E4M3: ([448.0, math.nextafter(448.0, math.inf), 463.99, 464.0], [464.01, 1e6]),  # quantum 32
+    E5M2: ([57344.0, 61439.0], [61440.0, 1e6]),  # quantum 8192; the tie 61440 goes to inf (even)
+    FP16: ([65504.0, 65519.0], [65520.0, 1e6]),  # quantum 32
+}
+
+
+@pytest.mark.parametrize("fmt", OVERFLOW_EDGE, ids=lambda f: f.name)
+def test_cast_stats_overflow_is_what_the_cast_saturates_or_turns_to_inf(fmt):
+    in_range, beyond = (torch.tensor(v) for v in OVERFLOW_EDGE[fmt])
+    real = in_range.to(fmt.torch_dtype).float()  # torch's own cast: the value rounded, nothing clipped
+    assert torch.equal(real, quantize(in_range, fmt, saturate=False)) and real.max() <= fmt.max_value
+    assert cast_stats(in_range, fmt).overflow == 0.0
+    assert cast_stats(beyond, fmt).overflow == 1.0
+    assert cast_stats(-beyond, fmt).overflow == 1.0
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+def test_current_scaling_overflows_nothing_where_fp32_lands_above_max(rowwise):
+    """x * (448 / amax) in fp32 lands one rounding step above 448 for the largest element of
+    many tensors; the recipe's cast (torchao: clamp, then cast) rounds it to 448 all the same."""
+    g = torch.Generator().manual_seed(0)
+    above = 0
+    for _ in range(50):
+        x = torch.randn(16, 64, generator=g)
+        amax = x.abs().amax(dim=-1, keepdim=True) if rowwise else x.abs().amax()
+        scale = tensor_scale(amax, E4M3)
+        xs = x * scale
+        above += int((xs.abs() > E4M3.max_value).any())
+        cast = xs.clamp(-E4M3.max_value, E4M3.max_value).to(torch.float8_e4m3fn).float()
+        assert torch.equal(cast, xs.to(torch.float8_e4m3fn).float())  # the clamp changed nothing
+        assert cast_stats(x, E4M3, scale).overflow == 0.0
+    assert above >= 5  # the edge was really there (measured: 11 tensors of 50; rowwise 48 of 50)
+
+
+def test_a_stale_delayed_scale_overflows():
+    """Delayed scaling: the scale of an amax of 10 meets a tensor whose amax is 80."""
+    scale = tensor_scale(torch.tensor(10.0), E4M3)
+    x = torch.tensor([1.0, -2.0, 10.0, -10.0, 10.3, 11.0, -50.0, 80.0])  # 10.3 * 44.8 rounds to 448
+    cast = (x * scale).clamp(-E4M3.max_value, E4M3.max_value).to(torch.float8_e4m3fn).float() / scale
+    assert cast[-3:].tolist() == [10.0, -10.0, 10.0]  # what the recipe's saturating cast makes of them
+    assert cast_stats(x, E4M3, scale).overflow == pytest.approx(3 / 8)
+
+
 def test_cast_stats_rowwise_scale():
     x = torch.full((2, 4), 1e-6)  # below half of e5m2's smallest subnormal (7.6e-6)
     x[1, 0] = 100.0

@@ -213,6 +213,14 @@ def test_every_fp8_mode_trains_the_tiny_model(precision, impl, dist_info, fp32_f
     assert losses[TRAIN_STEPS] < losses[1] - MIN_LOSS_DROP, losses
     assert abs(result.final_loss - fp32_final_loss) < MAX_GAP_TO_FP32, (result.final_loss, fp32_final_loss)
 
+    # numerics sampled (steps 1 and 10): a scale computed from the tensor's own amax cannot
+    # overflow, so the probe must not report it (only delayed scaling can)
+    overflow = {k: tracker.by_step(names.cast_max_metric(k, names.CAST_OVERFLOW))
+                for k in ("input", "weight", "grad_output")}
+    assert all(sorted(v) == [1, 10] for v in overflow.values()), overflow
+    if precision != "fp8_delayed":
+        assert all(x == 0.0 for v in overflow.values() for x in v.values()), overflow
+
 
 @pytest.mark.parametrize("precision", FP8_PRECISIONS)
 def test_fp8_impl_emulated_converts_to_emulating_modules(precision, tiny_cfg, float8_linear):

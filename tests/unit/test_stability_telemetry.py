@@ -16,6 +16,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
 from trainlab.precision.formats import parse_format
+from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry import GradNormWindow, NumericsProbe, Peak, peak_flops, update_to_weight
 
@@ -200,6 +201,45 @@ def test_probe_with_tensor_scaling_overflows_nothing():
     assert m[names.cast_metric("lin", "input", "scale")] == pytest.approx(E4M3.max_value / 1000.0)
     # scaling down to fit 1000 pushes the tiny values further below the format: still lost
     assert m[names.cast_metric("lin", "input", "underflow")] == 5 / 128
+
+
+def edge_input(shape: tuple[int, int]) -> torch.Tensor:
+    """A random tensor whose largest element lands above 448 in fp32's x * (448 / amax)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        x = torch.randn(shape, generator=g)
+        if (x * (E4M3.max_value / x.abs().amax())).abs().max() > E4M3.max_value:
+            return x
+    raise AssertionError("no random tensor on the edge")
+
+
+def test_probe_reports_overflow_only_where_the_cast_saturates():
+    """Current scaling (tensorwise, rowwise) cannot overflow, even where fp32's x * (448 / amax)
+    lands above 448; a stale delayed scale does, as does a raw cast."""
+    torch.manual_seed(0)
+    specs = {"tensor": CastSpec(E4M3, E4M3, E5M2, scaling="tensor"),
+             "row": CastSpec(E4M3, E4M3, E5M2, scaling="row"),
+             "raw": CastSpec(E4M3, E4M3, E5M2, scaling="none")}
+    layers = {n: nn.Linear(32, 32) for n in specs}
+    delayed = DelayedScalingFp8Linear(32, 32)
+    delayed._push_amax(torch.tensor([1.0, 1.0, 1.0]))  # the history saw amax 1: input scale 448
+    probe = NumericsProbe([*((n, layers[n], specs[n]) for n in specs),
+                           ("delayed", delayed, CastSpec(E4M3, E4M3, E5M2, scaling="delayed"))])
+    x = edge_input((4, 32))
+    inputs = {"tensor": x, "row": x, "raw": x * 500.0, "delayed": x}
+    probe.arm()
+    _run_layers({**layers, "delayed": delayed}, inputs)
+    m = probe.collect()
+
+    for layer in ("tensor", "row"):
+        for kind in ("input", "weight", "grad_output"):
+            assert m[names.cast_metric(layer, kind, "overflow")] == 0.0, (layer, kind)
+    # the delayed cast clamps every |x| * 448 that rounds above 448; the raw one every 500 |x|
+    assert m[names.cast_metric("delayed", "input", "overflow")] == float((x.abs() * 448).gt(464).float().mean())
+    assert m[names.cast_metric("raw", "input", "overflow")] == float((x.abs() * 500).gt(464).float().mean())
+    assert m[names.cast_metric("delayed", "input", "overflow")] > 0.1
+    assert m[names.cast_max_metric("input", "overflow")] == max(
+        m[names.cast_metric(n, "input", "overflow")] for n in ("delayed", "raw"))
 
 
 def test_fp16_loss_scaling_rescues_gradients_from_underflow(dist_info):

@@ -4,7 +4,9 @@ The handler only sets a flag; at the end of each optimizer step the ranks agree 
 all-reduce) whether any of them was asked, so they all save the same step and stop together.
 A signal handler can only be installed from a process's main thread: under torchrun it is;
 where it is not (Ray Train runs the loop in a thread, and Ray restarts lost workers itself)
-nothing is installed and no collective is spent.
+nothing is installed and no collective is spent. The handler lives from the trainer's
+construction to the end of its train(): after that SIGTERM does what it did before (stops a
+bench between its loops, ends the process), instead of setting a flag nobody reads.
 """
 
 from __future__ import annotations
@@ -44,5 +46,6 @@ class Preemption:
     def close(self) -> None:
         """Give SIGTERM back to whatever handled it before."""
         if self.armed:
-            signal.signal(signal.SIGTERM, self._previous)
+            # None: the previous handler was not set from Python; the default is the closest
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
             self.armed = False

@@ -305,8 +305,11 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> TrialResult:
         # collectives called from Python (FSDP2, ZeRO-1, the loss all-reduce) are timed per rank
-        with timed_collectives(into=self.rank_timer):
-            return self._train()
+        try:
+            with timed_collectives(into=self.rank_timer):
+                return self._train()
+        finally:  # SIGTERM goes back to its handler before this trainer (a bench's, the default)
+            self.preemption.close()
 
     def _train(self) -> TrialResult:
         t = self.run.train

@@ -240,7 +240,10 @@ class CastStats:
     underflow: float
     """Fraction of non-zero finite x that the cast turns into 0."""
     overflow: float
-    """Fraction of finite x with |x * scale| > max_value (saturated, or turned to inf/NaN)."""
+    """Fraction of finite x whose x * scale rounds beyond max_value: the cast clamps it to
+    +-max_value (saturating casts, torchao's included) or turns it to inf/NaN. A value up to
+    half a quantum above max_value rounds to max_value, clamp or not, so it is not counted:
+    current scaling's fp32 x * (max_value / amax) lands there for the largest element."""
 
 
 def cast_stats(
@@ -260,11 +263,13 @@ def cast_stats(
         where = torch.unravel_index(flat, x.shape)
         scale_t = torch.broadcast_to(scale_t, x.shape)[where]
         x = x[where]
-    xs = x.float() * scale_t
+    # rounded without saturation: whatever rounds beyond max_value becomes inf/NaN, so both
+    # counts are read off the value the cast rounds to, not off the unrounded product
+    rounded = quantize(x.float() * scale_t, fmt, saturate=False)
     finite = x.isfinite()
     nonzero = finite & (x != 0)
-    underflow = nonzero & (quantize(xs, fmt) == 0)
-    overflow = finite & (xs.abs() > fmt.max_value)
+    underflow = nonzero & (rounded == 0)
+    overflow = finite & ~rounded.isfinite()
     counts = [amax, scale_t.amin(), underflow.sum(), nonzero.sum(), overflow.sum(), finite.sum()]
     amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack([c.double() for c in counts]).tolist()
     return CastStats(

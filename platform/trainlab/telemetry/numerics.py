@@ -3,7 +3,8 @@
 For each low-precision linear (the recipe's `casts`) and each tensor it casts (input
 activation, weight, incoming gradient) the probe measures, on one micro-batch of the
 sampled step: amax, the scale the recipe applies, the fraction of non-zero values the cast
-turns into zero (underflow) and the fraction beyond the format's range (saturated or inf).
+turns into zero (underflow) and the fraction it saturates or turns into inf/NaN (overflow:
+values that round beyond the format's range, not the fp32 product's last bit above it).
 Hooks exist only while armed; tensors above 2**20 elements are subsampled for the counts.
 """
 

@@ -6,6 +6,8 @@ write costs ~0.4 ms of CPU per metric on sqlite; done in the training process it
 the core (and the GIL) from training. If the writer dies, training goes on and a warning
 says metrics are no longer recorded.
 
+The writer yields the CPU to training once MLflow is imported (mlflow_writer.WRITER_NICE).
+
 The writer reads its stdin whatever the tracking server does, so an outage never blocks or
 slows training: it holds the metrics (memory, then `spill_path`) and delivers them when the
 server answers again; see trainlab.tracking.outbox.
@@ -20,6 +22,9 @@ import threading
 import time
 import warnings
 from typing import Any
+
+STUCK_AFTER_S = 30.0
+"""At close, past its deadline, a writer that used no CPU for this long is stopped."""
 
 
 class MlflowTracker:
@@ -84,12 +89,23 @@ class MlflowTracker:
                 self._proc.stdin.close()
             except BrokenPipeError:
                 pass
-        try:  # the writer's own deadline, plus one HTTP timeout and its last writes
-            self._proc.wait(timeout=self._close_timeout_s + 60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            warnings.warn(f"the MLflow writer for run {self.run_id} did not finish within "
-                          f"{self._close_timeout_s + 60:g} s and was stopped", stacklevel=2)
+        # the writer's own deadline, plus one HTTP timeout and its last writes; past it a writer
+        # that still uses CPU is working, only slowly (its low priority on a busy machine), and
+        # is waited for; one that does not is stuck
+        timeout, cpu = self._close_timeout_s + 60, _cpu_s(self._proc.pid)
+        while True:
+            try:
+                self._proc.wait(timeout=timeout)
+                return
+            except subprocess.TimeoutExpired:
+                now = _cpu_s(self._proc.pid)
+                if now <= cpu:
+                    break
+                timeout, cpu = STUCK_AFTER_S, now
+        self._proc.kill()
+        warnings.warn(f"the MLflow writer for run {self.run_id} did not finish within "
+                      f"{self._close_timeout_s + 60:g} s and used no CPU for {timeout:g} s; it was stopped",
+                      stacklevel=2)
 
     def sync(self, timeout_s: float = 60.0) -> bool:
         """Block until everything logged so far is in the store or in the spill file (on disk),
@@ -142,3 +158,14 @@ class MlflowTracker:
     def _loop(self) -> None:
         while not self._stop.wait(self._flush_every_s):
             self.flush()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (0 once it is gone)."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return times.user + times.system

@@ -7,8 +7,10 @@ during an outage memory goes to the spill file at once, so a sync never waits on
 `run` (the sender) delivers in order: what the spill file holds first, then memory, and
 drops a record only once MLflow took it. While the server is unreachable it retries with
 backoff; past `max_points` held points, memory moves to the end of the spill file. After
-`end_input` it goes on for at most `close_timeout_s`, then leaves what is left in the
-spill file and prints the command that delivers it later.
+`end_input` it goes on delivering; once `close_timeout_s` have passed and the server does
+not answer, it leaves what is left in the spill file and prints the command that delivers
+it later. (A writer that is only slow, e.g. still starting on a busy machine at its low
+priority, is not cut off: its server answers.)
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class Outbox:
 
     # -- the sender ------------------------------------------------------------------------
     def run(self) -> int:
-        """Deliver until the input ended and nothing is left, or the close deadline passed;
-        returns the points left undelivered (in the spill file, or lost without one)."""
+        """Deliver until the input ended and nothing is left, or the close deadline passed
+        with the server unreachable; returns the points left undelivered (in the spill file,
+        or lost without one)."""
         retry_at, backoff = 0.0, _BACKOFF_S[0]
         while True:
             with self._cond:
@@ -114,7 +117,8 @@ class Outbox:
         return self._spill.read() if self._spill is not None else []
 
     def _past_deadline(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline
+        """Input ended `close_timeout_s` ago and the server did not answer the last call."""
+        return self._deadline is not None and self._outage_since is not None and time.monotonic() >= self._deadline
 
     def _until_deadline(self) -> float:
         return 3600.0 if self._deadline is None else max(0.0, self._deadline - time.monotonic())
