@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.slow  # ~30 s each: a bench process starting, a warm-up and a first round
+
 from conftest import trainlab_cmd
 from trainlab.tracking.mlflow_writer import WRITER_NICE
 
@@ -18,8 +20,8 @@ from trainlab.tracking.mlflow_writer import WRITER_NICE
 BENCH = ["bench", "overhead", "--repeats", "50", "--load", "1", "model=tiny", "data=markov",
          "train.max_steps=30", "train.global_batch_size=4", "train.micro_batch_size=4", "train.seq_len=32"]
 STOP_WITHIN_S = 30.0
-"""The trainer stops at the end of its step and the bench ends its writer and busy processes:
-about a second (measured on a 2-core machine that 8 other jobs kept busy: MEASURED)."""
+"""The trainer stops at the end of its step and the bench ends its writer and busy processes
+(measured on 2 cores that other jobs kept busy: 2 s at load 5, 10-11 s at load 37)."""
 
 
 def _group(pgid: int) -> list[psutil.Process]:
