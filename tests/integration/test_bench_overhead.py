@@ -11,10 +11,10 @@ import time
 import psutil
 import pytest
 
-pytestmark = pytest.mark.slow  # ~30 s each: a bench process starting, a warm-up and a first round
-
 from conftest import trainlab_cmd
 from trainlab.tracking.mlflow_writer import WRITER_NICE
+
+pytestmark = pytest.mark.slow  # ~30 s each: a bench process starting, a warm-up and a first round
 
 # rounds of a few seconds (the tiny model, 30 steps); far more rounds than the test waits for
 BENCH = ["bench", "overhead", "--repeats", "50", "--load", "1", "model=tiny", "data=markov",
