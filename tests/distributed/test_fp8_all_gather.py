@@ -13,7 +13,7 @@ import traceback
 
 import pytest
 
-from conftest import RecordingTracker, rank_env, spawn_ranks
+from conftest import RecordingTracker, exit_after_reporting, rank_env, spawn_ranks
 from trainlab import names
 
 pytestmark = pytest.mark.distributed
@@ -102,6 +102,7 @@ def _worker(rank: int, world: int, port: int, out, out_dir: str) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    exit_after_reporting(out)
 
 
 @pytest.fixture(scope="module")
