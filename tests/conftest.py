@@ -18,6 +18,8 @@ from typing import Callable
 import pytest
 import torch
 
+from trainlab.engine.distributed import close_distributed
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -90,32 +92,22 @@ def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) ->
 def reporting_to(out):
     """Around a spawn_ranks target's body: an error goes onto `out` for the test to show, and
     the process group is closed after every rank got there."""
-    import torch.distributed as dist
-
     try:
         yield
     except Exception as e:  # noqa: BLE001 - reported to the test
         out.put(repr(e))
         raise
     finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-    exit_after_reporting(out)
+        close_distributed()
+    finish_reporting(out)
 
 
-def exit_after_reporting(out) -> None:
-    """End a spawned rank whose work is done and reported: flush `out`, then leave without the
-    interpreter's teardown. Under load a rank sometimes aborted there ("terminate called without
-    an active exception", exit -6) after its trial had finished, its process group destroyed and
-    its results sent: a C++ thread (the profiler's, a backend's) still joinable at exit, not
-    the trial. The root cause is not found yet; this keeps such a rank's exit code honest about
-    the work it did."""
+def finish_reporting(out) -> None:
+    """End a spawned rank whose work is done: flush `out` to the test. The rank then exits
+    through the interpreter's own teardown, as a user's process does; close_distributed() has
+    joined the backend threads that used to abort it there (exit -6)."""
     out.close()
     out.join_thread()  # the queue's feeder thread has sent everything
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class RecordingTracker:

@@ -34,6 +34,7 @@ def run_engine_here(run: RunConfig):
     tracking=mlflow, opens the trial's run and closes it with the trial's status."""
     from trainlab.console import ProgressLine, print0, status_text
     from trainlab.engine.checkpoint import checkpoint_root
+    from trainlab.engine.distributed import close_distributed
     from trainlab.engine.run import run_trial
     from trainlab.tracking import JsonlTracker
     from trainlab.tracking.runs import (
@@ -65,6 +66,7 @@ def run_engine_here(run: RunConfig):
         raise
     finally:
         progress.close()
+    close_distributed()  # every rank got here: no backend thread is left to abort the exit
     for trial in opened:
         close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""),
                         spill=spill)

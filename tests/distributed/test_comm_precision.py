@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
+from trainlab.engine.distributed import close_distributed
 from trainlab.parallel.comm import check_comm, register_comm_hook, torch_allows_bf16_hooks
 
 pytestmark = pytest.mark.distributed
@@ -90,7 +91,7 @@ def _rank(rank: int, world: int, port: int, out) -> None:
         res["second_hook"] = str(e)
     if rank == 0:
         out.put(res)
-    dist.destroy_process_group()
+    close_distributed()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, spawn_ranks
 from trainlab import names
+from trainlab.engine.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -34,7 +35,6 @@ MODES = {
 def _trials(rank: int, world: int, port: int, out) -> None:
     """Each mode through the real trainer; rank 0 reports its losses and the per-rank metrics."""
     rank_env(rank, world, port)
-    import torch.distributed as dist
 
     from trainlab.config import compose_run_config
     from trainlab.engine.run import run_trial
@@ -53,8 +53,7 @@ def _trials(rank: int, world: int, port: int, out) -> None:
             results[mode] = traceback.format_exc()
     if rank == 0:
         out.put(results)
-    dist.barrier()
-    dist.destroy_process_group()
+    close_distributed()
 
 
 @pytest.fixture(scope="module")

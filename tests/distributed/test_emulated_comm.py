@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
+from trainlab.engine.distributed import close_distributed
 from trainlab.precision.formats import parse_format, quantize, tensor_scale
 
 pytestmark = pytest.mark.distributed
@@ -34,7 +35,6 @@ def _grads(run):
 
 def _rank(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
-    import torch.distributed as dist
 
     run = compose_run_config([
         "model=tiny", "data=text", "cluster.num_workers=2", "train.global_batch_size=4",
@@ -45,7 +45,7 @@ def _rank(rank: int, world: int, port: int, out) -> None:
     grads = _grads(run)
     if rank == 0:
         out.put({n: g.numpy() for n, g in grads.items()})
-    dist.destroy_process_group()
+    close_distributed()
 
 
 def test_ddp_sends_gradients_rounded_to_the_comm_format():

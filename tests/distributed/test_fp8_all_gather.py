@@ -13,8 +13,9 @@ import traceback
 
 import pytest
 
-from conftest import RecordingTracker, exit_after_reporting, rank_env, spawn_ranks
+from conftest import RecordingTracker, finish_reporting, rank_env, spawn_ranks
 from trainlab import names
+from trainlab.engine.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -85,7 +86,6 @@ def _preempted_and_resumed(world: int, out_dir: str) -> dict:
 
 def _worker(rank: int, world: int, port: int, out, out_dir: str) -> None:
     rank_env(rank, world, port)
-    import torch.distributed as dist
 
     results = {}
     for name, overrides in CASES.items():
@@ -99,10 +99,8 @@ def _worker(rank: int, world: int, port: int, out, out_dir: str) -> None:
         results["resume"] = traceback.format_exc()
     if rank == 0:
         out.put(results)
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    exit_after_reporting(out)
+    close_distributed()
+    finish_reporting(out)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
+from trainlab.engine.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -199,7 +200,7 @@ def _worker(rank: int, world: int, port: int, out, cases: tuple[str, ...]) -> No
             results[name] = traceback.format_exc()
     if rank == 0:
         out.put(results)
-    dist.destroy_process_group()
+    close_distributed()
 
 
 def _spawn(world: int, cases: tuple[str, ...]) -> dict:

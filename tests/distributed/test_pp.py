@@ -11,6 +11,7 @@ from torch import nn
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
+from trainlab.engine.distributed import close_distributed
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
 
@@ -67,8 +68,7 @@ def _pp_rank(rank: int, world: int, port: int, out) -> None:
         r["params"] = {k: v.detach().numpy().copy() for s in pipe.stages for k, v in s.state_dict().items()}
         results[schedule] = r
     out.put((rank, results))
-    dist.barrier()  # gloo aborts a rank whose peer tears down mid-flight
-    dist.destroy_process_group()
+    close_distributed()
 
 
 def _reference(run) -> dict:

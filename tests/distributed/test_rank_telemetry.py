@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
+from trainlab.engine.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -144,8 +145,7 @@ def _worker(rank: int, world: int, port: int, out) -> None:
         except Exception:
             results[name] = traceback.format_exc()
     out.put((rank, results))
-    dist.barrier()
-    dist.destroy_process_group()
+    close_distributed()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.compare.records import Trial
 from trainlab.compare.repro import reproducibility
+from trainlab.engine.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -185,8 +186,7 @@ def _ordered_rank(rank: int, world: int, port: int, out) -> None:
     expected /= world
     out.put((rank, [g.numpy() for g in grads[False]], [g.numpy() for g in grads[True]],
              bool(torch.equal(mine, expected))))
-    dist.barrier()
-    dist.destroy_process_group()
+    close_distributed()
 
 
 def test_ordered_reduction_equals_all_reduce_and_sums_in_rank_order():

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
+from trainlab.engine.distributed import close_distributed
 from trainlab.models import build_model, resolve_dims
 from trainlab.models.transformer import Attention, apply_rope, rope_tables
 from trainlab.parallel.tp import check_tp
@@ -138,7 +139,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     except BaseException:  # report instead of leaving the parent to time out
         queue.put((rank, traceback.format_exc()))
     finally:
-        dist.destroy_process_group()
+        close_distributed(barrier=False)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from conftest import free_port
+from trainlab.engine.distributed import close_distributed
 from trainlab.precision.fp8_delayed import (
     E4M3,
     E5M2,
@@ -240,7 +241,7 @@ def _rank_scales(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.save({"local": local, "scale": layer.scale.clone(), "history": layer.amax_history.clone()},
                    f"{out_dir}/rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        close_distributed(barrier=False)
 
 
 @pytest.mark.distributed

@@ -26,13 +26,12 @@ import math
 import os
 
 import torch
-import torch.distributed as dist
 
 from trainlab import names
 from trainlab.bench.parallel import gather_rows
 from trainlab.config import compose_run_config
 from trainlab.console import print0
-from trainlab.engine.distributed import setup_distributed
+from trainlab.engine.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.tracking import NullTracker
 
@@ -116,8 +115,7 @@ def _bench(args: argparse.Namespace, world: int) -> None:
     rows = [run_mode(overrides, mode, world=world, slowdown=args.slowdown) for mode in args.modes]
     rows = gather_rows(rows)[0]  # rank 0's rows; a collective, so every rank ends together
     print_table(rows, world=world, slowdown=args.slowdown, overrides=overrides)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    close_distributed()
 
 
 def main(argv: list[str]) -> None:

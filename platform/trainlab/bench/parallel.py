@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainlab import names
 from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
 from trainlab.console import print0
-from trainlab.engine.distributed import device_name, setup_distributed
+from trainlab.engine.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.telemetry.memory import memory_source
 from trainlab.tracking import NullTracker
@@ -194,8 +194,7 @@ def main(argv: list[str]) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rows = summarize(gather_rows([run_layout(overrides, layout, world) for layout in layouts]))
     print_table(rows, world=world, overrides=overrides)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    close_distributed()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from typing import Callable
 
 def _worker(rank: int, world: int, port: int, fn: Callable, kwargs: dict, queue) -> None:
     import torch
-    import torch.distributed as dist
+
+    from trainlab.engine.distributed import close_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -26,9 +27,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable, kwargs: dict, queue)
         if rank == 0:
             queue.put(rows)
     finally:
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        close_distributed()
 
 
 def spawn_rows(fn: Callable, *, world: int, **kwargs) -> list[dict]:

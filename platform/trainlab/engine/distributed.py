@@ -100,3 +100,52 @@ def gather_strings(value: str) -> list[str]:
     out: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return [v or "" for v in out]
+
+
+def close_distributed(*, barrier: bool = True) -> None:
+    """Leave the process group so that none of its backend threads outlives the interpreter.
+
+    destroy_process_group() alone can leave a group alive: DTensor's sharding-propagation and
+    redistribute-planner caches hold every DeviceMesh a layout used (FSDP2, TP), and a mesh
+    holds its groups. Their gloo worker threads then run into interpreter finalization, where
+    a worker that drops a finished collective's tensors must take the GIL, is ended by
+    pthread_exit through a noexcept frame, and the process aborts after its work is done:
+    "terminate called without an active exception", exit -6 (core dumps: ~AsyncAllgatherWork
+    in ProcessGroupGloo::runLoop during Py_FinalizeEx). With the caches cleared and the group
+    destroyed, its last reference goes now and its destructor joins those threads while the
+    interpreter still runs. Call it once the trial's objects are gone; no collective after it.
+    `barrier=False` on a path where a peer may already have failed (the barrier would wait).
+    """
+    import gc
+
+    if not dist.is_initialized():
+        return
+    if barrier:
+        dist.barrier()  # no rank tears down a group another rank is still using
+    _clear_dtensor_caches()
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def _clear_dtensor_caches() -> None:
+    """Empty every cache of torch.distributed.tensor that may hold a DeviceMesh: the C++ and
+    Python sharding-propagation caches, the redistribute planners, and each functools cache of
+    its modules (MeshTopoInfo.build_from_mesh among them)."""
+    import sys
+
+    try:  # private torch API (2.13): without it a group may outlive the run
+        from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        return
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("torch.distributed.tensor"):
+            continue
+        for value in list(vars(module).values()):
+            members = list(vars(value).values()) if isinstance(value, type) else [value]
+            for member in members:
+                clear = getattr(getattr(member, "__func__", member), "cache_clear", None)
+                if callable(clear):
+                    clear()
