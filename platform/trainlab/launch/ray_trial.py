@@ -183,12 +183,13 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     import ray
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.util.queue import Empty as QueueEmpty
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from trainlab.engine.distributed import backend_for
+    from trainlab.launch.rendezvous import BoundTorchConfig
 
     run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
@@ -199,7 +200,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     trainer = TorchTrainer(
         _worker,
         train_loop_config=payload,
-        torch_config=TorchConfig(backend=backend_for(gang.device)),
+        torch_config=BoundTorchConfig(backend=backend_for(gang.device)),  # listens on the node's IP only
         scaling_config=ScalingConfig(**gang.scaling(run)),
         run_config=RayRunConfig(name=name, storage_path=storage_path,
                                 failure_config=FailureConfig(max_failures=run.cluster.max_failures)),
