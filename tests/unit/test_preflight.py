@@ -114,20 +114,19 @@ def test_dashboard_url_suggests_ray_job_submit():
 
 
 def test_auto_address_without_a_cluster_on_this_node_fails_fast(monkeypatch, tmp_path):
-    from trainlab.launch import preflight as pf
-
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(pf, "RAY_CURRENT_CLUSTER", tmp_path / "absent")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where Ray looks for ray/ray_current_cluster
     with pytest.raises(ValueError, match=r"cluster.address='auto'.*ray start --head"):
         check_ray_address("auto", timeout_s=0.01)
 
 
-def test_auto_address_with_ray_address_set_is_left_to_ray(monkeypatch, tmp_path):
-    from trainlab.launch import preflight as pf
-
-    monkeypatch.setattr(pf, "RAY_CURRENT_CLUSTER", tmp_path / "absent")
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    check_ray_address("auto", timeout_s=0.01)
+def test_auto_address_with_ray_address_set_checks_that_address(monkeypatch, tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{server.getsockname()[1]}")
+        check_ray_address("auto", timeout_s=2)
 
 
 def test_a_listening_ray_address_passes():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from trainlab import names
 from trainlab.compare.summarize import TOLERANCE
+from trainlab.tracking.store_check import BOUNDED_HTTP, check_store, without_password
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,25 +74,46 @@ def _print_result(result) -> None:
                       markup=False)
 
 
+def _damaged(uri: str, why: str) -> str:
+    return (f"the MLflow store {without_password(uri)} is damaged past its schema ({why}); restore it from "
+            "a backup or pass --tracking-uri for another store")
+
+
 def main(argv: list[str]) -> None:
     """Run `trainlab compare` with argv (without the subcommand); exit 2 on a user error."""
     args = build_parser().parse_args(argv)
+    for k, v in BOUNDED_HTTP.items():  # a server that stops answering halfway: seconds, not minutes
+        os.environ.setdefault(k, v)
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import DatabaseError
 
     from trainlab.compare.compare_sweep import compare_sweep
     from trainlab.tracking.runs import resolve_tracking_uri
 
+    uri = ""
     try:
         if args.target_loss is not None and not math.isfinite(args.target_loss):
             raise ValueError(f"--target-loss must be a finite number, got {args.target_loss}")
+        if not 0 <= args.tolerance < math.inf:
+            raise ValueError(f"--tolerance must be a finite number >= 0 (a fraction of the baseline's val "
+                             f"loss, e.g. {TOLERANCE}), got {args.tolerance}")
+        uri = resolve_tracking_uri(args.tracking_uri)
+        field = "--tracking-uri" if args.tracking_uri else (
+            "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI")
+        check_store(uri, field=field, elsewhere="pass --tracking-uri for the store the sweep logged to")
         result = compare_sweep(
-            tracking_uri=resolve_tracking_uri(args.tracking_uri), sweep=args.sweep,
+            tracking_uri=uri, sweep=args.sweep,
             experiment=args.experiment, parent_run_id=args.parent, baseline=args.baseline,
             target_loss=args.target_loss, tolerance=args.tolerance, out_dir=args.out,
             log=not args.no_log, by_hardware=args.by_hardware)
     except (ValueError, MlflowException) as e:
         # user errors (bad selector, missing store, unknown baseline): a message, not a traceback
         message = e.message if isinstance(e, MlflowException) else str(e)
-        print(f"error: {message}", file=sys.stderr)
+        if isinstance(e, MlflowException) and "DatabaseError" in message:  # MLflow's wrap of SQLAlchemy's
+            message = _damaged(uri, message.splitlines()[0])
+        print(f"error: {message.splitlines()[0] if message else type(e).__name__}", file=sys.stderr)
+        sys.exit(2)
+    except DatabaseError as e:  # damage deeper in a sqlite store than its schema (see check_store)
+        print(f"error: {_damaged(uri, str(e.orig))}", file=sys.stderr)
         sys.exit(2)
     _print_result(result)

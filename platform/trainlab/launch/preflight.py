@@ -22,14 +22,23 @@ from trainlab.console import console
 from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
+from trainlab.launch.interfaces import check_listen_host
 from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.tracking.runs import local_store_path
+from trainlab.tracking.runs import local_store_path, resolve_tracking_uri
+from trainlab.tracking.store_check import check_sqlite_uri
 
+STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
-# written by `ray start` on a node while its cluster runs; how address="auto" finds it
-RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+
+
+def ray_address_file() -> Path:
+    """Where `ray start` records its cluster's GCS address on this node, and where Ray's
+    address='auto' reads it (ray._common.utils.get_ray_address_file): under $RAY_TMPDIR, else
+    $TMPDIR, else /tmp. A cluster killed rather than stopped leaves the file behind."""
+    base = os.environ["RAY_TMPDIR"] if "RAY_TMPDIR" in os.environ else os.environ.get("TMPDIR", "/tmp")
+    return Path(base) / "ray" / "ray_current_cluster"
 
 
 def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
@@ -38,16 +47,35 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
         check_data(run)
         check_module_names(run)
         check_layout(run)
-        if run.cluster.address:
-            check_ray_address(run.cluster.address, timeout_s=run.cluster.start_timeout_s)
+        check_cluster(run)
         device = check_device(run)
         if tracking_uri is not None:
             check_tracking_uri(tracking_uri)
+            check_sqlite_uri(tracking_uri, field="tracking.uri", elsewhere=STORE_ELSEWHERE)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for note in ignored_options(run):
         console.print(f"[yellow]warning:[/] {note}")
     return device
+
+
+def check_sweep_services(runs: list[RunConfig]) -> None:
+    """What a sweep's driver reaches before any trial's preflight: its Ray cluster and its
+    tracking store, each distinct one once, before the parent run opens or Ray starts."""
+    seen = set()
+    try:
+        for run in runs:
+            key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri)
+            if key in seen:
+                continue
+            seen.add(key)
+            check_cluster(run)
+            if run.tracking.name == "mlflow":
+                uri = resolve_tracking_uri(run.tracking.uri)
+                check_tracking_uri(uri)
+                check_sqlite_uri(uri, field="tracking.uri", elsewhere=STORE_ELSEWHERE)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_data(run: RunConfig) -> None:
@@ -148,40 +176,71 @@ def check_device(run: RunConfig) -> str:
     return device
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    if address == "auto":
-        return None
+def check_cluster(run: RunConfig) -> None:
+    """Where Ray will be: cluster.address answers within cluster.start_timeout_s, or a local
+    cluster's cluster.host is an address of this machine. Either would otherwise hang in ray.init."""
+    if run.cluster.address:
+        check_ray_address(run.cluster.address, timeout_s=run.cluster.start_timeout_s)
+    else:
+        check_listen_host(run.cluster.host)
+
+
+def _host_port(address: str, *, source: str) -> tuple[str, int]:
     parsed = urlparse(address if "://" in address else f"gcs://{address}")
     if parsed.scheme in ("http", "https"):
         raise ValueError(
-            f"cluster.address={address!r} is a dashboard/Jobs API URL; trainlab train joins "
+            f"{source} is a dashboard/Jobs API URL; trainlab train joins "
             f"the cluster's GCS: use HEAD:{DEFAULT_GCS_PORT} (or submit with `ray job submit "
             f"--address {address} -- trainlab train cluster=ray`)"
         )
-    port = parsed.port or (DEFAULT_CLIENT_PORT if parsed.scheme == "ray" else DEFAULT_GCS_PORT)
-    return parsed.hostname or "127.0.0.1", port
+    try:
+        port = parsed.port or (DEFAULT_CLIENT_PORT if parsed.scheme == "ray" else DEFAULT_GCS_PORT)
+    except ValueError:  # 'HEAD:abc', a port past 65535
+        port = None
+    host = parsed.hostname or "127.0.0.1"
+    if port is None or any(c.isspace() for c in address) or parsed.scheme not in ("gcs", "ray"):
+        raise ValueError(f"{source} is not a Ray address; give HEAD:{DEFAULT_GCS_PORT} (the head's GCS), "
+                         "ray://HEAD:10001, or auto (the cluster `ray start` runs on this node)")
+    return host, port
+
+
+def _auto_address() -> tuple[str, str]:
+    """What Ray's address='auto' joins, and where that came from: RAY_ADDRESS, else the address
+    `ray start` recorded on this node."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":  # Ray reads RAY_ADDRESS=auto as no address at all
+        return env, f"cluster.address='auto' (from RAY_ADDRESS={env!r})"
+    recorded = ray_address_file()
+    try:
+        address = recorded.read_text().strip()
+    except OSError:
+        address = ""
+    if not address:
+        raise ValueError(
+            "cluster.address='auto' but no Ray cluster runs on this node (no RAY_ADDRESS, "
+            f"no `ray start`: {recorded} is absent); start one with `ray start --head`, give "
+            "cluster.address=HEAD:6379, or use cluster=local")
+    return address, f"cluster.address='auto' (the cluster `ray start` recorded in {recorded}: {address!r})"
 
 
 def check_ray_address(address: str, *, timeout_s: float) -> None:
-    """Fail fast (not hang) when nothing listens at the Ray address."""
-    hp = _host_port(address)
-    if hp is None:  # 'auto': RAY_ADDRESS, or the cluster `ray start` recorded on this node
-        if not os.environ.get("RAY_ADDRESS") and not RAY_CURRENT_CLUSTER.exists():
-            raise ValueError(
-                "cluster.address='auto' but no Ray cluster runs on this node (no RAY_ADDRESS, "
-                "no `ray start`); start one with `ray start --head`, give cluster.address=HEAD:6379, "
-                "or use cluster=local"
-            )
-        return
-    host, port = hp
+    """Fail fast (not hang: ray.init retries for minutes) when nothing listens at the Ray
+    address, the one 'auto' stands for included; waits at most timeout_s."""
+    source = f"cluster.address={address!r}"
+    if address == "auto":
+        address, source = _auto_address()
+    host, port = _host_port(address, source=source)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
     except OSError as e:
+        why = f"no answer within cluster.start_timeout_s={timeout_s:g} s" if isinstance(e, TimeoutError) else (
+            e.strerror or str(e))
         raise ValueError(
-            f"cluster.address={address!r}: nothing answers at {host}:{port} ({e.strerror or e}); "
-            "start the head with `ray start --head`, fix the address, or leave cluster.address "
-            "empty (cluster=local) to start a cluster on this machine"
+            f"{source}: nothing answers at {host}:{port} ({why}); start the head with "
+            "`ray start --head` (a cluster killed without `ray stop` leaves its address behind), "
+            "fix the address, or leave cluster.address empty (cluster=local) to start a cluster "
+            "on this machine"
         ) from None
 
 

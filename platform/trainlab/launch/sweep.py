@@ -125,8 +125,11 @@ def _refuse_unplaceable(todo: list[Trial]) -> list[Trial]:
 
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
               max_concurrent_trials: int = 0, rerun: bool = False) -> list[JobReturn]:
+    from trainlab.launch.preflight import check_sweep_services
+
     try:
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
+        check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
