@@ -45,6 +45,41 @@ def runtime_env() -> dict:
     return {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
 
 
+DASHBOARD_TIMEOUT_S = 10.0
+"""How long the cluster's dashboard has to answer before `submit`, `status`, ... give up."""
+ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+"""Where the default --address comes from; Ray's client would let them override --address."""
+
+
+def check_address(address: str, *, field: str = "--address", timeout_s: float = DASHBOARD_TIMEOUT_S) -> None:
+    """The Jobs API answers at `address` (an http(s) URL) within timeout_s: Ray's client would
+    otherwise retry, wait on a TCP connect for minutes, or look a GCS address up by joining the
+    cluster. Any HTTP answer counts (a cluster with token authentication answers 401)."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlparse
+
+    parsed = urlparse(address)
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:  # not a number, or past 65535
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok or any(
+            c.isspace() for c in address):
+        raise ValueError(f"{field}={address!r} is not the URL of a Ray cluster's dashboard; give "
+                         "http://HEAD:8265 (the head node's dashboard, which serves the Jobs API)")
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + "/api/version", timeout=timeout_s) as r:
+            r.read()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        why = f"no answer within {timeout_s:g} s" if isinstance(reason, TimeoutError) else str(reason)
+        raise ValueError(f"{field}={address!r}: no Ray dashboard answers there ({why}); start the cluster "
+                         "(`ray start --head`, dashboard on port 8265) or fix the address") from None
+
+
 def _client(address: str):
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
@@ -52,8 +87,19 @@ def _client(address: str):
     try:
         return JobSubmissionClient(address)
     except AuthenticationError:
-        raise SystemExit(f"trainlab: the cluster at {address} requires a Ray auth token; set "
-                         "RAY_AUTH_TOKEN (or copy the head's ~/.ray/auth_token to this machine)") from None
+        raise ValueError(f"the cluster at {address} requires a Ray auth token; set RAY_AUTH_TOKEN (or copy "
+                         "the head's ~/.ray/auth_token to this machine)") from None
+
+
+def _known_job(client, job_id: str, address: str):
+    """The job's info; ValueError naming the job when the cluster has no such job."""
+    try:
+        return client.get_job_info(job_id)
+    except RuntimeError as e:
+        if "404" not in str(e):
+            raise
+        raise ValueError(f"no job {job_id!r} on the cluster at {address}; `ray job list --address "
+                         f"{address}` lists its jobs (ids look like raysubmit_...)") from None
 
 
 def follow(client, job_id: str) -> int:
@@ -83,18 +129,38 @@ def main(command: str, argv: list[str]) -> None:
     else:
         parser.add_argument("job_id")
     args = parser.parse_args(argv)
-    client = _client(args.address)
-    if command == "submit":
-        job_id = client.submit_job(entrypoint=entrypoint(args.overrides, multirun=args.multirun),
-                                   runtime_env=runtime_env())
-        print(f"submitted job {job_id} to {args.address}")
-        if not args.no_wait:
-            sys.exit(follow(client, job_id))
-    elif command == "status":
-        info = client.get_job_info(args.job_id)
-        print(f"job {args.job_id}: {info.status}" + (f" ({info.message})" if info.message else ""))
-    elif command == "logs":
-        sys.exit(follow(client, args.job_id))
-    elif command == "stop":
-        stopped = client.stop_job(args.job_id)
-        print(f"job {args.job_id}: {'stop requested' if stopped else 'already ended'}")
+    given = "--address" in argv or any(a.startswith("--address=") for a in argv)
+    field = "--address" if given else next((k for k in ADDRESS_ENV if os.environ.get(k)), "--address")
+    try:
+        if command == "submit":  # bad overrides stop here, not on the cluster after an upload
+            from trainlab.config.overrides import check_overrides
+
+            check_overrides([*(["-m"] if args.multirun else []), "cluster=ray", "cluster.address=auto",
+                             *args.overrides])
+        check_address(args.address, field=field)
+        for k in ADDRESS_ENV:  # the address just checked is the one Ray's client uses
+            os.environ.pop(k, None)
+        client = _client(args.address)
+        if command != "submit":
+            info = _known_job(client, args.job_id, args.address)
+    except ValueError as e:  # ConfigError (bad overrides) included
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        if command == "submit":
+            job_id = client.submit_job(entrypoint=entrypoint(args.overrides, multirun=args.multirun),
+                                       runtime_env=runtime_env())
+            print(f"submitted job {job_id} to {args.address}")
+            if not args.no_wait:
+                sys.exit(follow(client, job_id))
+        elif command == "status":
+            print(f"job {args.job_id}: {info.status}" + (f" ({info.message})" if info.message else ""))
+        elif command == "logs":
+            sys.exit(follow(client, args.job_id))
+        elif command == "stop":
+            stopped = client.stop_job(args.job_id)
+            print(f"job {args.job_id}: {'stop requested' if stopped else 'already ended'}")
+    except (RuntimeError, ConnectionError) as e:  # the cluster answered, then refused or went away
+        print(f"error: the cluster at {args.address} failed `trainlab {command}`: {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        sys.exit(1)
