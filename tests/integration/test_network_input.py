@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow]  # 19 CLI runs, 3 at a time: ~1 min on 2 idle cores
+
 LIMIT_S = 60
 """A command still running after this long hangs (each check waits at most 10 s)."""
 TINY = ["model=tiny", "train.max_steps=2", "train.seq_len=32", "train.global_batch_size=4",

@@ -16,7 +16,8 @@ import ray
 from ray.train.torch.config import TorchConfig, _TorchBackend
 
 _store: dict = {}
-"""Rank 0's TCPStore server ('store'), alive for as long as its process group."""
+"""Rank 0's TCPStore server ('store'), alive as long as its worker process: Ray Train ends the
+workers with the group (shutting it down through a call to a rank that may hang is no safer)."""
 
 
 def _pin() -> dict[str, str]:
@@ -40,10 +41,6 @@ def _join(*, backend: str, world_rank: int, world_size: int, addr: str, port: in
                timeout_s=timeout_s, store=_store.get("store") if world_rank == 0 else None)
 
 
-def _close_store() -> None:
-    _store.clear()
-
-
 class _BoundTorchBackend(_TorchBackend):
     def on_start(self, worker_group, backend_config: TorchConfig) -> None:
         from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
@@ -59,13 +56,6 @@ class _BoundTorchBackend(_TorchBackend):
                                                    world_size=n, addr=addr, port=port,
                                                    timeout_s=backend_config.timeout_s)
                  for i in range(n)])
-
-    def on_shutdown(self, worker_group, backend_config) -> None:
-        super().on_shutdown(worker_group, backend_config)  # destroys the process group
-        try:
-            worker_group.execute_single(0, _close_store)
-        except Exception:  # rank 0 is gone, and its store with it
-            pass
 
 
 class BoundTorchConfig(TorchConfig):
