@@ -53,7 +53,9 @@ class Cluster:
     def _start(self, env: dict, *args: str) -> str:
         temp_dir = tempfile.mkdtemp(prefix="tle", dir="/tmp")  # short: Ray's socket paths
         self.dirs.append(temp_dir)
-        subprocess.run([RAY, "start", "--temp-dir", temp_dir, "--num-cpus", "1", "--disable-usage-stats",
+        # --node-ip-address: on loopback, else Ray picks the machine's routable address
+        subprocess.run([RAY, "start", "--temp-dir", temp_dir, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                        "--disable-usage-stats",
                         "--dashboard-agent-listen-port", str(free_port()), *args],
                        env=self.env | env, check=True, capture_output=True, timeout=120)
         return temp_dir

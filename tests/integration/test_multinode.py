@@ -30,7 +30,8 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 def _ray_start(env: dict, temp_dir: str, *args: str, gpu_type: str) -> None:
     subprocess.run(
-        [RAY, "start", "--temp-dir", temp_dir, "--num-cpus", "2", "--num-gpus", "2",
+        # --node-ip-address: on loopback, else Ray picks the machine's routable address
+        [RAY, "start", "--temp-dir", temp_dir, "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "2",
          "--resources", json.dumps({f"accelerator_type:{gpu_type}": 1}),
          "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats", *args],
         env=env, check=True, capture_output=True, timeout=120)
