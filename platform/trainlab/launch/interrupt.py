@@ -230,3 +230,13 @@ def say_stopped(run, *, step: int, root, tracked: bool) -> None:
     else:
         how = f"stopped before it could save; {again} to resume from step {ckpt.step}"
     print(f"interrupted by {it.name} at step {step} of {run.train.max_steps}: {how}", file=sys.stderr, flush=True)
+
+
+def say_sweep_stopped(trials, *, signum: int) -> None:
+    """The line an interrupted sweep ends with (launch.sweep's trials)."""
+    from trainlab import names
+
+    stopped = sum(t.status == names.STATUS_PREEMPTED for t in trials)
+    waiting = sum(t.status == "pending" for t in trials)
+    print(f"interrupted by {signal.Signals(signum).name}: {stopped} trials stopped (runs KILLED), {waiting} not "
+          "started; run the same command to resume them (finished trials are skipped)", file=sys.stderr, flush=True)
