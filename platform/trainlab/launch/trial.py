@@ -63,7 +63,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
                                             root=root, resuming=resuming, parent_run_id=parent_run_id)
     if found is not None and show_progress:
         console.print(f"resuming trial {default_run_name(run)} from step {found.step} of its run {trial.run_id} "
-                      f"(checkpoint {found.root}); train.resume=never starts over")
+                      f"(checkpoint {found.root}); train.resume=never starts over", soft_wrap=True)
     options = tracker_options(run)  # its spill file is the writer's and this close's, for an outage
     spill = options["spill_path"]
     mlflow_payload = None if trial is None else {
