@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> None:
 
     token_mode()  # before anything imports ray
     if command == "train":
-        from trainlab import train
-
         sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
         try:
+            from trainlab import train
+
             train.main()
         except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
             from trainlab.launch.interrupt import release_cluster

@@ -216,20 +216,34 @@ def release_cluster() -> None:
     psutil.wait_procs(alive, timeout=RELEASE_TIMEOUT_S)
 
 
-def say_stopped(run, *, step: int, root, tracked: bool) -> None:
-    """The one line an interrupted trial ends with: where it stopped and how it goes on."""
+def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
+    """The one line an interrupted trial ends with: where it stopped and how it goes on.
+    `at_once`: the gang was let go without its last checkpoint (`step` is the last it reported;
+    it may have trained a few more until Ray's shutdown ended it)."""
     from trainlab.engine.checkpoint import latest_checkpoint
 
-    it = current()
     ckpt = latest_checkpoint(root)
     again = "run the same command" if tracked else f"add train.resume={root}"
     if ckpt is None:
         how = f"no checkpoint yet: {'the same command' if tracked else 'a rerun'} starts over"
-    elif ckpt.step == step:
+    elif ckpt.step == step and not at_once:
         how = f"checkpoint saved; {again} to resume (train.resume=never starts over)"
     else:
-        how = f"stopped before it could save; {again} to resume from step {ckpt.step}"
-    print(f"interrupted by {it.name} at step {step} of {run.train.max_steps}: {how}", file=sys.stderr, flush=True)
+        how = f"{again} to resume from its checkpoint of step {ckpt.step}"
+    when = f"at step {step} of {run.train.max_steps}"
+    if at_once:
+        when = f"after step {step} of {run.train.max_steps} (stopped at once)" if step else "before its first step"
+    print(f"interrupted by {current().name} {when}: {how}", file=sys.stderr, flush=True)
+
+
+def before_start(tracking_uri: str | None):
+    """The outcome of a trial interrupted before it opened its run (launch.trial)."""
+    from trainlab import names
+    from trainlab.launch.trial import TrialOutcome
+
+    print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)
+    return TrialOutcome(status=names.STATUS_PREEMPTED, result=None, run_id=None, tracking_uri=tracking_uri,
+                        interrupted=current().signum)
 
 
 def say_sweep_stopped(trials, *, signum: int) -> None:

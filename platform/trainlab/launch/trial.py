@@ -54,6 +54,8 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
         raise ConfigError(str(e)) from None
     gang = plan(run, device)
+    if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
+        return interrupt.before_start(uri)
     out_dir = Path(run.output_dir or ".").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -110,7 +112,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         print_summary(run, outcome, out_dir)
         if outcome.interrupted:
             interrupt.say_stopped(run, step=(result or {}).get("steps", last_step[0]), root=root,
-                                  tracked=trial is not None)
+                                  tracked=trial is not None, at_once=result is None)
     return outcome
 
 
