@@ -4,12 +4,16 @@ their MLflow runs as KILLED (trial status `preempted`), leave nothing running.
 The first signal asks: each trial's gang saves a checkpoint at the end of its current step
 and stops (engine.preemption; the workers run in Ray's threads, which cannot take signals,
 so the driver raises a flag in a small actor that rank 0 polls); a gang still waiting for
-its workers, or that has not trained a step yet, has nothing to save and is let go at once.
-A second signal, or STOP_GRACE_S without an answer, stops at once: the latest periodic
-checkpoint is then where the trial resumes. Either way the same command resumes the trial
-(launch.trial finds it by its config hash). The handlers live from the start of the trials to
-their end; before that (composing, starting Ray) Ctrl-C is Python's KeyboardInterrupt,
-which the CLI turns into one line and exit 130.
+its workers or building its model has nothing to save and is let go at once. A second
+signal, or STOP_GRACE_S without an answer, stops at once: the latest periodic checkpoint is
+then where the trial resumes. Either way the same command resumes the trial (launch.trial
+finds it by its config hash). The command exits 128 + the signal's number after Ray's
+processes it started have ended (release_cluster).
+
+The handlers are taken before a trial's checks and Ray's start (a signal then ends the
+command before any run is opened) and given back when its trials end; before that (Hydra
+composing the config) Ctrl-C is Python's KeyboardInterrupt, which the CLI turns into one line
+and exit 130.
 """
 
 from __future__ import annotations
@@ -49,11 +53,6 @@ class DriverInterrupt:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
-
-    @property
-    def exit_code(self) -> int:
-        """The shell's convention for a process ended by a signal: 128 + its number."""
-        return 128 + (self.signum or signal.SIGINT)
 
     def _on_signal(self, signum, frame) -> None:
         if self.signum is None:
@@ -177,6 +176,7 @@ def follow_stop_flag(flag) -> threading.Event:
     """In a worker: poll the driver's flag and stop this process's trainer when it is raised;
     set the returned event to end the polling."""
     import ray
+    from ray.exceptions import GetTimeoutError
 
     from trainlab.engine.preemption import stop_from_outside
 
@@ -186,6 +186,8 @@ def follow_stop_flag(flag) -> threading.Event:
         while not done.wait(POLL_S):
             try:
                 raised = ray.get(flag.get.remote(), timeout=10 * POLL_S)
+            except GetTimeoutError:  # a busy machine: ask again
+                continue
             except Exception:  # the driver (and its actor) is gone: Ray ends this worker too
                 return
             if raised:
