@@ -31,10 +31,17 @@ def main(argv: list[str] | None = None) -> None:
 
     token_mode()  # before anything imports ray
     if command == "train":
-        from trainlab import train
-
         sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
-        train.main()
+        try:
+            from trainlab import train
+
+            train.main()
+        except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
+            from trainlab.launch.interrupt import release_cluster
+
+            release_cluster()
+            print("interrupted before training started", file=sys.stderr)
+            sys.exit(130)
     elif command == "compare":
         from trainlab.compare import main as compare_main
 

@@ -92,12 +92,17 @@ def app(cfg: DictConfig) -> float | None:
         if under_torchrun():
             result = run_engine_here(run)
             return result.final_val_loss
+        from trainlab.launch.interrupt import interruptible, release_cluster
         from trainlab.launch.trial import train
 
-        outcome = train(run)
+        with interruptible():  # Ctrl-C / SIGTERM: stop after a checkpoint, end the run KILLED
+            outcome = train(run)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    if outcome.interrupted:  # nothing of the trial outlives the command
+        release_cluster()
+        sys.exit(128 + outcome.interrupted)
     if outcome.status == names.STATUS_FAILED:
         sys.exit(1)
     return outcome.result["final_val_loss"] if outcome.result else None

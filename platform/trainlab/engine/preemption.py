@@ -7,6 +7,10 @@ where it is not (Ray Train runs the loop in a thread, and Ray restarts lost work
 nothing is installed and no collective is spent. The handler lives from the trainer's
 construction to the end of its train(): after that SIGTERM does what it did before (stops a
 bench between its loops, ends the process), instead of setting a flag nobody reads.
+
+A launcher whose workers cannot take signals (Ray) asks from outside instead: it calls
+listen_outside() in each worker before the trainer is built, which arms the vote there too,
+and stop_from_outside() (from any thread) when the driver was interrupted.
 """
 
 from __future__ import annotations
@@ -17,35 +21,56 @@ import threading
 import torch
 import torch.distributed as dist
 
+_outside = threading.Event()
+"""Set by stop_from_outside(): every armed Preemption of this process votes to stop."""
+_listening = False
+
+
+def listen_outside() -> None:
+    """Arm every Preemption made after this in this process, on any thread (every rank of a
+    gang calls it, so all take part in the per-step vote), and clear an earlier request."""
+    global _listening
+    _listening = True
+    _outside.clear()
+
+
+def stop_from_outside() -> None:
+    """Ask this process's trainer to stop after its current step, with a checkpoint."""
+    _outside.set()
+
 
 class Preemption:
     def __init__(self) -> None:
         self._asked = False
         self._group: dist.ProcessGroup | None = None
-        self.armed = threading.current_thread() is threading.main_thread()
-        if self.armed:
+        self._handles_signal = threading.current_thread() is threading.main_thread()
+        self.armed = self._handles_signal or _listening
+        if self._handles_signal:
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         self._asked = True
 
     def requested(self) -> bool:
-        """Whether any rank got SIGTERM (a collective when armed: every rank calls it per step)."""
+        """Whether any rank got SIGTERM or a stop_from_outside() (a collective when armed: every
+        rank calls it per step)."""
         if not self.armed:
             return False
+        asked = self._asked or _outside.is_set()
         if not dist.is_initialized() or dist.get_world_size() == 1:
-            return self._asked
+            return asked
         # a host flag on a gloo group: reading a flag all-reduced by NCCL would wait for the
         # GPU's whole queue every step (the first call makes the group, on every rank at once)
         if self._group is None and "gloo" not in dist.get_backend():
             self._group = dist.new_group(backend="gloo")
-        flag = torch.tensor([float(self._asked)])
+        flag = torch.tensor([float(asked)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
 
     def close(self) -> None:
         """Give SIGTERM back to whatever handled it before."""
-        if self.armed:
+        if self._handles_signal:
             # None: the previous handler was not set from Python; the default is the closest
             signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-            self.armed = False
+            self._handles_signal = False
+        self.armed = False

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from trainlab.config import RunConfig
 from trainlab.config.validate import elastic_range
+from trainlab.launch.interrupt import GangStop, follow_stop_flag, rearm, stop_flag
 from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
 
 _RAY_TRAIN_ENV = {
@@ -60,6 +61,7 @@ def connect(run: RunConfig) -> None:
     # errors with tracebacks) comes back through the event queue and Ray Train's exception
     if run.cluster.address:
         ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=False)
+        rearm()  # ray.init set its own SIGTERM handler: the driver's stops trials after a checkpoint
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
     context = ray.init(
@@ -67,6 +69,7 @@ def connect(run: RunConfig) -> None:
         num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
         include_dashboard=True, runtime_env=runtime_env, log_to_driver=False, **node,
     )
+    rearm()
     node_ip = context.address_info.get("node_ip_address", "")
     if is_loopback(run.cluster.host) and not is_loopback(node_ip):
         from trainlab.console import console
@@ -122,6 +125,7 @@ def _worker(payload: dict) -> None:
     import ray.train
 
     from trainlab.config import from_dict
+    from trainlab.engine.preemption import listen_outside
     from trainlab.engine.run import run_trial
 
     ctx = ray.train.get_context()
@@ -135,8 +139,14 @@ def _worker(payload: dict) -> None:
         except Exception:  # a full or gone queue must never stop training
             pass
 
-    result = run_trial(run, tracker_factory=_tracker_factory(payload), local_rank=ctx.get_local_rank(),
-                       progress=progress if rank0 else None, where=_where(run))
+    listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
+    polling = follow_stop_flag(payload["stop"]) if rank0 else None
+    try:
+        result = run_trial(run, tracker_factory=_tracker_factory(payload), local_rank=ctx.get_local_rank(),
+                           progress=progress if rank0 else None, where=_where(run))
+    finally:
+        if polling is not None:
+            polling.set()
     if rank0:
         events.put({"kind": "result", "result": dataclasses.asdict(result)})
 
@@ -177,7 +187,8 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
                mlflow_run: dict | None, on_event) -> dict | None:
     """Run one trial as a Ray Train gang; returns rank 0's result dict (None if it never came).
 
-    Raises the Ray Train error if a worker failed.
+    Raises the Ray Train error if a worker failed. Interrupted (launch.interrupt), the gang
+    stops after a checkpoint (rank 0's result says `preempted`), or is let go (None).
     """
     connect(run)  # before Ray is imported (see plan_gang)
     import ray
@@ -195,8 +206,9 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    stop = GangStop(stop_flag(scheduling_strategy=here))
     payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
-               "output_dir": run.output_dir}
+               "output_dir": run.output_dir, "stop": stop.flag}
     trainer = TorchTrainer(
         _worker,
         train_loop_config=payload,
@@ -216,7 +228,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
     thread.start()
     result = None
-    while True:
+    while not stop.give_up():
         try:
             event = events.get(timeout=0.5)
         except (std_queue.Empty, QueueEmpty):
@@ -226,9 +238,13 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
         if event.get("kind") == "result":
             result = event["result"]
         else:
+            stop.saw(event)
             on_event(event)
+    if stop.abandoned:  # the driver's release of the cluster ends the gang
+        return result
     thread.join()
     ray.kill(events.actor)
+    ray.kill(stop.flag)
     if "error" in outcome:
         raise outcome["error"]
     return result

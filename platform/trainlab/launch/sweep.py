@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
 from trainlab.console import SweepProgress, console, fmt, status_text
+from trainlab.launch import interrupt
 
 
 @dataclass
@@ -137,6 +138,10 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
                             sweeper_params=OmegaConf.to_container(
                                 config.hydra.sweeper.get("params") or OmegaConf.create()))
     _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
+    if outcome.interrupted:  # its trials' runs and the parent ended KILLED; nothing outlives the command
+        interrupt.say_sweep_stopped(trials, signum=outcome.interrupted)
+        interrupt.release_cluster()
+        sys.exit(128 + outcome.interrupted)
     for t in trials:
         t.job_return.return_value = (t.result or {}).get("final_val_loss", t.extra.get("val_loss"))
     failed = [t for t in trials if t.status == names.STATUS_FAILED]
@@ -153,6 +158,8 @@ class SweepOutcome:
     concurrency: int
     parent_run_id: str | None
     ran: list[Trial]
+    interrupted: int = 0
+    """The signal (SIGINT, SIGTERM) that stopped the sweep; 0 if none did."""
 
 
 def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun: bool = False,
@@ -206,9 +213,10 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                       + ", ".join(f"#{t.idx} {t.label}" for t in resumed))
     sweep_t0 = time.perf_counter()
     limit = 0
-    if todo:
-        limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
-                            max_concurrent=max_concurrent_trials)
+    with interrupt.interruptible() as stop:  # Ctrl-C / SIGTERM: each running trial stops after a checkpoint
+        if todo:
+            limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
+                                max_concurrent=max_concurrent_trials)
     wall = time.perf_counter() - sweep_t0
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
@@ -216,9 +224,10 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         from trainlab.tracking.sweep_runs import close_sweep_parent
 
         failed = any(t.status == names.STATUS_FAILED for t in trials)
-        close_sweep_parent(tracking_uri=uri, parent_run_id=parent_id, summary_md=table_md,
-                           status=names.STATUS_FAILED if failed else names.STATUS_FINISHED)
-    return SweepOutcome(wall_s=wall, concurrency=limit, parent_run_id=parent_id, ran=todo)
+        status = names.STATUS_PREEMPTED if stop.signum else names.STATUS_FAILED if failed else names.STATUS_FINISHED
+        close_sweep_parent(tracking_uri=uri, parent_run_id=parent_id, summary_md=table_md, status=status)
+    return SweepOutcome(wall_s=wall, concurrency=limit, parent_run_id=parent_id, ran=todo,
+                        interrupted=stop.signum or 0)
 
 
 def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -> None:
@@ -257,6 +266,9 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
             elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
                 progress.note(name, event["message"])
 
+        if interrupt.current().signum:  # interrupted before its turn: left for the rerun
+            t.error = "not started: the sweep was interrupted"
+            return
         t.submitted_at = time.perf_counter()
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}

@@ -12,8 +12,9 @@ from trainlab import names
 from trainlab.config import ConfigError, RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.engine.checkpoint import CheckpointError, checkpoint_root, resolve_resume
+from trainlab.launch import interrupt
 from trainlab.launch.preflight import preflight
-from trainlab.tracking.resume import open_or_resume_trial_run
+from trainlab.tracking.resume import open_or_resume_trial_run, unfinished_trial
 from trainlab.tracking.runs import (
     TrialRun,
     close_trial_run,
@@ -34,6 +35,8 @@ class TrialOutcome:
     run_id: str | None
     tracking_uri: str | None
     error: str = ""
+    interrupted: int = 0
+    """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
@@ -42,7 +45,8 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
-    root = checkpoint_root(run)
+    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
+    root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
     try:
         # integrity only: the config check is the worker's, whose run has cluster.device resolved
@@ -50,6 +54,8 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
         raise ConfigError(str(e)) from None
     gang = plan(run, device)
+    if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
+        return interrupt.before_start(uri)
     out_dir = Path(run.output_dir or ".").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -57,6 +63,9 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if uses_mlflow:
         trial, _ = open_or_resume_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
                                             root=root, resuming=resuming, parent_run_id=parent_run_id)
+    if found is not None and show_progress:
+        console.print(f"resuming trial {default_run_name(run)} from step {found.step} of its run {trial.run_id} "
+                      f"(checkpoint {found.root}); train.resume=never starts over", soft_wrap=True)
     options = tracker_options(run)  # its spill file is the writer's and this close's, for an outage
     spill = options["spill_path"]
     mlflow_payload = None if trial is None else {
@@ -67,7 +76,10 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     progress = ProgressLine(description=default_run_name(run)) if show_progress else None
 
+    last_step = [0]
+
     def events(event: dict) -> None:
+        last_step[0] = event.get("step", last_step[0])
         if progress is not None:
             progress(event)
         if on_event is not None:
@@ -78,7 +90,9 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         result = run_on_ray(run, gang=gang, storage_path=str(out_dir / "ray"),
                             name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
         status = result["status"] if result else names.STATUS_FAILED
-        if result is None:
+        if result is None and interrupt.current().signum:  # let go before it could save
+            status = names.STATUS_PREEMPTED
+        elif result is None:
             error = "the workers ended without reporting a result"
     except Exception as e:  # a worker failed: record it, never lose the run
         status = names.STATUS_FAILED
@@ -92,8 +106,13 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
                            tracking_uri=uri, error=error)
+    if status == names.STATUS_PREEMPTED and interrupt.current().signum:
+        outcome.interrupted = interrupt.current().signum
     if show_progress:
         print_summary(run, outcome, out_dir)
+        if outcome.interrupted:
+            interrupt.say_stopped(run, step=(result or {}).get("steps", last_step[0]), root=root,
+                                  tracked=trial is not None, at_once=result is None)
     return outcome
 
 

@@ -5,11 +5,13 @@ when it opens the run. When a trial starts from a checkpoint (a rerun of its swe
 `trainlab train ... train.resume=PATH`), the run named there is reopened, if it is in the
 same store, and the rest of the trial's steps land in it; the tracker then drops the steps
 the run already has (MlflowTracker(resume=True)), so the curve has no gap and no duplicates.
+A single trial stopped before its end is found again by its config hash (find_unfinished_trial).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainlab import names
@@ -66,3 +68,56 @@ def open_or_resume_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[st
                                tags={**tags, names.TAG_CHECKPOINT_DIR: str(root)}, parent_run_id=parent_run_id)
     record_trial(root, trial)
     return trial, reopened
+
+
+@dataclass(frozen=True)
+class UnfinishedTrial:
+    """A trial of the same config that stopped before its end, and where it goes on from."""
+
+    run_id: str
+    root: Path
+    """Its checkpoint folder (the run's checkpoint_dir tag)."""
+    step: int
+    """The step of its latest complete checkpoint."""
+
+
+def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTrial | None:
+    """The newest run of a single trial (not a sweep's) of this config (by its config hash) in
+    the experiment that stopped before its end (interrupted, failed, its driver killed) and left
+    a complete checkpoint: `trainlab train ...` run again goes on from there, in that run,
+    though Hydra gives each command a new output folder. A sweep finds its own trials by its
+    parent run (tracking.sweep_runs)."""
+    from mlflow.tracking import MlflowClient
+
+    from trainlab.config import config_hash
+    from trainlab.engine.checkpoint import latest_checkpoint
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(run.tracking.experiment)
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.{names.TAG_CONFIG_HASH} = '{config_hash(run)}'",
+                               max_results=100, order_by=["attributes.start_time DESC"])
+    for r in found:
+        tags = r.data.tags
+        if names.TAG_PARENT_RUN_ID in tags or tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED,
+                                                                              names.STATUS_DIVERGED):
+            continue
+        root = Path(tags.get(names.TAG_CHECKPOINT_DIR, ""))
+        ckpt = latest_checkpoint(root) if root.is_absolute() else None
+        if ckpt is not None:
+            return UnfinishedTrial(run_id=r.info.run_id, root=root, step=ckpt.step)
+    return None
+
+
+def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | None) -> UnfinishedTrial | None:
+    """find_unfinished_trial where the trial would otherwise start afresh: a single trial (a
+    sweep's parent finds its own) with train.resume=auto, no train.checkpoint_dir (an explicit
+    folder is resumed from as it is) and no checkpoint in its own default folder."""
+    from trainlab.engine.checkpoint import checkpoint_root, latest_checkpoint
+
+    if parent_run_id or run.train.checkpoint_dir or run.train.resume != "auto":
+        return None
+    if latest_checkpoint(checkpoint_root(run)) is not None:  # a fixed output_dir: resumed from there
+        return None
+    return find_unfinished_trial(run, tracking_uri=tracking_uri)

@@ -86,10 +86,12 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
 
 
 def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, summary_md: str) -> None:
+    from trainlab.tracking.runs import mlflow_status
+
     client = _client(tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trials.md"
         path.write_text(summary_md)
         client.log_artifact(parent_run_id, str(path), artifact_path=names.ARTIFACT_SWEEP_DIR)
     client.set_tag(parent_run_id, names.TAG_STATUS, status)
-    client.set_terminated(parent_run_id, status="FAILED" if status == names.STATUS_FAILED else "FINISHED")
+    client.set_terminated(parent_run_id, status=mlflow_status(status))  # an interrupted sweep: KILLED

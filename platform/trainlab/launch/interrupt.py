@@ -1,0 +1,258 @@
+"""Ctrl-C (SIGINT) or SIGTERM on the driver: stop the running trials after a checkpoint, end
+their MLflow runs as KILLED (trial status `preempted`), leave nothing running.
+
+The first signal asks: each trial's gang saves a checkpoint at the end of its current step
+and stops (engine.preemption; the workers run in Ray's threads, which cannot take signals,
+so the driver raises a flag in a small actor that rank 0 polls); a gang still waiting for
+its workers or building its model has nothing to save and is let go at once. A second
+signal, or STOP_GRACE_S without an answer, stops at once: the latest periodic checkpoint is
+then where the trial resumes. Either way the same command resumes the trial (launch.trial
+finds it by its config hash). The command exits 128 + the signal's number after Ray's
+processes it started have ended (release_cluster).
+
+The handlers are taken before a trial's checks and Ray's start (a signal then ends the
+command before any run is opened) and given back when its trials end; before that (Hydra
+composing the config) Ctrl-C is Python's KeyboardInterrupt, which the CLI turns into one line
+and exit 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from typing import Iterator
+
+STOP_GRACE_S = 120.0
+"""After the first signal, how long the driver waits for the gangs to save and stop before it
+stops them at once (a second signal does that sooner)."""
+POLL_S = 0.5
+"""How often rank 0 asks the driver's flag whether to stop (one small actor call)."""
+RELEASE_TIMEOUT_S = 10.0
+"""After Ray's shutdown, how long the driver waits for the processes it started to end
+before it kills them."""
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DriverInterrupt:
+    """The driver's record of SIGINT / SIGTERM: the first sets `signum`, the second `forced`.
+
+    The handler only sets fields (it may run while the main thread is inside Ray or MLflow):
+    the loops that wait on the trials read them and act."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.forced = False
+        self._previous: dict[int, object] = {}
+        self._announced = threading.Lock()
+        self._said = False
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        else:
+            self.forced = True
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (main thread only; again after ray.init, which sets its own
+        SIGTERM handler)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in _SIGNALS:
+            current = signal.getsignal(s)
+            if current != self._on_signal:
+                self._previous.setdefault(s, current)
+                signal.signal(s, self._on_signal)
+
+    def restore(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s, previous in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+
+    def announce(self) -> None:
+        """Say once, on the first signal, what happens now."""
+        with self._announced:
+            if self._said:
+                return
+            self._said = True
+        print(f"{self.name}: stopping each running trial after a checkpoint at its next step (at most "
+              f"{STOP_GRACE_S:.0f} s); {self.name} again stops at once", file=sys.stderr, flush=True)
+
+
+_active: DriverInterrupt | None = None
+_INERT = DriverInterrupt()  # never signalled: trials run where no handler could be installed
+
+
+def current() -> DriverInterrupt:
+    """The interrupt of the trials running now (an inert one outside `interruptible`)."""
+    return _active or _INERT
+
+
+def rearm() -> None:
+    """Put the handlers back after something replaced them (ray.init's SIGTERM handler)."""
+    if _active is not None:
+        _active.install()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[DriverInterrupt]:
+    """SIGINT / SIGTERM as a request to stop the trials run inside (see the module docstring);
+    nested uses share the outer one (a sweep's trials)."""
+    global _active
+    if _active is not None:
+        yield _active
+        return
+    _active = DriverInterrupt()
+    _active.install()
+    try:
+        yield _active
+    finally:
+        _active.restore()
+        _active = None
+
+
+# -- one trial's gang -----------------------------------------------------------------------
+def stop_flag(**actor_options):
+    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class StopFlag:
+        def __init__(self) -> None:
+            self.raised = False
+
+        def raise_(self) -> None:
+            self.raised = True
+
+        def get(self) -> bool:
+            return self.raised
+
+    return StopFlag.options(**actor_options).remote()
+
+
+class GangStop:
+    """The driver's side of stopping one trial's gang, checked between progress events."""
+
+    def __init__(self, flag, interrupt: DriverInterrupt | None = None) -> None:
+        self.flag = flag
+        self.interrupt = interrupt or current()
+        self.training = False
+        """The gang reported its start: it has a step's state worth a checkpoint."""
+        self.asked_at: float | None = None
+        self.abandoned = False
+        """The driver stopped waiting for the gang; Ray's shutdown ends it."""
+
+    def saw(self, event: dict) -> None:
+        if event.get("kind") in ("start", "step"):
+            self.training = True
+
+    def give_up(self) -> bool:
+        """Whether to stop waiting for the gang now (asking it to stop on the first look)."""
+        it = self.interrupt
+        if it.signum is None:
+            return False
+        if self.asked_at is None:
+            it.announce()
+            self.asked_at = time.monotonic()
+            self.flag.raise_.remote()
+            if not self.training:  # waiting for workers or building: nothing to save
+                self.abandoned = True
+                return True
+        if it.forced or time.monotonic() - self.asked_at > STOP_GRACE_S:
+            self.abandoned = True
+        return self.abandoned
+
+
+def follow_stop_flag(flag) -> threading.Event:
+    """In a worker: poll the driver's flag and stop this process's trainer when it is raised;
+    set the returned event to end the polling."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    from trainlab.engine.preemption import stop_from_outside
+
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(POLL_S):
+            try:
+                raised = ray.get(flag.get.remote(), timeout=10 * POLL_S)
+            except GetTimeoutError:  # a busy machine: ask again
+                continue
+            except Exception:  # the driver (and its actor) is gone: Ray ends this worker too
+                return
+            if raised:
+                stop_from_outside()
+                return
+
+    threading.Thread(target=poll, name="trainlab-stop-flag", daemon=True).start()
+    return done
+
+
+# -- the end ------------------------------------------------------------------------------
+def release_cluster() -> None:
+    """Disconnect from Ray and wait until every process this driver started (a local cluster's
+    services, its workers, their MLflow writers; none when it joined a cluster) has ended,
+    killing what is left after RELEASE_TIMEOUT_S, so nothing outlives the command."""
+    import psutil
+
+    started = psutil.Process().children(recursive=True)  # now: a worker's writer is orphaned once it ends
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    _, alive = psutil.wait_procs(started, timeout=RELEASE_TIMEOUT_S)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=RELEASE_TIMEOUT_S)
+
+
+def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
+    """The one line an interrupted trial ends with: where it stopped and how it goes on.
+    `at_once`: the gang was let go without its last checkpoint (`step` is the last it reported;
+    it may have trained a few more until Ray's shutdown ended it)."""
+    from trainlab.engine.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(root)
+    again = "run the same command" if tracked else f"add train.resume={root}"
+    if ckpt is None:
+        how = f"no checkpoint yet: {'the same command' if tracked else 'a rerun'} starts over"
+    elif ckpt.step == step and not at_once:
+        how = f"checkpoint saved; {again} to resume" + (" (train.resume=never starts over)" if tracked else "")
+    else:
+        how = f"{again} to resume from its checkpoint of step {ckpt.step}"
+    when = f"at step {step} of {run.train.max_steps}"
+    if at_once:
+        when = f"after step {step} of {run.train.max_steps} (stopped at once)" if step else "before its first step"
+    print(f"interrupted by {current().name} {when}: {how}", file=sys.stderr, flush=True)
+
+
+def before_start(tracking_uri: str | None):
+    """The outcome of a trial interrupted before it opened its run (launch.trial)."""
+    from trainlab import names
+    from trainlab.launch.trial import TrialOutcome
+
+    print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)
+    return TrialOutcome(status=names.STATUS_PREEMPTED, result=None, run_id=None, tracking_uri=tracking_uri,
+                        interrupted=current().signum)
+
+
+def say_sweep_stopped(trials, *, signum: int) -> None:
+    """The line an interrupted sweep ends with (launch.sweep's trials)."""
+    from trainlab import names
+
+    stopped = sum(t.status == names.STATUS_PREEMPTED for t in trials)
+    waiting = sum(t.status == "pending" for t in trials)
+    print(f"interrupted by {signal.Signals(signum).name}: {stopped} trials stopped (runs KILLED), {waiting} not "
+          "started; run the same command to resume them (finished trials are skipped)", file=sys.stderr, flush=True)

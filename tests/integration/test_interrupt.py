@@ -1,0 +1,171 @@
+"""Ctrl-C and SIGTERM on the driver, through the real CLI (`python -m trainlab.cli train ...` in a
+subprocess, a real local Ray cluster, a real sqlite MLflow store in the working folder, as a user
+runs it): the trial stops after a checkpoint, its run ends KILLED (status preempted) at its last
+step, the command says so in one line and exits 128 + the signal, and nothing it started
+outlives it. The same command again resumes the trial in the same run, though Hydra gives it
+a new output folder. A sweep interrupted the same way ends its running trials and its parent
+KILLED and leaves the trials it had not started for the rerun.
+
+The trials are sized never to finish (max_steps=100000): each command is stopped by a signal
+once it has written a checkpoint, so no timing decides what is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from trainlab import names
+
+pytestmark = pytest.mark.ray
+
+EXP = "interrupt"
+TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_batch_size=2",
+         "train.seq_len=32", "train.eval_every=0", "train.numerics_every=0", "train.checkpoint_every=5",
+         "train.max_steps=100000", "tracking.system_metrics=false", f"tracking.experiment={EXP}"]
+
+
+@pytest.fixture
+def ray_tmp():
+    """The command's own Ray temp root (short: Ray's socket paths must fit 107 bytes): what is
+    left of its session is found by this path."""
+    path = Path(tempfile.mkdtemp(prefix="rti", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Driver:
+    """`python -m trainlab.cli train ARGS` in its own session (as a shell runs a command), so
+    every process it starts, Ray's included, carries the session id; output to a file."""
+
+    def __init__(self, args: list[str], *, cwd: Path, ray_tmp: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
+        env.update(PYTHONUNBUFFERED="1", COLUMNS="200", RAY_TMPDIR=str(ray_tmp))
+        self.ray_tmp = ray_tmp
+        self.log = (cwd / f"driver-{time.monotonic_ns()}.log").open("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainlab.cli", "train", *args], cwd=cwd, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(self, found, what: str, timeout: float = 240):
+        deadline = time.monotonic() + timeout
+        while not (hit := found()):
+            assert self.proc.poll() is None, f"the command ended ({self.proc.returncode}):\n{self.output()[-4000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s:\n{self.output()[-4000:]}"
+            time.sleep(0.2)
+        return hit
+
+    def stop(self, sig: int, *, group: bool) -> tuple[int, float]:
+        """Send `sig` (to the whole process group, as a terminal's Ctrl-C does, or to the
+        driver alone, as `kill` or a scheduler does); (exit code, seconds to exit)."""
+        t0 = time.monotonic()
+        (os.killpg if group else os.kill)(self.proc.pid, sig)
+        code = self.proc.wait(timeout=180)
+        return code, time.monotonic() - t0
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def leftovers(self) -> list[str]:
+        """Processes of the command still running: its session's, or any naming its Ray temp."""
+        left = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                mine = os.getsid(p.pid) == self.proc.pid or str(self.ray_tmp) in " ".join(p.info["cmdline"] or [])
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+            if mine and p.pid != os.getpid():
+                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:160]}")
+        return left
+
+
+def _checkpoints(root: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / "trainlab.json").is_file())
+
+
+def _steps(client: MlflowClient, run_id: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, names.LOSS))
+
+
+def _runs(client: MlflowClient) -> list:
+    exp = client.get_experiment_by_name(EXP)
+    return client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def _stopped_at(out: str, sig: str) -> int:
+    lines = [line for line in out.splitlines() if line.startswith(f"interrupted by {sig} at step ")]
+    assert len(lines) == 1, out[-4000:]
+    assert "run the same command to resume" in lines[0], lines[0]
+    return int(re.match(rf"interrupted by {sig} at step (\d+) ", lines[0]).group(1))
+
+
+def _assert_clean_exit(driver: Driver, code: int, sig: int) -> str:
+    left = driver.leftovers()  # at once: nothing may be left to end later
+    out = driver.output()
+    assert code == 128 + sig, f"exit {code}:\n{out[-4000:]}"
+    assert "Traceback" not in out, out[-6000:]
+    assert not left, f"still running after the command exited: {left}"
+    return out
+
+
+def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ray_tmp):
+    first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
+    first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
+    code, seconds = first.stop(signal.SIGINT, group=True)
+    out = _assert_clean_exit(first, code, signal.SIGINT)
+    stopped = _stopped_at(out, "SIGINT")
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = _runs(client)
+    assert run.info.status == "KILLED" and run.data.tags[names.TAG_STATUS] == names.STATUS_PREEMPTED
+    assert _steps(client, run.info.run_id) == list(range(1, stopped + 1))  # up to its last step, once each
+    root = Path(run.data.tags[names.TAG_CHECKPOINT_DIR])
+    assert _checkpoints(root)[-1] == stopped  # it saved the step it stopped at
+
+    # the same command: a new Hydra output folder, the trial found by its config hash
+    again = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
+    again.wait_for(lambda: [s for s in _checkpoints(root) if s > stopped + 5], "checkpoint after the resume")
+    code, _ = again.stop(signal.SIGINT, group=True)
+    out = _assert_clean_exit(again, code, signal.SIGINT)
+    assert (f"resuming trial tiny-fp32-ddp2-s0 from step {stopped} of its run {run.info.run_id} "
+            f"(checkpoint {root})") in out, out[-4000:]
+    second_stop = _stopped_at(out, "SIGINT")
+    assert second_stop > stopped
+    (resumed,) = _runs(client)  # the same run, continued: no new one
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "KILLED"
+    assert _steps(client, run.info.run_id) == list(range(1, second_stop + 1))  # each step once
+    print(f"SIGINT: stopped at step {stopped}, exit {seconds:.1f} s after the signal; resumed to {second_stop}")
+
+
+def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, ray_tmp):
+    """SIGTERM (a scheduler's) to the driver alone; one trial at a time, so #1 never starts."""
+    sweep = Driver(["-m", *TRIAL, "seed=0,1", "hydra.launcher.max_concurrent_trials=1", f"sweep_name={EXP}"],
+                   cwd=tmp_path, ray_tmp=ray_tmp)
+    sweep.wait_for(lambda: _checkpoints(next(iter(tmp_path.glob("multirun/*/*/0/checkpoints")), tmp_path)),
+                   "checkpoint of trial #0")
+    code, seconds = sweep.stop(signal.SIGTERM, group=False)
+    out = _assert_clean_exit(sweep, code, signal.SIGTERM)
+    assert "interrupted by SIGTERM: 1 trials stopped (runs KILLED), 1 not started" in out, out[-4000:]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = _runs(client)
+    (parent,) = [r for r in runs if r.data.tags.get(names.TAG_ROLE) == names.ROLE_SWEEP]
+    (child,) = [r for r in runs if r.data.tags.get(names.TAG_ROLE) == names.ROLE_TRIAL]  # #1 never started
+    for r in (parent, child):
+        assert r.info.status == "KILLED" and r.data.tags[names.TAG_STATUS] == names.STATUS_PREEMPTED
+    assert child.data.params["seed"] == "0"
+    steps = _steps(client, child.info.run_id)
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 5
+    assert _checkpoints(Path(child.data.tags[names.TAG_CHECKPOINT_DIR]))[-1] == steps[-1]
+    print(f"SIGTERM: sweep exited {seconds:.1f} s after the signal, trial #0 at step {steps[-1]}")

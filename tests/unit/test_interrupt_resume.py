@@ -1,0 +1,104 @@
+"""The two halves of an interrupted trial that need no Ray: a trainer running off the main
+thread (as in a Ray Train worker, where no signal handler can be installed) stops after its
+step when the launcher asks from outside; and a rerun of `trainlab train` finds the unfinished
+trial of its config in the MLflow store (a real sqlite store), and only where it should."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from trainlab import names
+from trainlab.config import compose_run_config
+from trainlab.engine import preemption
+from trainlab.engine.run import build_trainer
+from trainlab.telemetry import Peak, peak_flops
+from trainlab.tracking.resume import unfinished_trial
+from trainlab.tracking.runs import open_trial_run, trial_tags
+
+TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=4",
+            "train.micro_batch_size=4", "train.seq_len=32", "cluster.num_workers=1",
+            "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu"]
+
+
+@pytest.fixture
+def outside(monkeypatch):
+    """A fresh copy of the module's outside request, as in a new Ray worker process."""
+    monkeypatch.setattr(preemption, "_outside", threading.Event())
+    monkeypatch.setattr(preemption, "_listening", False)
+
+
+def _train_in_a_thread(dist_info, *, listen: bool, stop_at: int):
+    out = {}
+
+    def work() -> None:
+        if listen:
+            preemption.listen_outside()
+        with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
+            mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
+            trainer = build_trainer(compose_run_config(TINY_RUN), dist_info)
+        trainer.add_hook(lambda tr, step, m: preemption.stop_from_outside() if step == stop_at else None)
+        out["result"] = trainer.train()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return out["result"]
+
+
+@pytest.mark.usefixtures("one_thread", "outside")
+def test_a_trainer_off_the_main_thread_stops_when_asked_from_outside(dist_info):
+    result = _train_in_a_thread(dist_info, listen=True, stop_at=2)
+    assert result.status == names.STATUS_PREEMPTED and result.steps == 2
+
+
+@pytest.mark.usefixtures("one_thread", "outside")
+def test_without_listening_an_outside_request_is_not_read(dist_info):
+    """Off the main thread and not listening (torchrun's ranks listen to SIGTERM instead), the
+    trainer spends no collective on a vote and trains to its end."""
+    result = _train_in_a_thread(dist_info, listen=False, stop_at=2)
+    assert result.status == names.STATUS_FINISHED and result.steps == 6
+
+
+# ---------------------------------------------------------------- finding the unfinished trial
+def _trial(uri: str, run, root, *, status: str, ckpt_step: int | None, parent: str | None = None) -> str:
+    """A trial's run as launch.trial leaves it, with a complete checkpoint folder (or none)."""
+    tags = {**trial_tags(run), names.TAG_CHECKPOINT_DIR: str(root), names.TAG_STATUS: status}
+    trial = open_trial_run(run, tracking_uri=uri, tags=tags, parent_run_id=parent)
+    if ckpt_step is not None:
+        step = root / f"step_{ckpt_step:08d}"
+        step.mkdir(parents=True)
+        (step / "trainlab.json").write_text(json.dumps({"step": ckpt_step, "files": {}}))
+    return trial.run_id
+
+
+def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = compose_run_config([*TINY_RUN, "tracking.experiment=rerun", f"output_dir={tmp_path / 'new'}"])
+    other = compose_run_config([*TINY_RUN, "tracking.experiment=rerun", "seed=7"])
+    assert unfinished_trial(run, tracking_uri=uri, parent_run_id=None) is None  # no experiment yet
+
+    _trial(uri, run, tmp_path / "a", status=names.STATUS_PREEMPTED, ckpt_step=4)
+    wanted = _trial(uri, run, tmp_path / "b", status=names.STATUS_FAILED, ckpt_step=3)  # newest unfinished
+    parent = _trial(uri, other, tmp_path / "parent", status=names.STATUS_RUNNING, ckpt_step=None)
+    _trial(uri, run, tmp_path / "c", status=names.STATUS_PREEMPTED, ckpt_step=5, parent=parent)  # a sweep's
+    _trial(uri, other, tmp_path / "d", status=names.STATUS_PREEMPTED, ckpt_step=5)  # another config
+    _trial(uri, run, tmp_path / "e", status=names.STATUS_PREEMPTED, ckpt_step=None)  # nothing to resume
+    _trial(uri, run, tmp_path / "f", status=names.STATUS_FINISHED, ckpt_step=5)  # done
+
+    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=None)
+    assert (found.run_id, found.root, found.step) == (wanted, tmp_path / "b", 3)
+
+    # where it does not look: the opt-out, an explicit folder, a sweep's trial, and a trial whose
+    # own folder (a fixed output_dir) already holds a checkpoint
+    assert unfinished_trial(compose_run_config([*TINY_RUN, "tracking.experiment=rerun", "train.resume=never"]),
+                            tracking_uri=uri, parent_run_id=None) is None
+    assert unfinished_trial(compose_run_config([*TINY_RUN, "tracking.experiment=rerun",
+                                                f"train.checkpoint_dir={tmp_path / 'x'}"]),
+                            tracking_uri=uri, parent_run_id=None) is None
+    assert unfinished_trial(run, tracking_uri=uri, parent_run_id=parent) is None
+    (tmp_path / "new" / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (tmp_path / "new" / "checkpoints" / "step_00000001" / "trainlab.json").write_text("{}")
+    assert unfinished_trial(run, tracking_uri=uri, parent_run_id=None) is None
