@@ -22,9 +22,11 @@ MIN_SECRET_LEN = 4
 """Registered secrets shorter than this are masked only inside URLs: replacing a 2-letter password
 everywhere would mangle unrelated text, and in a URL it is masked anyway."""
 
-# scheme://userinfo@ ; userinfo stops at '/', whitespace, quotes and brackets (a path, the
-# end of a YAML or JSON value) so it never swallows text after the URL
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@'\"<>\[\]{}]+)@")
+# scheme://userinfo@ ; userinfo runs to the last '@' before a '/', whitespace, quote or bracket
+# (a path, the end of a YAML or JSON value), as urlsplit reads an unencoded '@' in a password.
+# Hydra writes a sweep's overrides with ':' escaped (`http\://user\:pw@host`): a backslash may
+# stand before the colons
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*\\?://)(?P<userinfo>[^\s/'\"<>\[\]{}]+)@")
 _secrets: set[str] = set()
 
 

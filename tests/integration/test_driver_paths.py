@@ -207,6 +207,21 @@ def test_credentials_in_the_environment_reach_the_server(work, auth_proxy, env_f
     assert PASSWORD not in out.stdout + out.stderr, out.shown
 
 
+def test_a_refused_sweep_keeps_the_password_out_of_its_files(work):
+    """Hydra saves a sweep's overrides (multirun.yaml, each job's .hydra/) before trainlab runs,
+    with ':' escaped; a job refused at composition quotes its overrides in the error."""
+    uri = f"http://{USER}:{PASSWORD}@127.0.0.1:1"
+    out = trainlab_train(work, "-m", *TINY, "train.max_steps=2", "seed=0,1", f"tracking.uri={uri}",
+                         "train.global_batch_size=6", "hydra.sweep.dir=refused_sweep")
+    assert_refused(out, "the sweep has invalid jobs")
+    assert "train.global_batch_size=6" in out.stderr and "trainer\\:***@127.0.0.1" in out.stderr, out.shown
+    assert PASSWORD not in out.stdout + out.stderr, out.shown
+    written = [p for p in (work / "refused_sweep").rglob("*") if p.is_file()]
+    assert any(p.name == "multirun.yaml" for p in written) and any(p.parts[-2] == ".hydra" for p in written)
+    leaked = [str(p) for p in written if PASSWORD.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+
 # ------------------------------------------------------------------------------ one trial on Ray
 @pytest.fixture(scope="module")
 def resumed_trial(work, auth_proxy, mlflow_server):

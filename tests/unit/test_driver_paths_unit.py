@@ -196,6 +196,12 @@ def test_redact_masks_passwords_in_urls_anywhere():
                             "and https://***@h/x and http://h:5000/a@b")
 
 
+def test_redact_reads_urls_as_urlsplit_and_hydra_write_them():
+    assert redact("http://u:p@ss@h:1/x") == "http://u:***@h:1/x"  # an unencoded '@' in the password
+    assert redact(r"job #0 (tracking.uri=http\://u\:pw-1@127.0.0.1\:1 seed=0)") == (
+        r"job #0 (tracking.uri=http\://u\:***@127.0.0.1\:1 seed=0)")  # a sweep job's escaped override
+
+
 def test_registered_secrets_are_masked_in_every_form():
     register_secret("p%40ss-word-9")
     assert redact("got p@ss-word-9 and p%40ss-word-9") == "got *** and ***"
