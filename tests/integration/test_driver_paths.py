@@ -127,8 +127,12 @@ class Outcome:
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+    """This environment without MLflow, Ray and Hydra settings, and with loopback kept off any
+    HTTP proxy (requests, and so MLflow's client, honour *_proxy variables)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_")) and not k.lower().endswith("_proxy")}
+    return {**env, "PYTHONUNBUFFERED": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            **extra}
 
 
 def trainlab_train(cwd: Path, *args: str, env: dict | None = None, timeout: float = 120) -> Outcome:
@@ -186,6 +190,7 @@ def test_bad_tracking_uri_is_refused(work, args, env, says):
     assert not (work / "mlflow2.db").exists() and not list(work.glob("*.db"))
 
 
+@pytest.mark.slow  # a real mlflow server
 def test_wrong_credentials_are_refused_without_echo(work, auth_proxy):
     out = trainlab_train(work, *TINY, "train.max_steps=2",
                          f"tracking.uri={auth_proxy.uri(user=USER, password='wrong-' + PASSWORD)}")
@@ -193,6 +198,7 @@ def test_wrong_credentials_are_refused_without_echo(work, auth_proxy):
     assert PASSWORD not in out.stdout + out.stderr, out.shown
 
 
+@pytest.mark.slow  # a real mlflow server
 @pytest.mark.parametrize("env_form", ["uri", "variables"])
 def test_credentials_in_the_environment_reach_the_server(work, auth_proxy, env_form):
     """MLFLOW_TRACKING_URI=http://user:pw@... and MLFLOW_TRACKING_USERNAME/_PASSWORD pass the
