@@ -98,6 +98,15 @@ def test_remote_cluster_names_every_path_its_workers_open(clean_env, tmp_path):
         assert "cluster.address='10.0.0.1:6379'" in note
 
 
+def test_remote_cluster_with_mlflows_default_store_is_named(clean_env, tmp_path):
+    clean_env.chdir(tmp_path)
+    notes = shared_storage_notes(resolve_paths(_run("cluster=ray", "cluster.address=10.0.0.1:6379")))
+    assert any(f"tracking.uri='sqlite:///{tmp_path}/mlflow.db'" in n for n in notes), notes
+    clean_env.setenv("MLFLOW_TRACKING_URI", "mlruns")
+    notes = shared_storage_notes(resolve_paths(_run("cluster=ray", "cluster.address=10.0.0.1:6379")))
+    assert any(f"MLFLOW_TRACKING_URI='file://{tmp_path}/mlruns'" in n for n in notes), notes
+
+
 def test_local_cluster_and_a_server_store_need_no_note(clean_env, tmp_path):
     assert shared_storage_notes(resolve_paths(_run("data=tokens", "data.path=t.bin", "data.vocab_size=100"),
                                               cwd=str(tmp_path))) == []

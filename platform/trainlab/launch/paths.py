@@ -25,7 +25,14 @@ import os
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.engine.checkpoint import checkpoint_root
-from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES, use_tracking_store
+from trainlab.tracking.store_uri import (
+    DATABASE_PORTS,
+    OTHER_SCHEMES,
+    SERVER_SCHEMES,
+    tracking_field,
+    tracking_store,
+    use_tracking_store,
+)
 
 RESUME_KEYWORDS = ("auto", "never")
 
@@ -69,15 +76,17 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
         return []
     paths = []
     if run.data.name == "tokens":
-        paths.append(("data.path", run.data.path, "reads the corpus"))
+        paths.append(("data.path", run.data.path, "every worker reads the corpus"))
     if run.train.resume not in RESUME_KEYWORDS:
-        paths.append(("train.resume", run.train.resume, "reads the checkpoint"))
+        paths.append(("train.resume", run.train.resume, "every worker reads the checkpoint"))
     paths.append(("train.checkpoint_dir" if run.train.checkpoint_dir else "output_dir",
-                  str(checkpoint_root(run)), "writes and reads checkpoints"))
-    uri = run.tracking.uri if run.tracking.name == "mlflow" else ""
-    if uri and uri.split(":", 1)[0].split("+")[0] not in (*SERVER_SCHEMES, *DATABASE_PORTS):
-        paths.append(("tracking.uri", uri, "writes the MLflow store (an mlflow server is safer)"))
+                  str(checkpoint_root(run)), "every worker writes and reads checkpoints"))
+    if run.tracking.name == "mlflow":  # rank 0's writer writes a local store (MLflow's default too)
+        store = tracking_store(run.tracking.uri)
+        if store.scheme not in (*SERVER_SCHEMES, *DATABASE_PORTS, *OTHER_SCHEMES):
+            paths.append((tracking_field(run.tracking.uri), store.uri,
+                          "rank 0 writes the MLflow store (an mlflow server needs no shared storage)"))
     where = f"cluster.address={run.cluster.address!r}"
-    return [f"{where}: every worker {what} at {field}={path!r}; trainlab cannot check other nodes from "
+    return [f"{where}: {what} at {field}={path!r}; trainlab cannot check other nodes from "
             "here, so every node must see that absolute path (shared storage mounted at the same place)"
             for field, path, what in paths]
