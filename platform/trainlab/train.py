@@ -21,6 +21,7 @@ from trainlab.config import (
     register_configs,
     to_run_config,
 )
+from trainlab.redact import redact
 
 register_configs()
 
@@ -77,12 +78,18 @@ def run_engine_here(run: RunConfig):
 
 
 def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
+    """The job's typed config with every path absolute (launch.paths): the driver's one resolution."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainlab.launch.paths import resolve_paths
+    from trainlab.redact import redact_files
+
+    if HydraConfig.initialized() and HydraConfig.get().output_subdir:  # Hydra saved the overrides there
+        redact_files([os.path.join(HydraConfig.get().runtime.output_dir, HydraConfig.get().output_subdir)])
     run = to_run_config(cfg)
     if not run.output_dir:
-        from hydra.core.hydra_config import HydraConfig
-
         run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
-    return run
+    return resolve_paths(run)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -98,7 +105,7 @@ def app(cfg: DictConfig) -> float | None:
         with interruptible():  # Ctrl-C / SIGTERM: stop after a checkpoint, end the run KILLED
             outcome = train(run)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     if outcome.interrupted:  # nothing of the trial outlives the command
         release_cluster()
@@ -116,7 +123,7 @@ def main() -> None:
     try:
         check_overrides(sys.argv[1:])
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     app()
 

@@ -124,7 +124,7 @@ CASES = [
       ["step_00000020", "trainlab.json is corrupt", "earlier checkpoint"]),
     C("checkpoint_missing", ["train.resume=checkpoints/step_00000030"],
       ["step_00000030", "does not exist", "train.resume=never"]),
-    C("checkpoint_folder_without_any", ["train.resume=."], ["train.resume='.'", "no complete checkpoint"]),
+    C("checkpoint_folder_without_any", ["train.resume=."], ["train.resume='/", "no complete checkpoint"]),
     C("checkpoint_keep_zero", ["train.checkpoint_keep=0"], ["train.checkpoint_keep=0", "above 0"]),
     C("fault_injection_malformed", ["train.inject_fault=kill"], ["train.inject_fault='kill'", "sigkill@5:1"]),
     # ---------------------------------------------------------------- divergence policy

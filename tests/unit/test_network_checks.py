@@ -20,7 +20,8 @@ from trainlab.config import ConfigError, compose_run_config
 from trainlab.launch import interfaces
 from trainlab.launch.interfaces import check_listen_host, interface_addresses, interface_of
 from trainlab.launch.preflight import check_cluster, check_ray_address, preflight
-from trainlab.tracking.store_check import check_server_answers, check_sqlite_store, without_password
+from trainlab.redact import redact
+from trainlab.tracking.store_check import check_server_answers, check_sqlite_store
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
 
@@ -192,7 +193,7 @@ def test_a_password_in_a_uri_is_never_shown():
     with pytest.raises(ValueError) as info:
         check_server_answers(f"http://me:s3cret@127.0.0.1:{_closed_port()}", field="f", fix="x", timeout_s=1)
     assert "s3cret" not in str(info.value) and "me:***@127.0.0.1" in str(info.value)
-    assert without_password("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
 
 
 @pytest.fixture(scope="module")

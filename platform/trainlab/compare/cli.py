@@ -9,7 +9,8 @@ import sys
 
 from trainlab import names
 from trainlab.compare.summarize import TOLERANCE
-from trainlab.tracking.store_check import BOUNDED_HTTP, check_store, without_password
+from trainlab.redact import redact
+from trainlab.tracking.store_check import BOUNDED_HTTP, check_store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +76,7 @@ def _print_result(result) -> None:
 
 
 def _damaged(uri: str, why: str) -> str:
-    return (f"the MLflow store {without_password(uri)} is damaged past its schema ({why}); restore it from "
+    return (f"the MLflow store {redact(uri)} is damaged past its schema ({why}); restore it from "
             "a backup or pass --tracking-uri for another store")
 
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -23,10 +20,12 @@ from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.launch.interfaces import check_listen_host
+from trainlab.launch.paths import shared_storage_notes
 from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.tracking.runs import local_store_path, resolve_tracking_uri
-from trainlab.tracking.store_check import check_sqlite_uri
+from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
+from trainlab.tracking.store_uri import tracking_field
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379
@@ -50,11 +49,12 @@ def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
         check_cluster(run)
         device = check_device(run)
         if tracking_uri is not None:
-            check_tracking_uri(tracking_uri)
-            check_sqlite_uri(tracking_uri, field="tracking.uri", elsewhere=STORE_ELSEWHERE)
+            field = tracking_field(run.tracking.uri)
+            check_tracking_uri(tracking_uri, setting=field)
+            check_sqlite_uri(tracking_uri, field=field, elsewhere=STORE_ELSEWHERE)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    for note in ignored_options(run):
+    for note in ignored_options(run) + shared_storage_notes(run):
         console.print(f"[yellow]warning:[/] {note}")
     return device
 
@@ -71,9 +71,9 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
             seen.add(key)
             check_cluster(run)
             if run.tracking.name == "mlflow":
-                uri = resolve_tracking_uri(run.tracking.uri)
-                check_tracking_uri(uri)
-                check_sqlite_uri(uri, field="tracking.uri", elsewhere=STORE_ELSEWHERE)
+                uri, field = resolve_tracking_uri(run.tracking.uri), tracking_field(run.tracking.uri)
+                check_tracking_uri(uri, setting=field)
+                check_sqlite_uri(uri, field=field, elsewhere=STORE_ELSEWHERE)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -242,34 +242,3 @@ def check_ray_address(address: str, *, timeout_s: float) -> None:
             "fix the address, or leave cluster.address empty (cluster=local) to start a cluster "
             "on this machine"
         ) from None
-
-
-def check_tracking_uri(uri: str) -> None:
-    """The MLflow store must be writable (local) or answer (server) before workers start."""
-    path = local_store_path(uri)
-    scheme = urlparse(uri).scheme
-    if path is not None:
-        folder = path.parent if scheme == "sqlite" else path
-        try:  # create it as MLflow would, then prove a file can be written there
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
-                pass
-            if path.exists() and scheme == "sqlite":
-                with path.open("r+b"):
-                    pass
-        except OSError as e:
-            raise ValueError(
-                f"tracking.uri={uri!r} cannot be written ({e.strerror or e}: {e.filename or folder}); "
-                "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or "
-                "tracking=none"
-            ) from None
-        return
-    if scheme in ("http", "https"):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
-                r.read()
-        except (urllib.error.URLError, OSError) as e:
-            raise ValueError(
-                f"tracking.uri={uri!r}: the MLflow server does not answer ({e}); start it with "
-                "`mlflow server --host 127.0.0.1 --port 5000` or fix the URI"
-            ) from None

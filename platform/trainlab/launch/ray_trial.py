@@ -176,7 +176,10 @@ def _tracker_factory(payload: dict):
             # Every attempt Ray Train starts logs into the one run the driver opened, and one started
             # again before a first checkpoint was complete replays steps 1.. from scratch: each drops
             # the steps the run already has (on the first attempt, none), resumed or not
-            return MlflowTracker(**mlflow_run, resume=True)
+            options = dict(mlflow_run)
+            # the server's credentials, as MLflow's client (in the writer this starts) reads them
+            os.environ.update(options.pop("credentials", None) or {})
+            return MlflowTracker(**options, resume=True)
         from trainlab.tracking import JsonlTracker
 
         return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))

@@ -28,6 +28,7 @@ from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.launch import interrupt
+from trainlab.redact import redact, redact_files
 
 
 @dataclass
@@ -128,11 +129,12 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
               max_concurrent_trials: int = 0, rerun: bool = False) -> list[JobReturn]:
     from trainlab.launch.preflight import check_sweep_services
 
+    redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
     try:
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
         check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun,
                             sweeper_params=OmegaConf.to_container(
@@ -183,8 +185,9 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         uri = resolve_tracking_uri(first.tracking.uri)
         sid = sweep_id(sweep_name=sweep_name, experiment=first.tracking.experiment,
                        job_overrides=[t.overrides for t in trials])
-        definition = {"sweep": sweep_name, "varied": keys, "sweeper_params": sweeper_params or {},
-                      "jobs": [t.overrides for t in trials]}
+        definition = json.loads(redact(json.dumps(  # an override may hold a URI's credentials
+            {"sweep": sweep_name, "varied": keys, "sweeper_params": sweeper_params or {},
+             "jobs": [t.overrides for t in trials]})))
         parent_id, reused = open_sweep_parent(tracking_uri=uri, experiment=first.tracking.experiment,
                                               sweep_name=sweep_name, sid=sid, definition=definition)
         done = {} if rerun else done_children(tracking_uri=uri, parent_run_id=parent_id)
@@ -201,7 +204,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                     t.run.train, checkpoint_dir=cut[config_hash(t.run)]))
                 t.resumed = True
         console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
-                      f"parent run {parent_id}{' (resumed)' if reused else ''} in {uri}")
+                      f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")
 
     todo = [t for t in trials if not t.skipped]
     if len(todo) < len(trials):

@@ -13,7 +13,9 @@ from trainlab.config import ConfigError, RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.engine.checkpoint import CheckpointError, checkpoint_root, resolve_resume
 from trainlab.launch import interrupt
+from trainlab.launch.paths import resolve_paths
 from trainlab.launch.preflight import preflight
+from trainlab.redact import redact
 from trainlab.tracking.resume import open_or_resume_trial_run, unfinished_trial
 from trainlab.tracking.runs import (
     TrialRun,
@@ -25,6 +27,7 @@ from trainlab.tracking.runs import (
     trial_tags,
     ui_command,
 )
+from trainlab.tracking.store_uri import credentials_env
 
 
 @dataclass
@@ -42,6 +45,7 @@ class TrialOutcome:
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
           show_progress: bool = True, on_event: Callable[[dict], None] | None = None) -> TrialOutcome:
     """Run one trial on Ray (local cluster unless cluster.address is set) and record it."""
+    run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
@@ -70,6 +74,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     spill = options["spill_path"]
     mlflow_payload = None if trial is None else {
         "run_id": trial.run_id, "tracking_uri": trial.tracking_uri, **options,
+        "credentials": credentials_env(),  # a worker on another node lacks this driver's environment
     }
 
     from trainlab.launch.ray_trial import run_on_ray
@@ -132,7 +137,7 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     r = outcome.result or {}
     extra = r.get("extra", {})
     rows = {
-        "status": status_text(outcome.status, r) + (f" ({outcome.error})" if outcome.error else ""),
+        "status": status_text(outcome.status, r) + (f" ({redact(outcome.error)})" if outcome.error else ""),
         "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
         "train loss": fmt(r.get("final_loss"), ".4f"),
         "val loss": fmt(r.get("final_val_loss"), ".4f"),
@@ -148,6 +153,6 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
         rows["checksums (params / loss)"] = (f"{extra[names.TAG_PARAMS_SHA][:12]} / "
                                              f"{extra[names.TAG_LOSS_CURVE_SHA][:12]}")
     if outcome.run_id:
-        rows["MLflow run"] = f"{outcome.run_id} in {outcome.tracking_uri}"
+        rows["MLflow run"] = f"{outcome.run_id} in {redact(outcome.tracking_uri)}"
         rows["view it"] = ui_command(outcome.tracking_uri)
     console.print(summary_table(f"trial {default_run_name(run)}", rows))

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import sys
+import urllib.error
 import urllib.request
 
 from trainlab import names
+from trainlab.redact import redact
 from trainlab.tracking.spill import MAX_BATCH
 
 SHORT_HTTP_RETRIES = {
@@ -43,18 +45,21 @@ def transient(e: BaseException) -> bool:
 
 
 def reachable(uri: str, *, timeout: float = 5.0) -> bool:
-    """Does an http(s) tracking server answer /health? (Local stores always do.)"""
+    """Does an http(s) tracking server answer /health? (Local stores always do.) Any HTTP answer
+    counts: a server behind an authenticating proxy answers 401 to a request without credentials."""
     if not uri.startswith(("http://", "https://")):
         return True
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
             return True
+    except urllib.error.HTTPError:
+        return True
     except OSError:
         return False
 
 
 def warn(message: str) -> None:
-    print(f"trainlab: {message}", file=sys.stderr, flush=True)
+    print(f"trainlab: {redact(message)}", file=sys.stderr, flush=True)
 
 
 class Delivery:

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from trainlab.redact import redact
 from trainlab.tracking.delivery import SHORT_HTTP_RETRIES, Delivery, Unreachable
 from trainlab.tracking.spill import Spill, SpillError, points
 
@@ -49,12 +50,17 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault(k, v)
     try:
         records, _ = Spill(args.path).check()
-        sent = import_spill(args.path, tracking_uri=args.tracking_uri)
-    except SpillError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # the records name the server without its credentials: MLflow's client takes them from
+        # MLFLOW_TRACKING_USERNAME / _PASSWORD, or from a --tracking-uri that holds them
+        from trainlab.tracking.runs import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None
+        sent = import_spill(args.path, tracking_uri=uri)
+    except (SpillError, ValueError) as e:
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     except Unreachable as e:
-        print(f"error: the MLflow server did not answer ({e}); what was delivered is recorded, "
+        print(f"error: the MLflow server did not answer ({redact(str(e))}); what was delivered is recorded, "
               f"run the same command again when it is back", file=sys.stderr)
         sys.exit(1)
     if not records:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.config import RunConfig
+from trainlab.redact import redact
 from trainlab.tracking.runs import TrialRun, open_trial_run
 
 TRIAL_RECORD = "trial.json"
@@ -24,7 +25,8 @@ TRIAL_RECORD = "trial.json"
 def record_trial(root: Path, trial: TrialRun) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / TRIAL_RECORD).write_text(json.dumps(
-        {"run_id": trial.run_id, "experiment_id": trial.experiment_id, "tracking_uri": trial.tracking_uri}))
+        # masked: a database URI's password stays out of the output folder (compared masked too)
+        {"run_id": trial.run_id, "experiment_id": trial.experiment_id, "tracking_uri": redact(trial.tracking_uri)}))
 
 
 def recorded_trial(root: Path, tracking_uri: str) -> TrialRun | None:
@@ -36,7 +38,7 @@ def recorded_trial(root: Path, tracking_uri: str) -> TrialRun | None:
         record = json.loads((root / TRIAL_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    if record.get("tracking_uri") != tracking_uri:
+    if record.get("tracking_uri") not in (tracking_uri, redact(tracking_uri)):
         return None
     try:
         MlflowClient(tracking_uri=tracking_uri).get_run(record["run_id"])

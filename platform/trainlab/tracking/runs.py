@@ -16,26 +16,16 @@ from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.config.validate import elastic_range
 from trainlab.precision.spec import spec_of
-
-MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
+from trainlab.redact import redact
+from trainlab.tracking.store_uri import use_tracking_store
 
 
 def resolve_tracking_uri(configured: str) -> str:
-    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd.
-
-    Relative sqlite/file locations are made absolute, because Ray workers run elsewhere.
-    """
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "") or MLFLOW_DEFAULT_URI
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        db = uri[len("sqlite:///"):]
-        if not os.path.isabs(db):
-            return "sqlite:///" + str(Path(db).resolve())
-        return uri
-    if parsed.scheme in ("", "file"):
-        path = parsed.path if parsed.scheme == "file" else uri
-        return Path(path).resolve().as_uri()
-    return uri
+    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
+    URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
+    credentials moved to MLflow's credential variables (tracking.store_uri). ValueError for a
+    URI MLflow would read differently than meant."""
+    return use_tracking_store(configured).uri
 
 
 def local_store_path(uri: str) -> Path | None:
@@ -52,8 +42,8 @@ def ui_command(uri: str) -> str:
     """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
     pass another --host to expose it), the server's URL otherwise."""
     if local_store_path(uri) is None:
-        return f"open {uri} in a browser"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+        return f"open {redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -98,17 +88,17 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(run.tracking.experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(run.tracking.experiment)
-    all_tags = dict(tags)
+    all_tags = {k: redact(str(v)) for k, v in tags.items()}  # a tag may quote an override or an error
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     created = client.create_run(exp_id, run_name=default_run_name(run), tags=all_tags)
     run_id = created.info.run_id
-    params = [Param(k, str(v)) for k, v in sorted(flatten(run).items())]
+    params = [Param(k, redact(str(v))) for k, v in sorted(flatten(run).items())]
     for i in range(0, len(params), 100):  # MLflow's limit of params per batch
         client.log_batch(run_id, params=params[i:i + 100])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / names.ARTIFACT_CONFIG
-        path.write_text(to_yaml(run))
+        path.write_text(redact(to_yaml(run)))
         client.log_artifact(run_id, str(path))
     return TrialRun(run_id=run_id, experiment_id=exp_id, tracking_uri=tracking_uri)
 
@@ -175,7 +165,7 @@ def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None
 
     all_tags = {**(tags or {}), names.TAG_STATUS: status}
     stamp = {"run_id": trial.run_id, "uri": trial.tracking_uri}
-    records = [{"op": "tags", **stamp, "tags": {k: str(v)[:5000] for k, v in all_tags.items()}},
+    records = [{"op": "tags", **stamp, "tags": {k: redact(str(v))[:5000] for k, v in all_tags.items()}},
                {"op": "terminate", **stamp, "status": mlflow_status(status)}]
     held, appended = Spill(spill) if spill else None, False
     try:

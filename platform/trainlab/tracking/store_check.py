@@ -1,21 +1,139 @@
-"""Is an MLflow store there to be read, checked before MLflow's client touches it.
+"""Is the MLflow store there, checked before MLflow's client touches it, within a stated bound.
 
-MLflow's HTTP client retries a server that does not answer for minutes (7 retries with
-backoff, 120 s a request), and SQLAlchemy meets a damaged sqlite file with a page of
-traceback. These checks answer within a stated bound, in one line that names the store and
-the fix, and open a sqlite file read-only: a damaged store is left exactly as it was.
+Before any worker starts (check_tracking_uri): can this process write to the store the trial
+reports to? A server is asked the way MLflow's client asks it: through MLflow's own HTTP layer,
+with the credentials MLflow reads (the URI's, moved to MLFLOW_TRACKING_USERNAME / _PASSWORD by
+tracking.store_uri, a token, ~/.mlflow/credentials). Before a store is read (check_store, for
+`trainlab compare`): MLflow's HTTP client retries a server that does not answer for minutes
+(7 retries with backoff, 120 s a request), and SQLAlchemy meets a damaged sqlite file with a
+page of traceback. Every message names the store (credentials masked, trainlab.redact) and the
+fix; a sqlite file is opened read-only, so a damaged store is left exactly as it was.
 """
 
 from __future__ import annotations
 
+import socket
 import sqlite3
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import quote, urlparse, urlunparse
+from urllib.parse import quote, urlparse, urlsplit, urlunparse
 
-SERVER_TIMEOUT_S = 5.0
-"""How long a tracking server has to answer /health."""
+from trainlab.redact import redact
+from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES
+
+CHECK_TIMEOUT_S = 5.0
+"""How long the check waits for a tracking server or database to answer."""
+_PROBE = "/api/2.0/mlflow/experiments/get-by-name"
+"""An API call that needs the same rights as logging (a bare /health may be open to anyone)."""
+
+
+def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """ValueError naming `setting`, the URI (masked) and the fix if the store cannot be used."""
+    from trainlab.tracking.runs import local_store_path
+
+    where = f"{setting}={redact(uri)!r}"
+    scheme = urlsplit(uri).scheme.split("+")[0].lower()
+    path = local_store_path(uri)
+    if path is not None:
+        _check_writable(path, sqlite=scheme == "sqlite", where=where)
+    elif scheme in SERVER_SCHEMES:
+        _check_server(uri, where=where, timeout_s=timeout_s)
+    elif scheme in DATABASE_PORTS:
+        _check_database(uri, scheme=scheme, where=where, timeout_s=timeout_s)
+
+
+def _check_writable(path, *, sqlite: bool, where: str) -> None:
+    folder = path.parent if sqlite else path
+    try:  # create it as MLflow would, then prove a file can be written there
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
+            pass
+        if path.exists() and sqlite:
+            with path.open("r+b"):
+                pass
+    except OSError as e:
+        raise ValueError(
+            f"{where} cannot be written ({e.strerror or e}: {e.filename or folder}); "
+            "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or tracking=none"
+        ) from None
+
+
+def _check_server(uri: str, *, where: str, timeout_s: float) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    try:
+        response = http_request(get_default_host_creds(uri), _PROBE, "GET", max_retries=0, backoff_factor=0,
+                                timeout=timeout_s, raise_on_status=False,
+                                params={"experiment_name": "trainlab-preflight"})
+    except MlflowException as e:
+        raise ValueError(
+            f"{where}: the MLflow server does not answer within {timeout_s:g} s ({_reason(e)}); start it "
+            "with `mlflow server --host 127.0.0.1 --port 5000` or fix the URI") from None
+    if response.status_code in (401, 403):
+        raise ValueError(
+            f"{where}: the MLflow server refused the credentials (HTTP {response.status_code}); give them "
+            "as MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or http://USER:PASSWORD@HOST:PORT "
+            "in the URI)")
+    if response.status_code == 200 or _mlflow_error(response) == "RESOURCE_DOES_NOT_EXIST":
+        return
+    raise ValueError(
+        f"{where}: the server answered HTTP {response.status_code} to an MLflow API call; is it an MLflow "
+        "tracking server (`mlflow server`)? Fix the URI or use tracking.uri=sqlite:///mlflow.db")
+
+
+def _check_database(uri: str, *, scheme: str, where: str, timeout_s: float) -> None:
+    """A database store: its host answers (bounded), and the Python driver SQLAlchemy will use
+    for it is installed (MLflow would fail on the first call otherwise)."""
+    parts = urlsplit(uri)
+    if parts.hostname:  # no host: a local socket, nothing to wait for
+        port = parts.port or DATABASE_PORTS[scheme]
+        try:
+            with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+                pass
+        except OSError as e:
+            raise ValueError(
+                f"{where}: nothing answers at {parts.hostname}:{port} within {timeout_s:g} s "
+                f"({e.strerror or e}); start the database, fix the URI, or report to an mlflow server "
+                "(tracking.uri=http://HOST:PORT) or a file (tracking.uri=sqlite:///mlflow.db)") from None
+    try:
+        from sqlalchemy import make_url
+
+        make_url(uri).get_dialect().import_dbapi()
+    except ImportError as e:
+        raise ValueError(
+            f"{where} needs the Python module {e.name or e} (the {scheme} driver SQLAlchemy uses), which "
+            f"is not installed; install it (pip install {e.name or 'the driver'}) or name another "
+            f"driver ({scheme}+DRIVER://...)") from None
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy refuses the URI itself (an unknown driver)
+        raise ValueError(f"{where}: SQLAlchemy cannot use it ({redact(str(e)).splitlines()[0]})") from None
+
+
+def _mlflow_error(response) -> str | None:
+    try:
+        return response.json().get("error_code")
+    except ValueError:
+        return None
+
+
+def _reason(e: BaseException) -> str:
+    """The innermost OS-level reason ('Connection refused', 'timed out') behind MLflow's wrapped
+    requests error, else its first line."""
+    seen, cause = set(), e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        cause = cause.__cause__ or cause.__context__
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    for marker in ("Connection refused", "timed out", "Name or service not known", "No route to host"):
+        if marker in text:
+            return marker
+    return redact(text)[:200]
+
 
 BOUNDED_HTTP = {
     # once the server answered /health: a later request that fails is retried twice, each
@@ -34,17 +152,7 @@ MLFLOW_TABLES = ("experiments", "runs")
 """Tables every MLflow SQL store has: a database without them is some other file."""
 
 
-def without_password(uri: str) -> str:
-    """The URI as it may be printed: a password in it replaced by ***."""
-    parsed = urlparse(uri)
-    if parsed.password is None:
-        return uri
-    host = parsed.hostname or ""
-    netloc = f"{parsed.username}:***@{host}" + (f":{parsed.port}" if parsed.port else "")
-    return urlunparse(parsed._replace(netloc=netloc))
-
-
-def check_server_answers(uri: str, *, field: str, fix: str, timeout_s: float = SERVER_TIMEOUT_S) -> None:
+def check_server_answers(uri: str, *, field: str, fix: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """An http(s) tracking server answers GET /health within timeout_s; any HTTP answer counts
     (a server behind authentication answers 401 to a request without credentials)."""
     parsed = urlparse(uri)
@@ -58,7 +166,7 @@ def check_server_answers(uri: str, *, field: str, fix: str, timeout_s: float = S
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         why = f"no answer within {timeout_s:g} s" if isinstance(reason, TimeoutError) else str(reason)
-        raise ValueError(f"{field}={without_password(uri)!r}: the MLflow server does not answer "
+        raise ValueError(f"{field}={redact(uri)!r}: the MLflow server does not answer "
                          f"({why}); {fix}") from None
 
 
@@ -70,7 +178,7 @@ def check_sqlite_store(path: Path, *, field: str, uri: str, elsewhere: str) -> N
         return
     restore = f"restore it from a backup (`sqlite3 {path} .recover` salvages what it can) or {elsewhere}"
     try:
-        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=SERVER_TIMEOUT_S)
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=CHECK_TIMEOUT_S)
     except sqlite3.Error as e:
         raise ValueError(f"{field}={uri!r}: cannot open {path} ({e}); {elsewhere}") from None
     try:
@@ -103,7 +211,7 @@ def check_store(uri: str, *, field: str, elsewhere: str) -> None:
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
         except ValueError:  # 'http://host:99999', 'http://host:abc'
-            raise ValueError(f"{field}={without_password(uri)!r} has no valid port (1-65535); "
+            raise ValueError(f"{field}={redact(uri)!r} has no valid port (1-65535); "
                              f"fix the URI or {elsewhere}") from None
         check_server_answers(uri, field=field, fix=f"start it (`mlflow server --host 127.0.0.1 --port {port}`) "
                                                    f"or {elsewhere}")

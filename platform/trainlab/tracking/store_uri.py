@@ -1,0 +1,167 @@
+"""Which MLflow store a trial reports to, decided once on the driver from what the user wrote.
+
+tracking.uri wins over $MLFLOW_TRACKING_URI, which wins over MLflow's default
+(sqlite:///mlflow.db in the working directory). The chosen URI is checked for the forms MLflow
+would read differently than meant, made absolute where it names a local file (Ray workers run
+in another directory), and an http(s) URI's user name and password are taken out of it and
+handed to MLflow's client as MLflow reads them (MLFLOW_TRACKING_USERNAME / _PASSWORD), so the
+URI that is logged, printed, recorded beside checkpoints and passed to other processes holds
+no secret (trainlab.redact masks what is left, e.g. a database URI's password).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from trainlab.redact import redact, register_secret, split_userinfo
+
+MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
+ENV_URI = "MLFLOW_TRACKING_URI"
+ENV_USERNAME, ENV_PASSWORD, ENV_TOKEN = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"
+SERVER_SCHEMES = ("http", "https")
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+"""Database stores MLflow's client writes to directly (SQLAlchemy), with their default ports."""
+OTHER_SCHEMES = ("databricks", "databricks-uc", "uc")
+"""Stores of MLflow's own registry that trainlab passes through unchecked."""
+_FIXES = ("use http://HOST:PORT for an mlflow server, sqlite:///mlflow.db for a file in the working "
+          "directory, or a folder path for a file store")
+
+
+@dataclass(frozen=True)
+class TrackingStore:
+    uri: str
+    """The URI to hand MLflow: absolute for a local store, without user name and password for a server."""
+    source: str
+    """Where it was given: 'tracking.uri', 'MLFLOW_TRACKING_URI' or 'default'; names it in messages."""
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.uri).scheme.split("+")[0]
+
+
+def tracking_field(configured: str, environ: Mapping[str, str] | None = None) -> str:
+    """The setting a message names for the store: MLFLOW_TRACKING_URI when it chose it (no
+    tracking.uri given), else tracking.uri (the one to set, for MLflow's default too)."""
+    environ = os.environ if environ is None else environ
+    return ENV_URI if not configured and environ.get(ENV_URI) else "tracking.uri"
+
+
+def tracking_store(configured: str, *, environ: Mapping[str, str] | None = None,
+                   cwd: str | None = None) -> TrackingStore:
+    """The store `configured` (tracking.uri; "" = the environment's or MLflow's default) names.
+
+    Raises ValueError naming the setting, its value (credentials masked) and the fix for a URI
+    MLflow cannot use or would read differently than meant."""
+    environ = os.environ if environ is None else environ
+    source = tracking_field(configured, environ) if configured or environ.get(ENV_URI) else "default"
+    uri = configured or environ.get(ENV_URI, "") or MLFLOW_DEFAULT_URI
+    where = f"{source}={redact(uri)!r}" if source != "default" else f"the default store {uri!r}"
+    fix_env = f"; or unset {ENV_URI} / give tracking.uri=..." if source == ENV_URI else ""
+    cwd = cwd or os.getcwd()
+    try:
+        parts = urlsplit(uri)
+    except ValueError as e:  # e.g. an unbalanced '[' in the host
+        raise ValueError(f"{where} is not a URI ({e}); {_FIXES}{fix_env}") from None
+    scheme = parts.scheme.lower()
+    if uri in OTHER_SCHEMES:  # MLflow's names of a workspace's own store ("databricks")
+        return TrackingStore(uri=uri, source=source)
+    if scheme == "sqlite":
+        return TrackingStore(uri=_sqlite(uri, parts, where=where, fix_env=fix_env, cwd=cwd), source=source)
+    if scheme == "file":
+        return TrackingStore(uri=_file(parts, where=where, fix_env=fix_env, cwd=cwd), source=source)
+    if scheme == "":  # a plain path: MLflow's file store
+        return TrackingStore(uri=_absolute_uri(uri, cwd), source=source)
+    if scheme in SERVER_SCHEMES:
+        if not parts.hostname:
+            raise ValueError(f"{where} names no host; write {scheme}://HOST:PORT (e.g. {scheme}://127.0.0.1:5000)"
+                             f"{fix_env}")
+        _check_port(parts, where=where, fix_env=fix_env)
+        clean, user, password = split_userinfo(uri)
+        if user and password:  # MLflow's client sends these as HTTP basic auth, as requests does the URI's
+            return TrackingStore(uri=clean, source=source, username=user, password=password)
+        return TrackingStore(uri=uri, source=source)
+    base = scheme.split("+")[0]
+    if base in DATABASE_PORTS:
+        if not parts.path.strip("/"):
+            raise ValueError(f"{where} names no database; write {base}://USER:PASSWORD@HOST:PORT/DATABASE{fix_env}")
+        _check_port(parts, where=where, fix_env=fix_env)
+        return TrackingStore(uri=uri, source=source)
+    if scheme in OTHER_SCHEMES or scheme in _plugin_schemes():
+        return TrackingStore(uri=uri, source=source)
+    raise ValueError(f"{where} is not a tracking URI MLflow knows (scheme {scheme!r}); {_FIXES}{fix_env}")
+
+
+def use_tracking_store(configured: str, *, cwd: str | None = None) -> TrackingStore:
+    """tracking_store(), its credentials handed to MLflow's client in this process (the environment
+    variables MLflow reads) and registered for redaction. The one place they leave the URI."""
+    store = tracking_store(configured, cwd=cwd)
+    if store.password:
+        os.environ[ENV_USERNAME] = store.username or ""
+        os.environ[ENV_PASSWORD] = store.password
+    for secret in (store.password, os.environ.get(ENV_PASSWORD), os.environ.get(ENV_TOKEN)):
+        register_secret(secret)
+    # a database URI keeps its password (SQLAlchemy reads it there): mask it wherever it shows
+    register_secret(split_userinfo(store.uri)[2])
+    return store
+
+
+def credentials_env() -> dict[str, str]:
+    """The MLflow credential variables set in this process: what a worker on another node needs
+    to reach the same server (its environment is the raylet's, not this driver's)."""
+    return {k: os.environ[k] for k in (ENV_USERNAME, ENV_PASSWORD, ENV_TOKEN) if os.environ.get(k)}
+
+
+# -- forms -------------------------------------------------------------------------------------
+def _absolute_uri(path: str, cwd: str) -> str:
+    from pathlib import Path
+
+    return Path(os.path.join(cwd, os.path.expanduser(path))).absolute().as_uri()
+
+
+def _sqlite(uri: str, parts, *, where: str, fix_env: str, cwd: str) -> str:
+    """sqlite:///relative.db or sqlite:////absolute.db (SQLAlchemy's forms), made absolute."""
+    if not uri.lower().startswith("sqlite:///") or parts.netloc:
+        name = (parts.netloc + parts.path) or "mlflow.db"
+        raise ValueError(
+            f"{where} has two slashes after 'sqlite:', which SQLAlchemy reads as "
+            f"{'a host, not a file' if parts.netloc else 'an in-memory database that keeps nothing'}; "
+            f"write sqlite:///{name} for a file relative to the working directory, or "
+            f"sqlite:////{os.path.join(cwd, name).lstrip('/')} for an absolute path{fix_env}")
+    db = uri[len("sqlite:///"):]
+    if db in ("", ":memory:") or db.startswith(":memory:?"):
+        raise ValueError(f"{where} is an in-memory database: nothing would be kept, and every process "
+                         f"would see its own; write sqlite:///mlflow.db (a file){fix_env}")
+    path, query = db.partition("?")[0], db.partition("?")[2]
+    path = os.path.abspath(os.path.join(cwd, os.path.expanduser(path)))
+    return "sqlite:///" + path + (f"?{query}" if query else "")
+
+
+def _file(parts, *, where: str, fix_env: str, cwd: str) -> str:
+    """file:///absolute, file:relative or file://localhost/absolute, made file:///absolute."""
+    if parts.netloc and parts.netloc.lower() != "localhost":
+        name = parts.netloc + parts.path
+        raise ValueError(
+            f"{where} puts {parts.netloc!r} where file: URIs have a host, not a folder; write "
+            f"file:///{os.path.join(cwd, name).lstrip('/')} (absolute) or the plain path {name} "
+            f"(relative to the working directory){fix_env}")
+    return _absolute_uri(parts.path or ".", cwd)
+
+
+def _check_port(parts, *, where: str, fix_env: str) -> None:
+    try:
+        _ = parts.port  # urlsplit checks the port only when asked
+    except ValueError:
+        raise ValueError(f"{where} has a port that is not a number from 0 to 65535; write "
+                         f"{parts.scheme}://HOST:PORT{fix_env}") from None
+
+
+def _plugin_schemes() -> set[str]:
+    """Schemes MLflow tracking-store plugins installed here register (entry point group
+    mlflow.tracking_store)."""
+    return {e.name for e in entry_points(group="mlflow.tracking_store")}
