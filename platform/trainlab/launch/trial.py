@@ -10,8 +10,10 @@ from typing import Callable
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig
+from trainlab.config.load import hashed_config
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
-from trainlab.engine.checkpoint import CheckpointError, checkpoint_root, resolve_resume
+from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
+from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch.preflight import preflight
 from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import (
@@ -34,6 +36,8 @@ class TrialOutcome:
     run_id: str | None
     tracking_uri: str | None
     error: str = ""
+    last_step: int | None = None
+    """The last step the workers reported (what the tracker recorded), also when they failed."""
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
@@ -44,10 +48,12 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
     root = checkpoint_root(run)
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
-    try:
-        # integrity only: the config check is the worker's, whose run has cluster.device resolved
-        resuming = resolve_resume(run.train.resume, root) is not None
-    except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
+    # the workers' config: cluster.device as resolved here ('auto' on a remote cluster matches any)
+    fields = hashed_config(dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=device)))
+    try:  # every file read back against its digest at save; another config's checkpoint refused
+        resuming = resolve_resume(run.train.resume, root, expect_config=fields, verify=verify_here,
+                                  warn=lambda m: console.print(f"[yellow]warning:[/] {m}")) is not None
+    except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
     gang = plan(run, device)
     out_dir = Path(run.output_dir or ".").resolve()
@@ -67,7 +73,11 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     progress = ProgressLine(description=default_run_name(run)) if show_progress else None
 
+    last_step: list[int] = []
+
     def events(event: dict) -> None:
+        if event.get("kind") in ("start", "step") and isinstance(event.get("step"), int):
+            last_step[:] = [event["step"]]
         if progress is not None:
             progress(event)
         if on_event is not None:
@@ -91,7 +101,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if trial is not None:
         close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
-                           tracking_uri=uri, error=error)
+                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None)
     if show_progress:
         print_summary(run, outcome, out_dir)
     return outcome
@@ -114,7 +124,8 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     extra = r.get("extra", {})
     rows = {
         "status": status_text(outcome.status, r) + (f" ({outcome.error})" if outcome.error else ""),
-        "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
+        "steps": (f"{r['steps']} ({r.get('tokens_seen', 0):,} tokens)" if "steps" in r
+                  else f"{outcome.last_step or 0} (the last the workers reported)"),
         "train loss": fmt(r.get("final_loss"), ".4f"),
         "val loss": fmt(r.get("final_val_loss"), ".4f"),
         "unigram entropy": fmt(extra.get("unigram_entropy"), ".4f"),
