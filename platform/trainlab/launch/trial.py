@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rich.markup import escape
+
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.load import hashed_config
@@ -123,7 +125,8 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     r = outcome.result or {}
     extra = r.get("extra", {})
     rows = {
-        "status": status_text(outcome.status, r) + (f" ({outcome.error})" if outcome.error else ""),
+        # the error as it is: torch's "[enforce fail at ...]" is no rich markup
+        "status": status_text(outcome.status, r) + (f" ({escape(outcome.error)})" if outcome.error else ""),
         "steps": (f"{r['steps']} ({r.get('tokens_seen', 0):,} tokens)" if "steps" in r
                   else f"{outcome.last_step or 0} (the last the workers reported)"),
         "train loss": fmt(r.get("final_loss"), ".4f"),
