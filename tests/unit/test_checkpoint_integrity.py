@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shlex
 from pathlib import Path
 
@@ -131,6 +132,8 @@ def test_a_damaged_checkpoint_named_is_refused_suggesting_the_earlier_intact_one
                             f"resume from an earlier checkpoint (train.resume={step_dir(tmp_path, 2)}) or start "
                             "over (train.resume=never)")
     assert said == []  # a checkpoint named is never swapped for another
+    again = pickle.loads(pickle.dumps(e.value))  # as a Ray worker's error reaches the driver
+    assert str(again) == str(e.value) and again.path == path
 
 
 def test_another_configs_checkpoint_is_refused_naming_the_fields_and_the_overrides(tmp_path):

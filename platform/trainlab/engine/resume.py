@@ -123,12 +123,17 @@ def _check_same_trial(path: Path, meta: dict, *, auto: bool, expect_hash: str | 
 class DamagedCheckpoint(CheckpointError):
     """A checkpoint whose files are not what its manifest recorded at save."""
 
-    def __init__(self, path: Path, problem: str):
+    def __init__(self, path: Path, problem: str, message: str = ""):
         self.path, self.problem = path, problem
-        earlier = _earlier_intact(path)
-        again = f"train.resume={earlier}" if earlier else "train.resume=PATH"
-        super().__init__(f"checkpoint {path} {problem}; resume from an earlier checkpoint ({again}) or start "
-                         "over (train.resume=never)")
+        if not message:
+            earlier = _earlier_intact(path)
+            again = f"train.resume={earlier}" if earlier else "train.resume=PATH"
+            message = (f"checkpoint {path} {problem}; resume from an earlier checkpoint ({again}) or start "
+                       "over (train.resume=never)")
+        super().__init__(message)
+
+    def __reduce__(self):  # as it was raised, also where it is unpickled (a Ray worker's error)
+        return type(self), (self.path, self.problem, str(self))
 
 
 def _earlier_intact(path: Path) -> Path | None:
