@@ -42,8 +42,9 @@ def torchrun(args: list[str], *, cwd: Path, max_file_bytes: int = 0) -> subproce
     write (RLIMIT_FSIZE: a write past it fails as on a full disk; Python ignores SIGXFSZ)."""
     limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))) \
         if max_file_bytes else None
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "trainlab.train", *TRIAL, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "trainlab.train", *TRIAL, *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, preexec_fn=limit)
 
 
@@ -161,7 +162,8 @@ def test_auto_resumes_from_the_checkpoint_before_a_damaged_latest_one_and_says_s
     proc = torchrun([f"hydra.run.dir={tmp_path / 'run'}", f"train.checkpoint_dir={ckpts}"], cwd=tmp_path)
     out = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
     assert proc.returncode == 0, out[-3000:]
-    assert f"warning: checkpoint {step_dir(ckpts, 4)} is damaged: __1_0.distcp does not match" in out, out[-3000:]
+    damaged = f"warning: checkpoint {step_dir(ckpts, 4)} is damaged: __1_0.distcp does not match"
+    assert damaged in out, out[-3000:]
     assert f"resuming from {step_dir(ckpts, 2)} (step 2), the newest intact one" in out
     assert f"resumed from {step_dir(ckpts, 2)} at step 2" in out
     resumed = losses(tmp_path / "run")
@@ -182,7 +184,8 @@ def test_a_save_that_cannot_be_written_fails_cleanly_and_leaves_no_partial_folde
                     max_file_bytes=cap)
     err = " ".join(proc.stderr.split())
     assert proc.returncode != 0
-    assert f"the checkpoint of step 2 could not be written to {ckpts / 'step_00000002.tmp'}" in err, err[-3000:]
+    said = f"the checkpoint of step 2 could not be written to {ckpts / 'step_00000002.tmp'}"
+    assert said in err, err[-3000:]
     assert "its partial files were removed" in err and "train.checkpoint_dir" in err
     assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == []
     assert sorted(losses(tmp_path / "run")) == [1, 2]  # the steps recorded before the save

@@ -25,8 +25,9 @@ def summary_rows(outcome: TrialOutcome, tmp_path) -> dict[str, str]:
 
 def test_a_failed_trial_reports_the_steps_its_workers_recorded(tmp_path):
     failed = TrialOutcome(status=names.STATUS_FAILED, result=None, run_id=None, tracking_uri=None,
-                          error="CheckpointWriteError: the checkpoint of step 3 could not be written (rank 0: "
-                                "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598)",
+                          error="CheckpointWriteError: the checkpoint of step 3 could not be written (rank "
+                                "0: RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos "
+                                "704 vs 598)",
                           last_step=2)
     rows = summary_rows(failed, tmp_path)
     assert rows["steps"] == "2 (the last the workers reported)", rows

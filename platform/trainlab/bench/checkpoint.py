@@ -168,7 +168,8 @@ def report(s: dict) -> list[str]:
         *(f"round {r['round']} every={r['every']:<3} loop {r['elapsed_s']:7.2f} s = steps {r['steps_sum_s']:7.2f} "
           f"+ saves {sum(r['save_s']):5.2f} + rest {r['elapsed_s'] - r['steps_sum_s'] - sum(r['save_s']):5.2f}  "
           f"median step {statistics.median(r['step_times']):.4f} s  saves [{' '.join(f'{v:.2f}' for v in r['save_s'])}]"
-          + (f"  verify warm/cold [{' '.join(f'{w:.2f}/{c:.2f}' for w, c, _ in r['verify'])}]" if r["verify"] else "")
+          + (f"  verify warm/cold [{' '.join(f'{w:.2f}/{c:.2f}' for w, c, _ in r['verify'])}]"
+             if r["verify"] else "")
           for r in s["rows"]),
         f"save ({s['num_saves']} saves): median {s['save_s_median']:.3f} s, max {s['save_s_max']:.3f} s",
         f"size: {s['size_mb']:.2f} MiB = {s['bytes_per_param']:.2f} bytes/parameter "
@@ -179,9 +180,10 @@ def report(s: dict) -> list[str]:
         f"({s['share_e2e']:.1%} at every {s['interval']} steps)",
         f"checksums at save: median {s['checksum_s_median']:.3f} s of a save's {s['save_s_median']:.3f} s "
         f"({s['checksum_s_median'] / s['save_s_median']:.0%})",
-        f"verify before a resume ({s['num_verified']} checkpoints of {s['verify_mib']:.2f} MiB, every file read "
-        f"back): median {s['verify_warm_s']:.3f} s warm, {s['verify_cold_s']:.3f} s cold "
-        f"({s['verify_mib'] / s['verify_cold_s']:.0f} MiB/s) = {s['verify_cold_s'] / s['save_s_median']:.2f} x a save",
+        f"verify before a resume ({s['num_verified']} checkpoints of {s['verify_mib']:.2f} MiB, every file "
+        f"read back): median {s['verify_warm_s']:.3f} s warm, {s['verify_cold_s']:.3f} s cold "
+        f"({s['verify_mib'] / s['verify_cold_s']:.0f} MiB/s) = "
+        f"{s['verify_cold_s'] / s['save_s_median']:.2f} x a save",
         f"amortised at every {s['interval']} steps: {s['share']:.1%} of step time (target < {TARGET:.0%})",
     ]
     return lines

@@ -67,7 +67,6 @@ class CheckpointWriteError(RuntimeError):
     """A save that failed on some rank (a full disk, an I/O error); its partial files are gone."""
 
 
-
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
@@ -232,8 +231,8 @@ class _Together:
         last = latest_checkpoint(self.ckpt.root)
         free = shutil.disk_usage(self.ckpt.root).free / 2**30
         raise CheckpointWriteError(
-            f"the checkpoint of step {self.step} could not be written to {self.tmp} ({'; '.join(failed)[:600]}); "
-            f"its partial files were removed and the trial stops here (latest checkpoint: "
+            f"the checkpoint of step {self.step} could not be written to {self.tmp} "
+            f"({'; '.join(failed)[:600]}); its partial files were removed (the latest complete checkpoint: "
             f"{last.path if last else 'none'}); the file system there has {free:.2f} GiB free: free space, "
             "or set train.checkpoint_dir to a larger one (train.checkpoint_every=0 saves none)")
 

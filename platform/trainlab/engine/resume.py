@@ -63,8 +63,9 @@ def resolve_resume(resume: str, root: Path, *, expect_hash: str | None = None,
         else:
             candidates = complete_checkpoints(path) if path.is_dir() else []
             if not candidates:
-                raise CheckpointError(f"train.resume={resume!r} holds no complete checkpoint (no step_* folder "
-                                      f"with {META_FILE}); give a checkpoint folder, or train.resume=auto / never")
+                raise CheckpointError(f"train.resume={resume!r} holds no complete checkpoint (no step_* "
+                                      f"folder with {META_FILE}); give a checkpoint folder, or "
+                                      "train.resume=auto / never")
     found, meta = _newest_intact(candidates, named=named, verify=verify, warn=warn)
     if found is not None:
         _check_same_trial(found.path, meta, auto=resume == "auto", expect_hash=expect_hash,
@@ -91,9 +92,10 @@ def _newest_intact(candidates: list[Checkpoint], *, named: bool, verify: Verify 
         return ckpt, meta
     if damaged:
         newest = damaged[0]
-        raise CheckpointError(f"checkpoint {newest.path} {newest.problem}, and no earlier checkpoint beside it "
-                              f"is intact ({len(damaged)} checked); start over with train.resume=never (the "
-                              "damaged ones stay where they are) or give an intact one as train.resume=PATH")
+        raise CheckpointError(f"checkpoint {newest.path} {newest.problem}, and no earlier checkpoint "
+                              f"beside it is intact ({len(damaged)} checked); start over with "
+                              "train.resume=never (the damaged ones stay where they are) or give an intact "
+                              "one as train.resume=PATH")
     return None, {}
 
 
@@ -160,9 +162,9 @@ def check_checkpoint(path: Path, *, world_size: int | None = None, verify: Verif
             more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
             raise DamagedCheckpoint(path, f"is damaged: {', '.join(problems[:3])}{more}")
     if world_size is not None and meta.get("layout_bound") and meta["world_size"] != world_size:
-        raise CheckpointError(f"checkpoint {path} was written by {meta['world_size']} workers in a layout that "
-                              f"cannot change size ({meta['parallel']}); resume with cluster.num_workers="
-                              f"{meta['world_size']}")
+        raise CheckpointError(f"checkpoint {path} was written by {meta['world_size']} workers in a layout "
+                              f"that cannot change size ({meta['parallel']}); resume with "
+                              f"cluster.num_workers={meta['world_size']}")
     return meta
 
 
@@ -182,7 +184,8 @@ def _sized_manifest(path: Path) -> dict:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise DamagedCheckpoint(path, f"is damaged: {META_FILE} is corrupt ({e})") from None
     if integrity.manifest_problem(meta):
-        raise DamagedCheckpoint(path, f"is damaged: {META_FILE} is corrupt ({integrity.manifest_problem(meta)})")
+        raise DamagedCheckpoint(path, f"is damaged: {META_FILE} is corrupt "
+                                      f"({integrity.manifest_problem(meta)})")
     for name, size in sizes.items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size:

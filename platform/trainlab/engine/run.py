@@ -262,7 +262,8 @@ class Attempt:
         dims = parallel_dims(run)
         trainer.checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
-            config_hash=self.trial_hash, config=self.trial_config, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+            config_hash=self.trial_hash, config=self.trial_config,
+            shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
         if ckpt is not None:
             trainer.checkpointer.load(trainer, ckpt)
         scale_lr(trainer, loaded=rollback_of(ckpt).lr_scale, wanted=rollback.lr_scale)
