@@ -37,7 +37,13 @@ def test_bench_checkpoint_reports_save_cost_and_size(tmp_path):
     assert s["interval"] == TrainConfig().checkpoint_every
     assert s["share"] == pytest.approx(s["save_s_median"] / (s["interval"] * s["step_s_median"]))
 
+    # checksums: a part of each save; the driver's check before a resume reads both kept ones back
+    assert 0 < s["checksum_s_median"] < s["save_s_median"]
+    assert s["num_verified"] == 2 and 0 < s["verify_warm_s"] < 60 and 0 < s["verify_cold_s"] < 60
+    assert s["verify_mib"] == pytest.approx(s["size_mb"], rel=0.01)
+
     lines = report(s)
+    assert any(line.startswith("verify before a resume (2 checkpoints of") for line in lines), lines
     assert re.fullmatch(rf"amortised at every {s['interval']} steps: \d+\.\d% of step time \(target < 2%\)",
                         lines[-1]), lines
     assert any(line.startswith("save (2 saves): median") for line in lines), lines

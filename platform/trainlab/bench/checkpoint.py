@@ -13,6 +13,12 @@ steps after the first), and two estimates of the cost of one save inside the loo
 save time, and the end-to-end difference in the loop's wall time (with - without) divided by the
 saves. Last, the share of training time at TrainConfig's default interval:
 `amortised at every N steps: X% of step time (target < 2%)` = save_s / (N x step_time_s).
+
+Checksums: the part of each save spent hashing its files (ckpt/checksum_s, each rank its share),
+and what the driver's check before a resume costs: after each trial with saves, rank 0 reads every
+file of each checkpoint it kept back against its SHA-256 (engine/resume.py, as `trainlab train`
+does before launch), once as the files lie in the page cache after the save (warm) and once after
+dropping their pages (posix_fadvise DONTNEED: cold, read from the disk), printed beside the save.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from trainlab import names
@@ -81,6 +88,8 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
                              "steps_sum_s": sum(v for _, v in rec.series(names.STEP_TIME_S)),
                              "save_s": [v for _, v in rec.series(names.CKPT_SAVE_S)],
                              "size_mb": [v for _, v in rec.series(names.CKPT_SIZE_MB)],
+                             "checksum_s": [v for _, v in rec.series(names.CKPT_CHECKSUM_S)],
+                             **(verify_times(folder) if k and dist_info.is_rank0 else {"verify": []}),
                              "device": result.extra["device"], "num_params": num_params,
                              "parallel": run.parallel.name})
     finally:
@@ -88,6 +97,29 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
         if made:
             shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def verify_times(folder: Path) -> dict:
+    """{'verify': [(warm s, cold s, MiB)]}: the driver's check of each checkpoint kept in `folder`."""
+    from trainlab.engine.checkpoint import complete_checkpoints
+    from trainlab.engine.resume import check_checkpoint, verify_here
+
+    out = []
+    for ckpt in complete_checkpoints(folder):
+        files = [p for p in ckpt.path.iterdir() if p.is_file()]
+        t0 = time.perf_counter()
+        check_checkpoint(ckpt.path, verify=verify_here)
+        warm = time.perf_counter() - t0
+        for p in files:  # their pages out of the cache (clean after the save's fsync)
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        t0 = time.perf_counter()
+        check_checkpoint(ckpt.path, verify=verify_here)
+        out.append((warm, time.perf_counter() - t0, sum(p.stat().st_size for p in files) / 2**20))
+    return {"verify": out}
 
 
 def summarise(rows: list[dict], *, every: int, world: int) -> dict:
@@ -108,6 +140,9 @@ def summarise(rows: list[dict], *, every: int, world: int) -> dict:
     interval = TrainConfig().checkpoint_every
     size_mb = statistics.median(sizes)
     num_params = rows[0]["num_params"]
+    checksum = [c for r in on for c in r["checksum_s"]]
+    verify = [v for r in on for v in r["verify"]]
+    warm, cold = (statistics.median(v[i] for v in verify) if verify else float("nan") for i in (0, 1))
     return {
         "device": rows[0]["device"], "world": world, "parallel": rows[0]["parallel"],
         "num_params": num_params, "every": every, "repeats": len(on),
@@ -118,6 +153,9 @@ def summarise(rows: list[dict], *, every: int, world: int) -> dict:
         "step_s_median_with_saves": statistics.median(t for r in on for t in r["step_times"]),
         "e2e_per_save_s": e2e, "interval": interval, "rows": rows,
         "share": save_s / (interval * step_s), "share_e2e": e2e / (interval * step_s),
+        "checksum_s_median": statistics.median(checksum) if checksum else float("nan"),
+        "num_verified": len(verify), "verify_warm_s": warm, "verify_cold_s": cold,
+        "verify_mib": statistics.median(v[2] for v in verify) if verify else float("nan"),
     }
 
 
@@ -130,6 +168,8 @@ def report(s: dict) -> list[str]:
         *(f"round {r['round']} every={r['every']:<3} loop {r['elapsed_s']:7.2f} s = steps {r['steps_sum_s']:7.2f} "
           f"+ saves {sum(r['save_s']):5.2f} + rest {r['elapsed_s'] - r['steps_sum_s'] - sum(r['save_s']):5.2f}  "
           f"median step {statistics.median(r['step_times']):.4f} s  saves [{' '.join(f'{v:.2f}' for v in r['save_s'])}]"
+          + (f"  verify warm/cold [{' '.join(f'{w:.2f}/{c:.2f}' for w, c, _ in r['verify'])}]"
+             if r["verify"] else "")
           for r in s["rows"]),
         f"save ({s['num_saves']} saves): median {s['save_s_median']:.3f} s, max {s['save_s_max']:.3f} s",
         f"size: {s['size_mb']:.2f} MiB = {s['bytes_per_param']:.2f} bytes/parameter "
@@ -138,6 +178,12 @@ def report(s: dict) -> list[str]:
         f"(with saves: {s['step_s_median_with_saves']:.4f} s)",
         f"end to end: (wall with saves - without) / saves = {s['e2e_per_save_s']:.3f} s per save "
         f"({s['share_e2e']:.1%} at every {s['interval']} steps)",
+        f"checksums at save: median {s['checksum_s_median']:.3f} s of a save's {s['save_s_median']:.3f} s "
+        f"({s['checksum_s_median'] / s['save_s_median']:.0%})",
+        f"verify before a resume ({s['num_verified']} checkpoints of {s['verify_mib']:.2f} MiB, every file "
+        f"read back): median {s['verify_warm_s']:.3f} s warm, {s['verify_cold_s']:.3f} s cold "
+        f"({s['verify_mib'] / s['verify_cold_s']:.0f} MiB/s) = "
+        f"{s['verify_cold_s'] / s['save_s_median']:.2f} x a save",
         f"amortised at every {s['interval']} steps: {s['share']:.1%} of step time (target < {TARGET:.0%})",
     ]
     return lines

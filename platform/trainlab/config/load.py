@@ -128,13 +128,17 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_hash(run: RunConfig) -> str:
-    """A 16-hex fingerprint of what a trial trains (not where it reports): equal configs, equal hash."""
-    flat = {
+def hashed_config(run: RunConfig) -> dict[str, Any]:
+    """The dotted fields config_hash covers: what a trial trains (a checkpoint records them)."""
+    return {
         k: v for k, v in flatten(run).items()
         if not any(k == skip or k.startswith(skip + ".") for skip in _NOT_HASHED)
     }
-    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_hash(run: RunConfig) -> str:
+    """A 16-hex fingerprint of what a trial trains (not where it reports): equal configs, equal hash."""
+    return hashlib.sha256(json.dumps(hashed_config(run), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def to_yaml(run: RunConfig) -> str:

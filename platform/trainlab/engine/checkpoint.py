@@ -9,12 +9,14 @@ One checkpoint is one folder, ``<root>/step_00000100/``:
 - ``rank_<r>.pt`` per rank: what is small and rank-local (LR schedule, loss scaler, data
   position, RNG states, the loop's counters and loss curve, a ZeRO-1 optimizer shard), saved
   as tensors and plain values only, so it loads with ``torch.load(weights_only=True)``;
-- ``trainlab.json``: step, world size, layout and config hash, written last.
+- ``trainlab.json`` (the manifest): step, world size, layout, the config's hash and fields, and
+  every file's size and SHA-256 (engine/integrity.py), written last.
 
 Atomic: everything is written into ``step_XXXXXXXX.tmp/``; once every rank has finished
 (a barrier), rank 0 renames it to its final name. A crash mid-write leaves a ``.tmp`` folder
 that is never read and is removed at the next start, so the previous checkpoint stays the
-latest. Retention: rank 0 keeps the newest ``keep`` and deletes the rest.
+latest; a save that fails (a full disk) removes its ``.tmp`` at once, on every rank's word.
+Retention: rank 0 keeps the newest ``keep`` and deletes the rest.
 
 The root must be storage every rank sees (one machine, or a shared file system).
 """
@@ -29,12 +31,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -44,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from trainlab import names
 from trainlab.config import config_hash
+from trainlab.engine import integrity
 from trainlab.engine.rollback import Rollback
 
 if TYPE_CHECKING:
@@ -51,11 +55,16 @@ if TYPE_CHECKING:
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 META_FILE = "trainlab.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: files carry a SHA-256 and the manifest the config's fields and its own digest (1: sizes)."""
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or of another run."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A save that failed on some rank (a full disk, an I/O error); its partial files are gone."""
 
 
 @dataclass(frozen=True)
@@ -96,74 +105,17 @@ def latest_checkpoint(root: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def resolve_resume(resume: str, root: Path, *, expect_hash: str | None = None) -> Checkpoint | None:
-    """train.resume: `auto` = the latest checkpoint under the trial's checkpoint folder if
-    there is one; `never`; or a path to a checkpoint (a step_* folder) or to a folder of them.
-    An explicit path that holds no usable checkpoint is an error, never a fresh start.
-    `expect_hash`: the trial's config hash; `auto` refuses a checkpoint another config wrote."""
-    if resume == "never":
-        return None
-    if resume == "auto":  # a damaged latest one is refused, not silently skipped
-        found = latest_checkpoint(root)
-        if found is not None:
-            meta = check_checkpoint(found.path)
-            if expect_hash is not None and meta.get("config_hash") != expect_hash:
-                raise CheckpointError(
-                    f"train.resume=auto found {found.path}, written by another config (config hash "
-                    f"{meta.get('config_hash')}, this one {expect_hash}); give this trial its own "
-                    "train.checkpoint_dir, or train.resume=never to start over there")
-        return found
-    path = Path(resume).expanduser()
-    if _STEP_DIR.match(path.name):
-        check_checkpoint(path)
-        return Checkpoint(path, int(_STEP_DIR.match(path.name).group(1)))
-    found = latest_checkpoint(path) if path.is_dir() else None
-    if found is None:
-        raise CheckpointError(f"train.resume={resume!r} holds no complete checkpoint (no step_* folder with "
-                              f"{META_FILE}); give a checkpoint folder, or train.resume=auto / never")
-    check_checkpoint(found.path)
-    return found
-
-
-def check_checkpoint(path: Path, *, world_size: int | None = None) -> dict:
-    """The checkpoint's metadata, after checking every file it names is there with its size:
-    a truncated or half-copied checkpoint is refused before any worker loads it."""
-    meta_path = path / META_FILE
-    where = f"checkpoint {path}"
-    if not path.is_dir():
-        raise CheckpointError(f"{where} does not exist; give an existing step_* folder, or train.resume=auto "
-                              "(the latest in train.checkpoint_dir) or train.resume=never")
-    if not meta_path.is_file():
-        raise CheckpointError(f"{where} is incomplete ({META_FILE} is missing): it was not finished "
-                              "or was copied in part; resume from an earlier one or with train.resume=never")
-    try:
-        meta = json.loads(meta_path.read_text())
-        files = dict(meta["files"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{where}: {META_FILE} is corrupt ({e}); resume from an earlier checkpoint") from None
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file() or f.stat().st_size != size:
-            got = f.stat().st_size if f.is_file() else "missing"
-            raise CheckpointError(f"{where} is damaged: {name} should have {size} bytes, has {got}; "
-                                  "resume from an earlier checkpoint (train.resume=PATH) or start over "
-                                  "(train.resume=never)")
-    if world_size is not None and meta.get("layout_bound") and meta["world_size"] != world_size:
-        raise CheckpointError(f"{where} was written by {meta['world_size']} workers in a layout that "
-                              f"cannot change size ({meta['parallel']}); resume with cluster.num_workers="
-                              f"{meta['world_size']}")
-    return meta
-
-
 class Checkpointer:
     """Saves and loads a Trainer's whole state under `root` (see the module docstring)."""
 
     def __init__(self, root: Path, *, keep: int, rank: int, world_size: int, config_hash: str,
-                 shard_key: str = ""):
+                 config: dict | None = None, shard_key: str = ""):
         self.root = Path(root)
         self.config_hash = config_hash
         """The trial's identity, written into every checkpoint: the hash of its config as
         launched, which stays the same when the trial resizes or rolls back at run time."""
+        self.config = integrity.as_json(config) if config is not None else None
+        """The fields that hash covers, as launched: a resume names those in which it differs."""
         self.keep = keep
         self.rank, self.world_size = rank, world_size
         self.shard_key = shard_key
@@ -177,36 +129,51 @@ class Checkpointer:
     # -- save ------------------------------------------------------------------------------
     def save(self, trainer: Trainer) -> dict[str, float]:
         """Write a checkpoint of `trainer` at its current step (a collective); returns the
-        metrics ckpt/save_s and ckpt/size_mb, the same on every rank."""
+        metrics ckpt/save_s, ckpt/size_mb and ckpt/checksum_s, the same on every rank.
+        A rank that fails to write (a full disk) fails the save on every rank, together: the
+        partial folder is removed and each raises CheckpointWriteError."""
         t0 = time.perf_counter()
         final = step_dir(self.root, trainer.step)
         tmp = final.with_name(final.name + ".tmp")
-        if self.rank == 0:
-            tmp.mkdir(parents=True, exist_ok=True)
-        _barrier()
-        dcp.save(self._sharded_state(trainer), checkpoint_id=str(tmp))
-        local = tmp / f"rank_{self.rank}.pt"
-        torch.save(rank_state(trainer), local)
-        _fsync(local)
-        _barrier()  # every rank's shards and rank file are on disk
-        size = 0
-        if self.rank == 0:
-            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-            size = sum(files.values())
+        together = _Together(self, tmp, trainer.step)
+        together(lambda: tmp.mkdir(parents=True, exist_ok=True) if self.rank == 0 else None)
+
+        def write() -> None:
+            dcp.save(self._sharded_state(trainer), checkpoint_id=str(tmp))
+            local = tmp / f"rank_{self.rank}.pt"
+            torch.save(rank_state(trainer), local)
+            _fsync(local)
+
+        together(write)  # every rank's shards and rank file are on disk
+        t_sum = time.perf_counter()
+        # each rank hashes its share of the folder's files (they are in the page cache now)
+        names_here = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        shares = together(lambda: json.dumps(integrity.describe_files(
+            tmp, integrity.share(names_here, rank=self.rank, world=self.world_size))))
+        checksum_s = time.perf_counter() - t_sum
+        files = dict(sorted((k, v) for part in shares for k, v in json.loads(part).items()))
+        size = sum(f["bytes"] for f in files.values())
+
+        def finish() -> None:
+            if self.rank != 0:
+                return
             meta = {"version": FORMAT_VERSION, "step": trainer.step, "tokens_seen": trainer.tokens_seen,
                     "world_size": self.world_size, "parallel": trainer.run.parallel.name,
                     "precision": trainer.run.precision.name, "rollback": trainer.rollback.as_state(),
                     "layout_bound": not elastic_layout(trainer.run),
-                    "config_hash": self.config_hash, "time": time.time(), "files": files}
-            _write_synced(tmp / META_FILE, json.dumps(meta, indent=1))
+                    "config_hash": self.config_hash, "config": self.config, "time": time.time(),
+                    "files": files}
+            _write_synced(tmp / META_FILE, json.dumps(integrity.seal(meta), indent=1))
             if final.exists():  # the same step again (a resumed run re-saving): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync(self.root)
             for old in complete_checkpoints(self.root)[:-self.keep]:
                 shutil.rmtree(old.path, ignore_errors=True)
-        _barrier()
-        return {names.CKPT_SAVE_S: time.perf_counter() - t0, names.CKPT_SIZE_MB: size / 2**20}
+
+        together(finish)
+        return {names.CKPT_SAVE_S: time.perf_counter() - t0, names.CKPT_SIZE_MB: size / 2**20,
+                names.CKPT_CHECKSUM_S: checksum_s}
 
     def _sharded_state(self, trainer: Trainer) -> dict:
         state = {"model": get_model_state_dict(trainer.model)}
@@ -217,13 +184,15 @@ class Checkpointer:
     # -- load ------------------------------------------------------------------------------
     def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
         """Put `trainer` back in the state it had at `ckpt` (a collective)."""
+        from trainlab.engine.resume import check_checkpoint
+
         meta = check_checkpoint(ckpt.path, world_size=self.world_size)
         state = self._sharded_state(trainer)
         try:
             dcp.load(state, checkpoint_id=str(ckpt.path))
-        except Exception as e:  # DCP's own errors are long and wrapped per rank
+        except (Exception, CheckpointException) as e:  # DCP's own errors are long and wrapped per rank
             raise CheckpointError(f"checkpoint {ckpt.path} could not be loaded into this model "
-                                  f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); it was written "
+                                  f"({_reason(e)}); it was written "
                                   "for another model or layout; resume with that config or train.resume=never") from e
         inner = state[self.shard_key] if self.shard_key else state
         set_model_state_dict(trainer.model, inner["model"])
@@ -235,6 +204,45 @@ class Checkpointer:
         # a rollback to a higher precision starts its loss scaler (or fp8 scales) afresh
         same_recipe = meta.get("precision", trainer.run.precision.name) == trainer.run.precision.name
         load_rank_state(trainer, torch.load(local, weights_only=True, map_location="cpu"), recipe=same_recipe)
+
+
+class _Together:
+    """One step of a save on every rank, then every rank's word on it (a collective that also
+    stands for a barrier): if the step failed anywhere, rank 0 removes the partial folder and
+    every rank raises the same CheckpointWriteError, so no rank waits for one that gave up."""
+
+    def __init__(self, ckpt: Checkpointer, tmp: Path, step: int):
+        self.ckpt, self.tmp, self.step = ckpt, tmp, step
+
+    def __call__(self, fn: Callable[[], str | None]) -> list[str]:
+        from trainlab.engine.distributed import gather_strings
+
+        try:
+            said = "ok:" + (fn() or "")
+        except (Exception, CheckpointException) as e:
+            said = f"failed:rank {self.ckpt.rank}: {_reason(e)}"
+        heard = gather_strings(said)
+        failed = [h.removeprefix("failed:") for h in heard if h.startswith("failed:")]
+        if not failed:
+            return [h.removeprefix("ok:") for h in heard]
+        if self.ckpt.rank == 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        _barrier()  # the partial folder is gone before any rank reports
+        last = latest_checkpoint(self.ckpt.root)
+        free = shutil.disk_usage(self.ckpt.root).free / 2**30
+        raise CheckpointWriteError(
+            f"the checkpoint of step {self.step} could not be written to {self.tmp} "
+            f"({'; '.join(failed)[:600]}); its partial files were removed (the latest complete checkpoint: "
+            f"{last.path if last else 'none'}); the file system there has {free:.2f} GiB free: free space, "
+            "or set train.checkpoint_dir to a larger one (train.checkpoint_every=0 saves none)")
+
+
+def _reason(e: BaseException) -> str:
+    """'Type: first line' of an error; for DCP's per-rank wrapper, of the first rank's error."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:300]}"
 
 
 def discard_after(root: Path, step: int) -> None:

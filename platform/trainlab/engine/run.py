@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, parallel_dims
+from trainlab.config.load import hashed_config
 from trainlab.config.validate import (
     compile_unit,
     elastic_range,
@@ -36,7 +37,6 @@ from trainlab.engine.checkpoint import (
     checkpoint_root,
     complete_checkpoints,
     discard_after,
-    resolve_resume,
     rollback_of,
 )
 from trainlab.engine.determinism import set_deterministic
@@ -49,6 +49,7 @@ from trainlab.engine.distributed import (
     setup_distributed,
 )
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
+from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer, TrialResult
@@ -178,15 +179,17 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         torch.set_num_threads(run.cluster.cpus_per_worker)
     root = checkpoint_root(run)
     trial_hash = config_hash(run)  # the trial's identity in its checkpoints, whatever it changes at run time
+    trial_config = hashed_config(run)  # its fields, so that a resume can name those that differ
     elastic = elastic_range(run)  # as launched: Ray may have started the gang smaller
     run = fit_to_gang(run, world_size=dist_info.world_size)
-    resume_from = agreed_resume(run, root, trial_hash)
+    resume_from = agreed_resume(run, root, trial_hash, trial_config=trial_config,
+                                warn=_warner(progress) if dist_info.is_rank0 else None)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     warn = progress if progress is not None and dist_info.is_rank0 else _print_event
     try:
         attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
-                          first=resume_from)
+                          first=resume_from, trial_config=trial_config)
         trainer = attempt.start(resume_from, rollback_of(resume_from))
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
@@ -243,8 +246,11 @@ class Attempt:
     checkpoint) and, with train.on_divergence=rollback, each retry after a divergence."""
 
     def __init__(self, run: RunConfig, dist_info: DistInfo, *, tracker: Tracker, root: Path,
-                 trial_hash: str, progress: Progress | None, first: Checkpoint | None):
+                 trial_hash: str, progress: Progress | None, first: Checkpoint | None,
+                 trial_config: dict | None = None):
         self.run, self.dist_info, self.tracker = run, dist_info, tracker
+        self.trial_config = trial_config
+        """The hashed config fields as launched, written into every checkpoint's manifest."""
         self.first = first
         """The checkpoint the trial started from (None: step 0)."""
         self.root, self.trial_hash, self.progress = root, trial_hash, progress
@@ -256,7 +262,8 @@ class Attempt:
         dims = parallel_dims(run)
         trainer.checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
-            config_hash=self.trial_hash, shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+            config_hash=self.trial_hash, config=self.trial_config,
+            shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
         if ckpt is not None:
             trainer.checkpointer.load(trainer, ckpt)
         scale_lr(trainer, loaded=rollback_of(ckpt).lr_scale, wanted=rollback.lr_scale)
@@ -324,10 +331,19 @@ class Attempt:
             trainer.add_hook(_progress_hook(self.progress), every=run.train.log_every)
 
 
-def agreed_resume(run: RunConfig, root: Path, trial_hash: str) -> Checkpoint | None:
+def agreed_resume(run: RunConfig, root: Path, trial_hash: str, *, trial_config: dict | None = None,
+                  warn: Callable[[str], None] | None = None) -> Checkpoint | None:
     """The checkpoint train.resume points at, as rank 0 sees it (every rank loads the same one,
-    even if a save landed between their looks); a collective."""
-    return agreed_checkpoint(resolve_resume(run.train.resume, root, expect_hash=trial_hash))
+    even if a save landed between their looks), its files checked by every rank (a share
+    each) against their digests at save; a collective (engine/resume.py)."""
+    return agreed_intact_resume(run.train.resume, root, expect_hash=trial_hash, expect_config=trial_config,
+                                warn=warn)
+
+
+def _warner(progress: Progress | None) -> Callable[[str], None]:
+    """A warning to the driver's console (a progress event), or printed under torchrun alone."""
+    send = progress if progress is not None else _print_event
+    return lambda message: send({"kind": "warning", "message": message})
 
 
 def agreed_checkpoint(found: Checkpoint | None) -> Checkpoint | None:

@@ -8,10 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rich.markup import escape
+
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig
+from trainlab.config.load import hashed_config
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
-from trainlab.engine.checkpoint import CheckpointError, checkpoint_root, resolve_resume
+from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
+from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch import interrupt
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.preflight import preflight
@@ -40,6 +44,8 @@ class TrialOutcome:
     error: str = ""
     interrupted: int = 0
     """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
+    last_step: int | None = None
+    """The last step the workers reported (what the tracker recorded), also when they failed."""
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
@@ -52,10 +58,12 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
-    try:
-        # integrity only: the config check is the worker's, whose run has cluster.device resolved
-        resuming = resolve_resume(run.train.resume, root) is not None
-    except CheckpointError as e:  # a damaged or missing checkpoint: refused before any worker starts
+    # the workers' config: cluster.device as resolved here ('auto' on a remote cluster matches any)
+    fields = hashed_config(dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=device)))
+    try:  # every file read back against its digest at save; another config's checkpoint refused
+        resuming = resolve_resume(run.train.resume, root, expect_config=fields, verify=verify_here,
+                                  warn=lambda m: console.print(f"[yellow]warning:[/] {m}")) is not None
+    except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
     gang = plan(run, device)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
@@ -81,10 +89,11 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     progress = ProgressLine(description=default_run_name(run)) if show_progress else None
 
-    last_step = [0]
+    last_step: list[int] = []
 
     def events(event: dict) -> None:
-        last_step[0] = event.get("step", last_step[0])
+        if event.get("kind") in ("start", "step") and isinstance(event.get("step"), int):
+            last_step[:] = [event["step"]]
         if progress is not None:
             progress(event)
         if on_event is not None:
@@ -110,13 +119,13 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     if trial is not None:
         close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
-                           tracking_uri=uri, error=error)
+                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None)
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:
         outcome.interrupted = interrupt.current().signum
     if show_progress:
         print_summary(run, outcome, out_dir)
         if outcome.interrupted:
-            interrupt.say_stopped(run, step=(result or {}).get("steps", last_step[0]), root=root,
+            interrupt.say_stopped(run, step=(result or {}).get("steps", outcome.last_step or 0), root=root,
                                   tracked=trial is not None, at_once=result is None)
     return outcome
 
@@ -137,8 +146,10 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     r = outcome.result or {}
     extra = r.get("extra", {})
     rows = {
-        "status": status_text(outcome.status, r) + (f" ({redact(outcome.error)})" if outcome.error else ""),
-        "steps": f"{r.get('steps', 0)} ({r.get('tokens_seen', 0):,} tokens)",
+        # the error as it is (torch's "[enforce fail at ...]" is no rich markup), credentials masked
+        "status": status_text(outcome.status, r) + (f" ({escape(redact(outcome.error))})" if outcome.error else ""),
+        "steps": (f"{r['steps']} ({r.get('tokens_seen', 0):,} tokens)" if "steps" in r
+                  else f"{outcome.last_step or 0} (the last the workers reported)"),
         "train loss": fmt(r.get("final_loss"), ".4f"),
         "val loss": fmt(r.get("final_val_loss"), ".4f"),
         "unigram entropy": fmt(extra.get("unigram_entropy"), ".4f"),
