@@ -23,7 +23,7 @@ def _refused(overrides: list[str]) -> str:
 @pytest.mark.parametrize("overrides, says", [
     (["cluster.min_workers=3"], ["cluster.min_workers=3", "[0, cluster.num_workers=2]"]),
     (["cluster.min_workers=-1"], ["cluster.min_workers=-1", "[0, cluster.num_workers=2]"]),
-    ([*ELASTIC, "cluster.resize_interval_s=0"], ["cluster.resize_interval_s=0.0", "above 0"]),
+    ([*ELASTIC, "cluster.resize_interval_s=0"], ["cluster.resize_interval_s=0.0", "in (0, 86400]"]),
     ([*ELASTIC, "parallel=fsdp"], ["cluster.min_workers=1", "parallel.data_parallel=fsdp", "parallel=ddp"]),
     ([*ELASTIC, "parallel=tp"], ["parallel.tp=2", "parallel=ddp", "cluster.min_workers=0"]),
     ([*ELASTIC, "parallel.dp=2"], ["parallel.dp=2", "parallel.dp=0"]),

@@ -2,8 +2,10 @@
 
 Each group option under ``conf/<group>/`` names its schema first in its defaults list
 (``- <group>_schema``), so a typo in a key fails at composition. Field checks that need
-one section live in ``__post_init__`` (Hydra runs it only after ``OmegaConf.to_object``);
-checks across sections live in :mod:`trainlab.config.validate`.
+one section live in ``__post_init__`` (Hydra runs it only after ``OmegaConf.to_object``),
+which first holds every field to the type and range declared next to it (``bounded(...)``,
+``text(...)``: :mod:`trainlab.config.bounds`); checks across sections live in
+:mod:`trainlab.config.validate`.
 
 Sentinels: ``0`` for a size means "derive it" where the comment says so; ``""`` for a
 string means "unset / default".
@@ -17,6 +19,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from trainlab.config.bounds import bounded, check_fields, text
 
 # the precision modes and their families come from their specifications (precision.spec)
 from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
@@ -42,6 +46,9 @@ COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("auto", "emulated", "native")
+# Ranges every field keeps are declared next to it (config.bounds); a few shared ones:
+SEED_MAX, SEED_WHY = 2**32 - 1, "Python's and numpy's global seeds are 32-bit"
+WAIT_MAX_S, WAIT_WHY = 86_400.0, "seconds, a day at most: the OS cannot time a longer wait"
 
 
 def _positive(section: str, **values: Any) -> None:
@@ -67,27 +74,28 @@ class ModelConfig:
 
     name: str = MISSING
     """Preset name (tiny, small, 125m, 350m, 1b, 7b); recorded as the `model` tag."""
-    dim: int = 64
+    dim: int = bounded(64, gt=0)
     """Width of the residual stream."""
-    n_layers: int = 2
+    n_layers: int = bounded(2, gt=0)
     """Number of transformer blocks."""
-    n_heads: int = 4
+    n_heads: int = bounded(4, gt=0)
     """Attention heads; dim must divide by it."""
-    n_kv_heads: int = 0
+    n_kv_heads: int = bounded(0, ge=0, note="0 = n_heads")
     """Key/value heads for grouped-query attention; 0 = n_heads (plain multi-head)."""
-    ffn_dim: int = 0
+    ffn_dim: int = bounded(0, ge=0, note="0 = derived from dim")
     """Hidden width of the SwiGLU MLP; 0 = 8/3 * dim rounded up to `multiple_of`."""
-    multiple_of: int = 32
+    multiple_of: int = bounded(32, gt=0)
     """Round the derived ffn_dim up to a multiple of this (tensor-core friendly)."""
-    vocab_size: int = 0
+    vocab_size: int = bounded(0, ge=0, note="0 = the corpus's vocabulary")
     """Vocabulary size; 0 = the corpus's vocabulary (byte-level corpora: 256)."""
-    max_seq_len: int = 256
+    max_seq_len: int = bounded(256, gt=0)
     """Longest context the rotary table is built for; train.seq_len may not exceed it."""
-    rope_theta: float = 10000.0
+    rope_theta: float = bounded(10000.0, gt=1,
+                                why="the rotary frequencies theta**(-2i/d) must fall along a head")
     """Rotary base frequency."""
-    norm_eps: float = 1e-5
+    norm_eps: float = bounded(1e-5, gt=0)
     """RMSNorm epsilon."""
-    init_std: float = 0.02
+    init_std: float = bounded(0.02, gt=0)
     """Std of the normal init of linear and embedding weights."""
     smooth_swiglu: bool = False
     """Smooth-SwiGLU (Fishman et al., ICLR 2025): scale each SwiGLU output channel by a
@@ -96,14 +104,7 @@ class ModelConfig:
     channels. Costs one extra pass over the MLP hidden activation; for fp8 modes."""
 
     def __post_init__(self) -> None:
-        _positive("model", dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
-                  max_seq_len=self.max_seq_len, multiple_of=self.multiple_of)
-        if self.n_kv_heads < 0 or self.ffn_dim < 0 or self.vocab_size < 0:
-            raise ValueError(
-                "model.n_kv_heads, model.ffn_dim and model.vocab_size must be >= 0 "
-                "(0 = derive); got "
-                f"{self.n_kv_heads}, {self.ffn_dim}, {self.vocab_size}"
-            )
+        check_fields(self, section="model")
         if self.dim % self.n_heads:
             raise ValueError(
                 f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}; "
@@ -134,31 +135,26 @@ class DataConfig:
     """tokens only: path to the raw token file (no header)."""
     token_dtype: str = "uint16"
     """tokens only: element type of the token file."""
-    vocab_size: int = 0
+    vocab_size: int = bounded(0, ge=0, note="0 = unset")
     """markov: number of states (= vocabulary); tokens: vocabulary of the file (required);
     text: ignored (256 bytes)."""
-    num_tokens: int = 1_000_000
+    num_tokens: int = bounded(1_000_000, gt=0)
     """markov only: length of the generated corpus in tokens."""
-    concentration: float = 0.1
+    concentration: float = bounded(0.1, gt=0)
     """markov only: Dirichlet concentration of each transition row (smaller = more
     predictable source, lower true entropy)."""
-    seed: int = 1234
+    seed: int = bounded(1234, ge=0, le=SEED_MAX, why=SEED_WHY)
     """markov only: seed of the source, independent of the run seed so every trial of a
     sweep trains on the same corpus."""
-    val_fraction: float = 0.05
+    val_fraction: float = bounded(0.05, gt=0, lt=0.5)
     """Share of the token stream held out (at its end) for validation."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="data")
         _one_of("data", "name", self.name, DATASETS)
         _one_of("data", "token_dtype", self.token_dtype, TOKEN_DTYPES)
-        if not 0.0 < self.val_fraction < 0.5:
-            raise ValueError(
-                f"data.val_fraction={self.val_fraction} must lie in (0, 0.5); "
-                "a typical value is 0.05"
-            )
         if self.name == "markov":
-            _positive("data", vocab_size=self.vocab_size, num_tokens=self.num_tokens,
-                      concentration=self.concentration)
+            _positive("data", vocab_size=self.vocab_size)
         if self.name == "tokens":
             if not self.path:
                 raise ValueError("data.path is empty; data=tokens needs data.path=/path/to/tokens.bin")
@@ -178,28 +174,28 @@ class ParallelConfig:
     """ddp (full replica per rank), zero1 (DDP + optimizer states sharded), zero2 (FSDP2
     without resharding after forward: gradients and states sharded), fsdp (FSDP2, ZeRO-3:
     parameters too), hsdp (FSDP2 sharded within dp_shard groups, replicated across them)."""
-    dp: int = 0
+    dp: int = bounded(0, ge=0, note="0 = derive")
     """Data-parallel degree; 0 = world size / (tp * pp)."""
-    dp_replicate: int = 1
+    dp_replicate: int = bounded(1, gt=0)
     """hsdp only: replica groups (the rest of dp shards within a group)."""
-    tp: int = 1
+    tp: int = bounded(1, gt=0)
     """Tensor-parallel degree (attention heads and MLP columns split across ranks)."""
     sequence_parallel: bool = False
     """tp only: norms and residuals sharded along the sequence (less activation memory)."""
-    pp: int = 1
+    pp: int = bounded(1, gt=0)
     """Pipeline-parallel degree (the blocks cut into pp stages)."""
     pp_schedule: str = "1f1b"
     """gpipe, 1f1b or interleaved_1f1b."""
-    pp_microbatches: int = 0
+    pp_microbatches: int = bounded(0, ge=0, note="0 = derive")
     """Micro-batches per pipeline step; 0 = the micro-batches gradient accumulation would run
     (train.global_batch_size / (dp x train.micro_batch_size)). The bubble is (pp-1)/(m+pp-1)."""
-    pp_virtual_stages: int = 1
+    pp_virtual_stages: int = bounded(1, gt=0)
     """interleaved_1f1b: stages per rank."""
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float = bounded(25.0, gt=0)
     """DDP gradient bucket size in MiB (PyTorch's default is 25)."""
     comm_dtype: str = "fp32"
     """Precision of the data-parallel gradient all-reduce: fp32, fp16 or bf16."""
-    powersgd_rank: int = 0
+    powersgd_rank: int = bounded(0, ge=0, note="0 = off")
     """ddp: PowerSGD low-rank gradient compression of this rank; 0 = off."""
     activation_checkpoint: str = "none"
     """none, block (recompute every block in backward) or selective (every other block)."""
@@ -211,10 +207,11 @@ class ParallelConfig:
     micro-batch has train.micro_batch_size sequences, a rank's number of micro-batches
     (accumulation steps) is proportional to its weight (ddp and zero1 only). The gradient is
     the global-batch mean in every mode (trainlab.engine.balance)."""
-    dp_weights: list[float] = field(default_factory=list)
+    dp_weights: list[float] = bounded(default_factory=list, gt=0,
+                                      why="each is a rank's relative throughput, e.g. [2, 1]")
     """weighted and accumulate: relative throughput of each data-parallel rank (e.g. [2, 1]);
     empty = measured: sequences per compute-second over the first dp_balance_warmup steps."""
-    dp_balance_warmup: int = 3
+    dp_balance_warmup: int = bounded(3, gt=0)
     """weighted and accumulate with empty dp_weights: steps run with equal shares while each
     rank's compute rate is measured; the rates are measured again over as many steps at the
     shares they give, and the second shares kept (trainlab.engine.balance). Steps 1 and 2 are
@@ -222,23 +219,13 @@ class ParallelConfig:
     buckets with a collective inside forward, where a fast rank's wait would pass for compute."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="parallel")
         _one_of("parallel", "name", self.name, PARALLEL_LAYOUTS)
         _one_of("parallel", "data_parallel", self.data_parallel, DATA_PARALLEL)
         _one_of("parallel", "pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _one_of("parallel", "comm_dtype", self.comm_dtype, COMM_DTYPES)
         _one_of("parallel", "activation_checkpoint", self.activation_checkpoint, CHECKPOINTING)
         _one_of("parallel", "dp_balance", self.dp_balance, DP_BALANCE)
-        _positive("parallel", tp=self.tp, pp=self.pp, dp_replicate=self.dp_replicate,
-                  pp_virtual_stages=self.pp_virtual_stages, bucket_cap_mb=self.bucket_cap_mb,
-                  dp_balance_warmup=self.dp_balance_warmup)
-        bad = [w for w in self.dp_weights if not w > 0 or w == float("inf")]
-        if bad:
-            raise ValueError(f"parallel.dp_weights={list(self.dp_weights)} holds {bad[0]!r}; every weight "
-                             "is a rank's relative throughput, a finite number above 0 (e.g. [2, 1])")
-        for name in ("dp", "pp_microbatches", "powersgd_rank"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"parallel.{name}={getattr(self, name)} must be >= 0 (0 = "
-                                 f"{'derive' if name != 'powersgd_rank' else 'off'})")
         if self.dp_replicate > 1 and self.data_parallel != "hsdp":
             raise ValueError(f"parallel.dp_replicate={self.dp_replicate} only applies to "
                              "parallel.data_parallel=hsdp; set parallel.dp_replicate=1")
@@ -284,13 +271,13 @@ class PrecisionConfig:
     fp32 accumulation; fast on CPU), auto = emulated on CPU, native on GPU."""
     loss_scale: str = "dynamic"
     """fp16 only: 'dynamic' (GradScaler) or 'none' (watch gradients underflow)."""
-    init_scale: float = 65536.0
+    init_scale: float = bounded(65536.0, gt=0, le=2.0**127, why="the scale is held in fp32")
     """fp16 dynamic scaling: initial loss scale."""
-    growth_factor: float = 2.0
+    growth_factor: float = bounded(2.0, gt=1, why="the scale grows by it")
     """fp16 dynamic scaling: multiply the scale by this after growth_interval clean steps."""
-    backoff_factor: float = 0.5
+    backoff_factor: float = bounded(0.5, gt=0, lt=1, why="the scale shrinks by it")
     """fp16 dynamic scaling: multiply the scale by this after a non-finite gradient."""
-    growth_interval: int = 2000
+    growth_interval: int = bounded(2000, gt=0)
     """fp16 dynamic scaling: clean steps before the scale grows."""
     fp8_impl: str = "auto"
     """fp8 modes: native (real float8 casts and scaled matmuls; needs SM 8.9+ on a GPU, runs
@@ -310,9 +297,9 @@ class PrecisionConfig:
     their casts, by torchao's thresholds for the recipe) or a glob on module names (e.g.
     'layers.*.attention.*'). Unset (null) = the mode's default: [output, unaligned, small]
     for fp8 modes, [output, unaligned] otherwise; [] = keep none."""
-    amax_history_len: int = 16
+    amax_history_len: int = bounded(16, gt=0)
     """fp8_delayed: steps of amax history a scale is taken from (the max over it)."""
-    fp8_margin: int = 0
+    fp8_margin: int = bounded(0, ge=0, le=126, why="scales are divided by 2**margin, held in fp32")
     """fp8_delayed: scales are divided by 2**margin (headroom against growing amaxes)."""
     formats: EmulatedFormats = field(default_factory=EmulatedFormats)
     """emulated: the format of each tensor kind."""
@@ -328,6 +315,7 @@ class PrecisionConfig:
     deterministic, follows the fp32-master trajectory)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="precision")
         _one_of("precision", "name", self.name, PRECISIONS)
         _one_of("precision", "fp16_impl", self.fp16_impl, FP16_IMPLS)
         _one_of("precision", "fp8_impl", self.fp8_impl, FP8_IMPLS)
@@ -342,16 +330,6 @@ class PrecisionConfig:
             raise ValueError(
                 f"precision.keep_hp entry 'small' (linears too small for FP8 matmuls to pay) has no "
                 f"meaning with precision={self.name}, which runs no FP8 kernels; remove it")
-        _positive("precision", init_scale=self.init_scale, growth_factor=self.growth_factor,
-                  backoff_factor=self.backoff_factor, growth_interval=self.growth_interval,
-                  amax_history_len=self.amax_history_len)
-        if not self.backoff_factor < 1.0 < self.growth_factor:
-            raise ValueError(
-                f"precision.backoff_factor={self.backoff_factor} must be < 1 and "
-                f"precision.growth_factor={self.growth_factor} > 1"
-            )
-        if self.fp8_margin < 0:
-            raise ValueError(f"precision.fp8_margin={self.fp8_margin} must be >= 0")
         if self.name == "emulated":
             from trainlab.precision.formats import parse_format
 
@@ -375,18 +353,18 @@ class OptimConfig:
 
     name: str = "adamw"
     """Optimizer (adamw)."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, gt=0)
     """Peak learning rate."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = bounded(0.1, ge=0, le=1)
     """Final LR as a fraction of lr at the end of the cosine."""
-    warmup_steps: int = 10
+    warmup_steps: int = bounded(10, ge=0)
     """Optimizer steps of linear warmup from 0."""
-    weight_decay: float = 0.1
+    weight_decay: float = bounded(0.1, ge=0)
     """Decoupled weight decay (not applied to norms and biases)."""
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+    beta1: float = bounded(0.9, ge=0, lt=1)
+    beta2: float = bounded(0.95, ge=0, lt=1)
+    eps: float = bounded(1e-8, gt=0)
+    grad_clip: float = bounded(1.0, ge=0, note="0 = no clipping")
     """Clip the global gradient norm to this; 0 = no clipping (norm still measured)."""
     exp_avg_dtype: str = "fp32"
     """Storage of AdamW's first moment: fp32, bf16, e4m3 (FP8, per-tensor scaled) or e5m2."""
@@ -395,42 +373,32 @@ class OptimConfig:
     study keeps the first moment in e4m3 and the second in e5m2."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="optim")
         _one_of("optim", "name", self.name, ("adamw",))
         _one_of("optim", "exp_avg_dtype", self.exp_avg_dtype, STATE_DTYPES)
         _one_of("optim", "exp_avg_sq_dtype", self.exp_avg_sq_dtype, STATE_DTYPES)
-        _positive("optim", lr=self.lr, eps=self.eps)
-        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError(
-                "optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0; got "
-                f"{self.warmup_steps}, {self.grad_clip}, {self.weight_decay}"
-            )
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
-        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"optim.{name}={beta} must lie in [0, 1)")
 
 
 @dataclass
 class TrainConfig:
     """The loop: how long, how big, how often to evaluate and report."""
 
-    max_steps: int = 200
+    max_steps: int = bounded(200, gt=0)
     """Optimizer steps to train."""
-    global_batch_size: int = 16
+    global_batch_size: int = bounded(16, gt=0)
     """Sequences per optimizer step, summed over data-parallel ranks and micro-batches."""
-    micro_batch_size: int = 8
+    micro_batch_size: int = bounded(8, gt=0)
     """Sequences per forward/backward on one rank; accumulation = global / (micro * dp)."""
-    seq_len: int = 128
+    seq_len: int = bounded(128, gt=0)
     """Tokens per sequence; at most model.max_seq_len."""
-    eval_every: int = 50
+    eval_every: int = bounded(50, ge=0, note="0 = only at the end")
     """Validate every N optimizer steps (and after the last); 0 = only at the end."""
-    eval_batches: int = 8
+    eval_batches: int = bounded(8, gt=0)
     """Micro-batches in one validation pass, summed over data-parallel ranks (each rank takes
     eval_batches // dp, at least 1), so the held-out set is the same whatever the layout."""
-    log_every: int = 1
+    log_every: int = bounded(1, gt=0)
     """Record metrics every N optimizer steps."""
-    spike_factor: float = 3.0
+    spike_factor: float = bounded(3.0, gt=0)
     """A loss above spike_factor x its running mean (after 10 steps) counts as a spike."""
     stop_on_nonfinite: bool = True
     """End the trial as `diverged` once a loss, activation or (unscaled) gradient is
@@ -440,15 +408,15 @@ class TrainConfig:
     rollback (go back to the last checkpoint, or to the start if there is none, and retry with
     the learning rate times rollback_lr_factor and/or in rollback_precision; the trial's run
     records each rollback)."""
-    rollback_lr_factor: float = 0.5
+    rollback_lr_factor: float = bounded(0.5, gt=0, le=1, note="1 = keep it")
     """on_divergence=rollback: each retry multiplies the learning rate (its whole schedule) by
     this, compounding over retries; 1 = keep it."""
     rollback_precision: str = ""
     """on_divergence=rollback: the higher precision to retry in (fp32, bf16 or fp16); empty =
     keep the trial's precision."""
-    max_rollbacks: int = 2
+    max_rollbacks: int = bounded(2, gt=0)
     """on_divergence=rollback: retries before the trial ends as `diverged` after all."""
-    numerics_every: int = 10
+    numerics_every: int = bounded(10, ge=0, note="0 = never")
     """Sample the numerics (per-layer amax, scale, underflow and overflow of every
     low-precision cast, SwiGLU outliers, update-to-weight ratio, grad-norm percentiles)
     every N optimizer steps; 0 = never. Costs one extra pass over the casts when sampled."""
@@ -475,9 +443,9 @@ class TrainConfig:
     """Fault injection for testing recovery: 'SIGNAL@STEP[:RANK]' sends SIGTERM or SIGKILL to the
     process of global rank RANK (default 0) after optimizer step STEP, e.g. sigkill@5:1. Only
     on a trial's first attempt: a trial restarted from a checkpoint is not hit again."""
-    checkpoint_every: int = 100
+    checkpoint_every: int = bounded(100, ge=0, note="0 = only on SIGTERM")
     """Save a checkpoint (engine.checkpoint) every N optimizer steps; 0 = only on SIGTERM."""
-    checkpoint_keep: int = 2
+    checkpoint_keep: int = bounded(2, gt=0)
     """Checkpoints kept on disk; older ones are deleted once a newer one is complete."""
     checkpoint_dir: str = ""
     """Where the trial's checkpoints go; empty = <output_dir>/checkpoints."""
@@ -487,24 +455,13 @@ class TrainConfig:
     folder) or to a folder of them."""
 
     def __post_init__(self) -> None:
-        _positive("train", max_steps=self.max_steps, global_batch_size=self.global_batch_size,
-                  micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
-                  eval_batches=self.eval_batches, log_every=self.log_every,
-                  spike_factor=self.spike_factor)
-        if self.eval_every < 0:
-            raise ValueError(f"train.eval_every={self.eval_every} must be >= 0 (0 = only at the end)")
-        if self.numerics_every < 0:
-            raise ValueError(f"train.numerics_every={self.numerics_every} must be >= 0 (0 = never)")
+        check_fields(self, section="train")
         self.compile = str(self.compile).lower()  # YAML and Hydra's true / false arrive as 'True' / 'False'
         _one_of("train", "compile", self.compile, COMPILE)
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
         _one_of("train", "on_divergence", self.on_divergence, ON_DIVERGENCE)
         if self.rollback_precision:
             _one_of("train", "rollback_precision", self.rollback_precision, ROLLBACK_PRECISIONS)
-        if not 0.0 < self.rollback_lr_factor <= 1.0:
-            raise ValueError(f"train.rollback_lr_factor={self.rollback_lr_factor} must be in (0, 1]: "
-                             "the retry's learning rate is the diverged one times this (1 = keep it)")
-        _positive("train", max_rollbacks=self.max_rollbacks)
         if (self.on_divergence == "rollback" and self.rollback_lr_factor == 1.0
                 and not self.rollback_precision):
             raise ValueError("train.on_divergence=rollback with train.rollback_lr_factor=1 and no "
@@ -513,9 +470,6 @@ class TrainConfig:
         if self.inject_fault and self.fault_injection is None:
             raise ValueError(f"train.inject_fault={self.inject_fault!r} is not SIGNAL@STEP[:RANK] with SIGNAL "
                              "sigterm or sigkill; write e.g. train.inject_fault=sigkill@5:1")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"train.checkpoint_every={self.checkpoint_every} must be >= 0 (0 = only on SIGTERM)")
-        _positive("train", checkpoint_keep=self.checkpoint_keep)
         if self.inject_nan and self.nan_injection is None:
             raise ValueError(
                 f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
@@ -547,13 +501,13 @@ class ClusterConfig:
     """local: start a Ray cluster on this machine; ray: join cluster.address."""
     address: str = ""
     """Ray address (host:port of the GCS, or 'auto'); empty = start a local cluster."""
-    num_workers: int = 2
+    num_workers: int = bounded(2, gt=0)
     """Workers in the trial's gang (= torch.distributed world size)."""
     device: str = "auto"
     """cpu, cuda, or auto (cuda when the cluster has GPUs, else cpu)."""
-    cpus_per_worker: int = 1
+    cpus_per_worker: int = bounded(1, gt=0)
     """CPU cores reserved per worker; also its torch thread count."""
-    start_timeout_s: float = 10.0
+    start_timeout_s: float = bounded(10.0, gt=0, le=WAIT_MAX_S, why=WAIT_WHY)
     """Seconds to wait for a Ray address to answer before giving up with an error."""
     host: str = "127.0.0.1"
     """cluster=local: the address the local Ray cluster's services (GCS, raylet, workers) and its
@@ -574,51 +528,41 @@ class ClusterConfig:
     on CPU: for rehearsing placement on a cluster of logical GPUs (`ray start --num-gpus N
     --resources '{"accelerator_type:H100": 1}'`) on machines without GPUs. Needs cluster.device
     cpu or auto."""
-    max_failures: int = 0
+    max_failures: int = bounded(0, ge=0, note="0 = a failure ends the trial")
     """Worker failures (a process killed, a node lost) Ray Train survives per trial by
     restarting the gang from the last checkpoint; past it the trial ends failed."""
-    min_workers: int = 0
+    min_workers: int = bounded(0, ge=0, le="num_workers", note="0 = a fixed gang; below num_workers = the "
+                               "fewest workers an elastic trial goes on with")
     """Elastic data parallel: the fewest workers the trial goes on with; 0 = a fixed gang of
     num_workers. With 1 <= min_workers < num_workers, a trial that loses workers (a node lost)
     restarts from its last checkpoint on as many as Ray can place, down to min_workers, and
     grows back to num_workers when they return; the global batch (train.global_batch_size)
     is kept by more micro-batches per worker. Pure data parallel (parallel=ddp) only; each
     loss counts against max_failures, a grow-back does not."""
-    resize_interval_s: float = 60.0
+    resize_interval_s: float = bounded(60.0, gt=0, le=WAIT_MAX_S, why=WAIT_WHY)
     """Elastic only: how often, in seconds, a running gang below num_workers asks whether it can
     grow back (Ray Train's elastic_resize_monitor_interval_s, whose default 60 this keeps). A
     grow-back restarts the gang from its last checkpoint, so the steps since it run again."""
-    slowdown: list[float] = field(default_factory=list)
+    slowdown: list[float] = bounded(default_factory=list, ge=1,
+                                    why="how many times slower a worker runs; 1 = full speed")
     """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
     rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
     the extra (f - 1) asleep before its gradients are synchronized, counted as compute.
     Empty = every worker at its own speed."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="cluster")
         _one_of("cluster", "device", self.device, DEVICES)
         _one_of("cluster", "placement", self.placement, PLACEMENTS)
         if self.logical_gpus and self.device == "cuda":
             raise ValueError("cluster.logical_gpus=true computes on CPU but cluster.device=cuda; "
                              "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
-        _positive("cluster", num_workers=self.num_workers, cpus_per_worker=self.cpus_per_worker,
-                  start_timeout_s=self.start_timeout_s)
-        if self.max_failures < 0:
-            raise ValueError(f"cluster.max_failures={self.max_failures} must be >= 0 (0 = a failure ends the trial)")
-        if not 0 <= self.min_workers <= self.num_workers:
-            raise ValueError(f"cluster.min_workers={self.min_workers} must lie in [0, cluster.num_workers="
-                             f"{self.num_workers}] (0 = a fixed gang; below num_workers = the fewest workers "
-                             "an elastic trial goes on with)")
-        _positive("cluster", resize_interval_s=self.resize_interval_s)
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")
         if self.slowdown and len(self.slowdown) != self.num_workers:
             raise ValueError(f"cluster.slowdown={list(self.slowdown)} has {len(self.slowdown)} factors for "
                              f"cluster.num_workers={self.num_workers}; give one per worker or [] for none")
-        bad = [f for f in self.slowdown if not 1.0 <= f < float("inf")]
-        if bad:
-            raise ValueError(f"cluster.slowdown={list(self.slowdown)} holds {bad[0]!r}; a factor is how many "
-                             "times slower the worker runs, a finite number >= 1 (1 = full speed)")
 
 
 @dataclass
@@ -630,25 +574,24 @@ class TrackingConfig:
     uri: str = ""
     """MLflow tracking URI; empty = $MLFLOW_TRACKING_URI if set, else sqlite:///mlflow.db
     in the working directory (MLflow's own default)."""
-    experiment: str = "trainlab"
+    experiment: str = text("trainlab", nonempty=True, max_bytes=500, why="the MLflow experiment's name")
     """MLflow experiment name."""
-    run_name: str = ""
+    run_name: str = text("", max_bytes=200, file_name=True, why="it names the trial's folder")
     """MLflow run name; empty = derived from model, precision and layout."""
     system_metrics: bool = True
     """Log MLflow system metrics (CPU, memory, GPU) on the trial's run."""
-    flush_every_s: float = 2.0
+    flush_every_s: float = bounded(2.0, gt=0, le=WAIT_MAX_S, why=WAIT_WHY)
     """Background flush interval of batched metrics, seconds."""
-    outage_buffer: int = 100_000
+    outage_buffer: int = bounded(100_000, gt=0)
     """Metric points held in memory while the MLflow server is unreachable; past it they go to
     the trial's spill file (<output_dir>/mlflow_spill.jsonl). Training never waits either way."""
-    close_timeout_s: float = 30.0
+    close_timeout_s: float = bounded(30.0, gt=0, le=WAIT_MAX_S, why=WAIT_WHY)
     """At a trial's end, seconds to wait for an unreachable MLflow server before leaving the
     held metrics in the spill file (deliver them later with `trainlab import-spill PATH`)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, section="tracking")
         _one_of("tracking", "name", self.name, ("mlflow", "none"))
-        _positive("tracking", flush_every_s=self.flush_every_s, outage_buffer=self.outage_buffer,
-                  close_timeout_s=self.close_timeout_s)
 
 
 @dataclass
@@ -663,13 +606,16 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=SEED_MAX, why=SEED_WHY)
     """Seed of model init and data order."""
-    sweep_name: str = ""
+    sweep_name: str = text("", max_bytes=200, why="it names the sweep's parent run")
     """Name of the sweep this trial belongs to (set by sweeps/sweep/<name>.yaml); in a multirun
     the parent MLflow run is named after it. Empty = tracking.experiment."""
     output_dir: str = ""
     """Where this trial writes files; empty = Hydra's run directory (or the cwd)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, recurse=False)  # the sections checked their own fields
 
 
 GROUPS = ("model", "data", "parallel", "precision", "optim", "train", "cluster", "tracking")

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from trainlab.config.bounds import check_fields
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
 from trainlab.precision.spec import ROLLBACK_PRECISIONS, SPECS, spec_of
 
@@ -384,6 +385,7 @@ def check_rollback(run: RunConfig) -> None:
 
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections. Raises ValueError naming field, value and fix."""
+    check_fields(run)  # every field's type and declared range, again: a config may be edited after it was built
     check_paths(run)
     parallel_dims(run)
     check_elastic(run)  # before the batch check for the full gang: it names every count that fails
