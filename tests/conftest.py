@@ -250,3 +250,19 @@ def mlflow_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path):
+    """`path` as a folder its user cannot write (mode 0o500; for root, whom modes do not stop,
+    also the immutable attribute) for the block; yields False where that cannot be done here.
+    Writable again afterwards, so the temporary folder can be removed."""
+    path.mkdir(exist_ok=True)
+    path.chmod(0o500)
+    locked = os.geteuid() != 0 or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    try:
+        yield locked
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        path.chmod(0o700)

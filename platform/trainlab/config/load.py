@@ -100,9 +100,19 @@ def unknown_key_message(key: str, value: Any) -> str:
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
     key = getattr(e, "full_key", None)
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if "Missing mandatory value" in first and key:
+    if "missing mandatory value" in first.lower() and key:
+        group = key.partition(".")[0]
+        if "." in key and group_options(group):  # the group's option was removed (`~model`)
+            return (f"{key} is not set: no {group} option is chosen (`~{group}` removes the default one); "
+                    f"choose one with {group}=OPTION, one of {', '.join(group_options(group))}")
         return f"{key} is required but not set (???); set it on the command line: {key}=..."
     return f"{key}: {first}" if key else first
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the YAML files in conf/<group>/ (or sweeps/<group>/)."""
+    folders = [d / group for d in (CONF_DIR, SWEEPS_DIR) if (d / group).is_dir()]
+    return sorted({p.stem for d in folders for p in d.glob("*.yaml")})
 
 
 def compose_run_config(overrides: Sequence[str] = (), *, config_name: str = "config") -> RunConfig:

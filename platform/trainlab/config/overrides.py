@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from trainlab.config.folders import check_hydra_folder
 from trainlab.config.load import CONF_DIR, ConfigError, schema_at, unknown_key_message
+from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, register_configs
 
 # Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
@@ -38,8 +40,13 @@ def check_overrides(args: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(texts)
     except HydraException as e:
         lines = str(e).splitlines()
-        raise ConfigError(f"{lines[0]}: {lines[1] if len(lines) > 1 else ''}; write each override "
-                          "as key=value (e.g. model=tiny train.max_steps=50)") from None
+        raise ConfigError(unreadable_override_message(texts) or (
+            f"{lines[0]}: {lines[1] if len(lines) > 1 else ''}; write each override "
+            "as key=value (e.g. model=tiny train.max_steps=50)")) from None
+    try:
+        check_group_options(parsed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     variants = [texts]
     if multirun:  # the fixed overrides, then each swept value on its own (Hydra's sweeper
         # would compose every job and report the first bad one its own way)
@@ -53,9 +60,13 @@ def check_overrides(args: Sequence[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for overrides in variants:
             try:
-                compose(config_name="config", overrides=overrides)
+                cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(hydra_error_message(e, overrides)) from None
+            try:  # Hydra makes this folder before the app runs: a traceback if it cannot
+                check_hydra_folder(cfg, multirun=multirun)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:

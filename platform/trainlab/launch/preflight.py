@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import torch
 
 from trainlab.config import ConfigError, RunConfig, ignored_options, parallel_dims
+from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
 from trainlab.data.batches import num_windows
@@ -43,6 +44,7 @@ def ray_address_file() -> Path:
 def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
     """Run every environment check; returns the resolved device ('cpu' or 'cuda')."""
     try:
+        check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
         check_data(run)
         check_module_names(run)
         check_layout(run)
