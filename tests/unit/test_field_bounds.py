@@ -68,12 +68,12 @@ def _cases_past_every_bound():
         rule, kind = rule_of(f), field_types(cls)[f.name]
         integer = kind is int or typing.get_args(kind)[:1] == (int,)
         listed = typing.get_origin(kind) is list
-        for name, wrong in (("gt", lambda b: b), ("ge", lambda b: _outside(b, above=False, integer=integer)),
-                            ("lt", lambda b: b), ("le", lambda b: _outside(b, above=True, integer=integer))):
+        for name in ("gt", "ge", "lt", "le"):
             bound = getattr(rule, name)
             if bound is None or isinstance(bound, str):
                 continue
-            value = wrong(bound)
+            # gt and lt are themselves outside; ge and le the next value past them
+            value = bound if name in ("gt", "lt") else _outside(bound, above=name == "le", integer=integer)
             value = int(value) if integer else float(value)
             yield pytest.param(cls, section, f.name, [value] if listed else value,
                                id=f"{section}.{f.name}-{name}".lstrip("."))
