@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a dtype is asked for: the config (and a refused
+    import torch  # command line) never needs it, and it is most of a refusal's start-up time
 
 FP8_TENSOR_CORES = (8, 9)
 """Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
@@ -21,7 +23,12 @@ HOPPER = (9, 0)
 AMPERE = (8, 0)
 """bf16 (and TF32) tensor cores: Ampere and newer."""
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+def torch_dtype(name: str) -> torch.dtype:
+    """fp32, bf16 or fp16 as a torch dtype."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class PrecisionSpec:
         dtype = hp_dtype if self.param_dtype == "hp" else self.param_dtype
         if not dtype or (emulated and self.param_dtype != "hp"):
             return None
-        return None if dtype == "fp32" else DTYPES[dtype]
+        return None if dtype == "fp32" else torch_dtype(dtype)
 
 
 _RECIPES = "trainlab.precision.recipes"
