@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import read_only_dir
+from trainlab.config.load import CONF_DIR, SWEEPS_DIR
 from trainlab.data import write_token_file
 
 VOCAB = 100
@@ -133,6 +135,76 @@ CASES = [
       ["train.rollback_precision=fp16", "not higher than precision=bf16", "use fp32"]),
     C("rollback_that_changes_nothing", ["train.on_divergence=rollback", "train.rollback_lr_factor=1"],
       ["train.on_divergence=rollback", "train.rollback_lr_factor=1", "retry the same computation"]),
+    # ---------------------------------------------------------------- values that reached the workers, or passed
+    C("lr_nan", ["optim.lr=nan"], ["optim.lr=nan", "not a finite number", "set optim.lr to a positive"]),
+    C("lr_inf", ["optim.lr=inf"], ["optim.lr=inf", "not a finite number", "optim.lr=0.001"]),
+    C("seed_negative", ["seed=-1"], ["seed=-1", "set seed to an integer in [0, 4294967295]"]),
+    C("seed_past_int64", ["seed=99999999999999999999"], ["seed=99999999999999999999", "64-bit", "[0, 4294967295]"]),
+    C("run_name_too_long", ["tracking.run_name=" + "r" * 300], ["tracking.run_name='rrrr", "300 bytes", "shorten it"]),
+    C("grad_clip_nan", ["optim.grad_clip=nan"], ["optim.grad_clip=nan", "set optim.grad_clip to", "0 = no clipping"]),
+    C("norm_eps_negative", ["model.norm_eps=-1"], ["model.norm_eps=-1.0", "positive", "model.norm_eps=1e-05"]),
+    C("rope_theta_zero", ["model.rope_theta=0"], ["model.rope_theta=0.0", "above 1", "model.rope_theta=10000"]),
+    C("max_steps_past_int64", ["train.max_steps=9223372036854775808"],
+      ["train.max_steps=9223372036854775808", "64-bit", "train.max_steps=200"]),
+    C("start_timeout_inf", ["cluster.start_timeout_s=inf"], ["cluster.start_timeout_s=inf", "(0, 86400]"]),
+    C("experiment_empty", ["tracking.experiment=''"], ["tracking.experiment=''", "empty", "tracking.experiment=trainlab"]),
+    # ---------------------------------------------------------------- folders that cannot be written
+    C("output_dir_unmakeable", ["output_dir=/proc/nope"],
+      ["output_dir='/proc/nope'", "cannot be made or written", "leave output_dir empty"]),
+    C("checkpoint_dir_unmakeable", ["train.checkpoint_dir=/proc/nope"],
+      ["train.checkpoint_dir='/proc/nope'", "cannot be made or written", "leave train.checkpoint_dir empty"]),
+    C("checkpoint_dir_read_only", ["train.checkpoint_dir={locked}"],
+      ["train.checkpoint_dir=", "locked", "cannot be made or written"]),
+    C("hydra_run_dir_unmakeable", ["hydra.run.dir=/proc/nope"],
+      ["hydra.run.dir='/proc/nope'", "set hydra.run.dir to a folder you can write"]),
+    # ---------------------------------------------------------------- what to write instead
+    C("dashed_flag", ["--max_steps=5"], ["'--max_steps=5'", "write train.max_steps=5"]),
+    C("yaml_form", ["model: small"], ["'model: small'", "write model=small"]),
+    C("group_removed", ["~model"], ["model.name is not set", "`~model`", "model=OPTION", "tiny"]),
+    C("path_cut_at_a_space", ["data=tokens", "data.path=my", "file.bin", f"data.vocab_size={VOCAB}"],
+      ["'file.bin'", "'data.path=my file.bin'", "data.path=\"'my file.bin'\""]),
+    # ---------------------------------------------------------------- group options outside the config tree
+    C("option_climbs_out", ["model={evil_model}"], ["model=../", "not an option of model", "conf/model/", "tiny"]),
+    C("sweep_option_climbs_out", ["-m", "+sweep={evil_sweep}"],
+      ["sweep=../", "not an option of sweep", "sweeps/sweep/", "precision_shootout"]),
+    # ---------------------------------------------------------------- 28 more hostile inputs (own invention)
+    C("text_newline", ["tracking.run_name=a\nb"], ["tracking.run_name='a\\nb'", "control character", "remove it"]),
+    C("text_undecodable_bytes", [os.fsdecode(b"tracking.run_name=\xff\xfe")],
+      ["tracking.run_name='\\udcff\\udcfe'", "not valid UTF-8", "write it in UTF-8"]),
+    C("text_bidi_override", ["tracking.experiment='\u202egpj.exe'"],
+      ["tracking.experiment=", "bidirectional-override", "remove it"]),
+    C("text_unquoted_unicode", ["tracking.run_name=ünï"], ["tracking.run_name='ünï'", "inside quotes",
+                                                          "\"tracking.run_name='ünï'\""]),
+    C("text_multibyte_too_long", ["tracking.run_name='" + "é" * 150 + "'"], ["tracking.run_name=", "300 bytes", "200"]),
+    C("text_control_in_list", ["precision=fp8_tensorwise", "precision.keep_hp=['a\tb']"],
+      ["precision.keep_hp=['a\\tb']", "control character"]),
+    C("run_name_climbs_out", ["tracking.run_name=../../escape"],
+      ["tracking.run_name='../../escape'", "'/'", "tracking.run_name=escape"]),
+    C("value_with_equals", ["data.path=a=b"], ["data.path", "quote it", "\"data.path='a=b'\""]),
+    C("eval_every_past_int64", ["train.eval_every=18446744073709551616"], ["train.eval_every=18446744073709551616", "64-bit"]),
+    C("global_batch_past_int64", ["train.global_batch_size=99999999999999999999999"],
+      ["train.global_batch_size=99999999999999999999999", "64-bit", "train.global_batch_size=16"]),
+    C("max_failures_past_int64", ["cluster.max_failures=99999999999999999999"], ["cluster.max_failures=9999", "64-bit"]),
+    C("negative_seq_len", ["train.seq_len=-128"], ["train.seq_len=-128", "positive", "train.seq_len=128"]),
+    C("negative_corpus", ["data=markov", "data.num_tokens=-5", "data.vocab_size=16"], ["data.num_tokens=-5", "positive"]),
+    C("zero_cpus_per_worker", ["cluster.cpus_per_worker=0"], ["cluster.cpus_per_worker=0", "positive"]),
+    C("beta_of_one", ["optim.beta2=1"], ["optim.beta2=1.0", "[0, 1)", "optim.beta2=0.95"]),
+    C("loss_scale_past_fp32", ["precision=fp16", "precision.init_scale=1e39"],
+      ["precision.init_scale=1e+39", "2**127", "fp32"]),
+    C("fp8_margin_huge", ["precision.fp8_margin=1000"], ["precision.fp8_margin=1000", "[0, 126]"]),
+    C("timeout_past_os_timer", ["tracking.close_timeout_s=1e10"], ["tracking.close_timeout_s=10000000000.0", "86400"]),
+    C("negative_rank_weight", ["parallel.dp_balance=weighted", "parallel.dp_weights=[1,-1]"],
+      ["parallel.dp_weights=[1.0, -1.0]", "holds -1.0", "each element of parallel.dp_weights"]),
+    C("slowdown_below_one", ["cluster.slowdown=[0.5,1]"], ["cluster.slowdown=[0.5, 1.0]", "holds 0.5", "at least 1"]),
+    C("min_workers_negative", ["cluster.min_workers=-1"], ["cluster.min_workers=-1", "[0, cluster.num_workers=2]"]),
+    C("duplicate_override_last_bad", ["train.max_steps=5", "train.max_steps=-5"], ["train.max_steps=-5", "positive"]),
+    C("duplicate_group_first_climbs", ["model={evil_model}", "model=tiny"], ["not an option of model"]),
+    C("option_backslash", ["precision=..\\x"], ["precision=..\\x", "not an option of precision", "bf16"]),
+    C("output_dir_is_a_file", ["output_dir={odd_size}"], ["output_dir=", "odd_size.bin", "Not a directory"]),
+    C("output_dir_name_too_long", ["output_dir=" + "o" * 300], ["output_dir='oooo", "File name too long"]),
+    C("hydra_run_dir_is_a_file", ["hydra.run.dir={odd_size}"], ["hydra.run.dir=", "Not a directory"]),
+    C("sweep_dir_unmakeable", ["-m", "hydra.sweep.dir=/proc/nope", "seed=1,2"],
+      ["hydra.sweep.dir='/proc/nope'", "set hydra.sweep.dir to a folder you can write"]),
 ]
 
 
@@ -184,9 +256,16 @@ def world(tmp_path_factory):
     short = write_token_file(work / "short.bin", np.arange(100) % VOCAB, "uint16")  # 2 train windows
     read_only = work / "read_only"
     read_only.mkdir(mode=0o500)
+    # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
+    (work / "elsewhere").mkdir()
+    (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: evil\n")
     files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "read_only": read_only,
-             "closed_port": _closed_port()}
-    return work, [store, work / "checkpoints"], files
+             "closed_port": _closed_port(), "locked": work / "locked",
+             "evil_model": os.path.relpath(work / "elsewhere" / "evil", CONF_DIR / "model"),
+             "evil_sweep": os.path.relpath(work / "elsewhere" / "evil", SWEEPS_DIR / "sweep")}
+    with read_only_dir(work / "locked") as locked:  # even root cannot write it (chattr +i)
+        files["locked_skip"] = "" if locked else "cannot make a folder read-only for root here"
+        yield work, [store, work / "checkpoints"], files
 
 
 def _run(case: Case, work: Path, files: dict, env: dict) -> Outcome:
@@ -211,9 +290,10 @@ def outcomes(world, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
     env |= {"PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{kept[0]}"}  # the store at risk
     before = _digest(*kept)
-    runnable = [c for c in CASES if not c.skip]
+    runnable = [c for c in CASES if not c.skip and not ("{locked}" in " ".join(c.args) and files["locked_skip"])]
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = dict(zip([c.id for c in runnable], pool.map(lambda c: _run(c, work, files, env), runnable)))
+    results["_skipped"] = {c.id: files["locked_skip"] for c in CASES if c not in runnable}
     return results, before, _digest(*kept)
 
 
@@ -222,6 +302,8 @@ def test_bad_input_is_refused_cleanly(case, outcomes):
     if case.skip:
         pytest.skip(case.skip)
     results, _, _ = outcomes
+    if case.id not in results:
+        pytest.skip(results["_skipped"][case.id])
     out = results[case.id]
     shown = f"\n--- stdout\n{out.stdout[-2000:]}\n--- stderr\n{out.stderr[-3000:]}"
     assert out.returncode == 2, shown
