@@ -132,3 +132,13 @@ def test_a_read_only_folder_is_refused(tmp_path):
             with pytest.raises(ValueError, match=r"train\.checkpoint_dir=.*cannot be made or written"):
                 check_writable_dir(key="train.checkpoint_dir", path=str(path), fix="-")
     assert list(ro.iterdir()) == []
+
+
+def test_a_bad_value_is_refused_before_hydra_makes_its_run_folder(tmp_path, monkeypatch):
+    """check_overrides runs the run's config through to_run_config itself, so `trainlab train`
+    refuses optim.lr=nan before Hydra's app makes outputs/<date>/<time> in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    msg = _refused(["optim.lr=nan"])
+    assert msg.startswith("optim.lr=nan is not a finite number"), msg
+    assert list(tmp_path.iterdir()) == []
+    check_overrides([*TINY, "output_dir=${hydra:runtime.output_dir}"])  # left to the app to resolve

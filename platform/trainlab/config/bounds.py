@@ -215,9 +215,9 @@ def _fix(key: str, rule: Any, noun: str, default: Any) -> str:
         if low and high:
             what = f"{noun} in {low}, {high}"
         elif low:
-            what = f"{noun} (above 0)" if rule.gt == 0 else f"{noun} {'above' if low[0] == '(' else 'at least'} {low[1:]}"
+            what = f"{noun} (above 0)" if rule.gt == 0 else f"{noun} {'>' if low[0] == '(' else '>='} {low[1:]}"
         elif high:
-            what = f"{noun} {'below' if high[-1] == ')' else 'at most'} {high[:-1]}"
+            what = f"{noun} {'<' if high[-1] == ')' else '<='} {high[:-1]}"
         what += "".join(f" ({s})" for s in (rule.why, rule.note) if s)
     example = f", e.g. {key}={_num(default)} (its default)" if isinstance(default, (int, float)) else ""
     return f"set {key} to {what}{example}"

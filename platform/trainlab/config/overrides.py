@@ -4,7 +4,11 @@ Hydra reports a bad override (unknown key or group option, a value of the wrong 
 in several lines with its config search path, and exits 1 like any failure. `trainlab train`
 composes the overrides once beforehand, and turns Hydra's error into the platform's own: one
 `error:` line naming the key, the value and the fix, and exit status 2 (bad input), before
-anything starts. Unknown keys added with `+` are caught later, by to_run_config.
+anything starts. A single run's composed config then goes through to_run_config here as well
+(unknown keys added with `+`, every field's range, the cross-field checks), so a refused value
+leaves no Hydra run folder behind; a multirun's jobs are checked by its launcher, job by job.
+The folder Hydra will make is proven writable, and group options kept to the config tree
+(trainlab.config.folders, trainlab.config.override_hints).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from trainlab.config.folders import check_hydra_folder
-from trainlab.config.load import CONF_DIR, ConfigError, schema_at, unknown_key_message
+from trainlab.config.load import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, register_configs
 
@@ -67,6 +71,23 @@ def check_overrides(args: Sequence[str]) -> None:
                 check_hydra_folder(cfg, multirun=multirun)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+    if not multirun:  # the run's own config, checked now: a refusal leaves no Hydra run folder behind
+        _check_values(cfg)
+
+
+def _check_values(cfg: Any) -> None:
+    """to_run_config on the composed config (without its hydra node), unless it holds an
+    interpolation only Hydra's app can resolve (${hydra:...}): the app checks that one."""
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:
+        return
+    to_run_config(cfg)
 
 
 def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
