@@ -16,6 +16,7 @@ server answers again; see trainlab.tracking.outbox.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -45,7 +46,7 @@ class MlflowTracker:
                  system_metrics: bool = False, spill_path: str | None = None, resume: bool = False,
                  outage_buffer: int = 100_000, close_timeout_s: float = 30.0):
         self.run_id = run_id
-        cmd = [sys.executable, "-m", "trainlab.tracking.mlflow_writer", run_id, tracking_uri,
+        cmd = [sys.executable, "-m", "trainlab.tracking.mlflow_writer", run_id,
                "--outage-buffer", str(outage_buffer), "--close-timeout-s", str(close_timeout_s)]
         if system_metrics:
             cmd.append("--system-metrics")
@@ -54,7 +55,10 @@ class MlflowTracker:
         if resume:
             cmd.append("--resume")
         self._close_timeout_s = close_timeout_s
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # the store in the environment, as MLflow reads it, not on the command line: anyone on the
+        # machine can read a process's argv (ps), and a database URI holds its password
+        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri}
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._sync_id = self._synced = 0  # the last sync asked for / answered by the writer
         self._sync_cond = threading.Condition()
         threading.Thread(target=self._read_acks, name="mlflow-acks", daemon=True).start()

@@ -94,13 +94,13 @@ def _yield_to_training() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_id")
-    ap.add_argument("tracking_uri")
     ap.add_argument("--system-metrics", action="store_true")
     ap.add_argument("--spill", default=None, help="where records wait while the server is unreachable")
     ap.add_argument("--resume", action="store_true", help="drop points of steps the run already has")
     ap.add_argument("--outage-buffer", type=int, default=100_000, help="points held in memory before spilling")
     ap.add_argument("--close-timeout-s", type=float, default=30.0)
     args = ap.parse_args()
+    args.tracking_uri = os.environ["MLFLOW_TRACKING_URI"]  # set by MlflowTracker (not in argv: ps shows it)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the end of stdin ends it, after a last delivery
     for k, v in SHORT_HTTP_RETRIES.items():
         os.environ.setdefault(k, v)
