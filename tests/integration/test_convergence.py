@@ -16,8 +16,9 @@ from trainlab.engine.run import run_trial
 pytestmark = pytest.mark.slow
 
 
-def test_markov_loss_approaches_true_entropy(recording_tracker):
+def test_markov_loss_approaches_true_entropy(recording_tracker, tmp_path):
     run = compose_run_config([
+        f"output_dir={tmp_path}",  # its checkpoints: another run's must not be resumed
         "model=tiny", "data=markov", "data.vocab_size=32", "cluster.num_workers=1",
         "train.max_steps=150", "train.global_batch_size=16", "train.micro_batch_size=16",
         "train.seq_len=64", "train.eval_every=0", "train.eval_batches=8", "optim.lr=3e-3",

@@ -33,7 +33,8 @@ from trainlab import names
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY = str(Path(sys.executable).parent / "ray")
-GLOBAL_BATCH, SEQ_LEN, MAX_STEPS = 8, 32, 150
+# enough steps on 1 worker to outlast the node's return and Ray's 20 s view of it (150 did not, once)
+GLOBAL_BATCH, SEQ_LEN, MAX_STEPS = 8, 32, 400
 FAST_NODE_DEATH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "500",
                    "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3"}
 
