@@ -33,10 +33,12 @@ TINY = ["model=tiny", "train.max_steps=2", "train.seq_len=32", "train.global_bat
         "train.micro_batch_size=2", "cluster.num_workers=2", "tracking.experiment=bad_input"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _refusing_socket() -> socket.socket:
+    """Bound to a loopback port and never listening: a connection there is refused, and no
+    other process (a Ray another test left running) can take the port while it is held."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 @dataclass(frozen=True)
@@ -259,11 +261,12 @@ def world(tmp_path_factory):
     # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
     (work / "elsewhere").mkdir()
     (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: evil\n")
+    refusing = _refusing_socket()
     files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "read_only": read_only,
-             "closed_port": _closed_port(), "locked": work / "locked",
+             "closed_port": refusing.getsockname()[1], "locked": work / "locked",
              "evil_model": os.path.relpath(work / "elsewhere" / "evil", CONF_DIR / "model"),
              "evil_sweep": os.path.relpath(work / "elsewhere" / "evil", SWEEPS_DIR / "sweep")}
-    with read_only_dir(work / "locked") as locked:  # even root cannot write it (chattr +i)
+    with refusing, read_only_dir(work / "locked") as locked:  # even root cannot write it (chattr +i)
         files["locked_skip"] = "" if locked else "cannot make a folder read-only for root here"
         yield work, [store, work / "checkpoints"], files
 

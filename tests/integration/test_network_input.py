@@ -52,12 +52,6 @@ main(sys.argv[1:])
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _absent_address() -> str:
     """A documentation address (RFC 5737) no interface of this machine holds."""
     import psutil
@@ -173,7 +167,11 @@ def outcomes(tmp_path_factory):
     before = {k: p.read_bytes() for k, p in stores.items()}
     ray_tmp = Path(tempfile.mkdtemp(prefix="tlnet-", dir="/tmp"))  # short: Ray's socket paths
     (ray_tmp / "ray").mkdir()
-    closed = _free_port()
+    # bound, never listening: connecting is refused, and no other process (a Ray started by
+    # another case or test) can take the port while the cases run, as it could a port let go
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    closed = refusing.getsockname()[1]
     # what `ray start` leaves behind when its cluster is killed rather than stopped
     (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed}")
     silent = socket.socket()  # takes connections into its backlog and never answers
@@ -207,6 +205,7 @@ def outcomes(tmp_path_factory):
             results = dict(zip([c.id for c in CASES], pool.map(run, CASES)))
     finally:
         silent.close()
+        refusing.close()
     after = {k: p.read_bytes() for k, p in stores.items()}
     yield results, names, before == after
     shutil.rmtree(ray_tmp, ignore_errors=True)
