@@ -142,3 +142,26 @@ def test_a_bad_value_is_refused_before_hydra_makes_its_run_folder(tmp_path, monk
     assert msg.startswith("optim.lr=nan is not a finite number"), msg
     assert list(tmp_path.iterdir()) == []
     check_overrides([*TINY, "output_dir=${hydra:runtime.output_dir}"])  # left to the app to resolve
+
+
+def test_a_folder_another_rank_makes_at_the_same_time_passes_and_hydras_is_kept(tmp_path, monkeypatch):
+    """torchrun starts every rank's check at once: a rank that finds the run folder made by
+    another between its look and its mkdir goes on (it failed CI with 'File exists'), and a
+    passed Hydra folder stays for the rank that may already be using it."""
+    import os
+
+    from trainlab.config.folders import check_writable_dir
+
+    run_dir = tmp_path / "outputs" / "run"
+    run_dir.mkdir(parents=True)  # the other rank's
+    seen = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: False if str(p) == str(run_dir) else seen(p))
+    check_writable_dir(key="hydra.run.dir", path=str(run_dir), fix="-", keep=True)
+    assert run_dir.is_dir()
+    monkeypatch.undo()
+    fresh = tmp_path / "fresh" / "run"
+    check_writable_dir(key="hydra.run.dir", path=str(fresh), fix="-", keep=True)
+    assert fresh.is_dir()  # kept: Hydra makes it next anyway
+    gone = tmp_path / "gone" / "run"
+    check_writable_dir(key="output_dir", path=str(gone), fix="-")
+    assert not (tmp_path / "gone").exists()  # not kept: a refused run leaves nothing behind

@@ -4,7 +4,8 @@ Hydra makes its run folder (hydra.run.dir; hydra.sweep.dir in a multirun) before
 and a trial its output_dir and train.checkpoint_dir on the driver and in the workers. A folder
 that cannot be made or written failed there with Hydra's traceback, or after the trial's MLflow
 run was opened. check_writable_dir makes the folder as the run would, writes a file in it, and
-removes what it made, so a refused run leaves nothing behind and an accepted one can write.
+removes what it made, so a refused run leaves nothing behind and an accepted one can write;
+Hydra's own folder is kept once it passed (checked last, after the values: the run makes it next).
 """
 
 from __future__ import annotations
@@ -16,33 +17,42 @@ from pathlib import Path
 from typing import Any
 
 
-def check_writable_dir(*, key: str, path: str, fix: str) -> None:
+def check_writable_dir(*, key: str, path: str, fix: str, keep: bool = False) -> None:
     """ValueError naming `key`, `path` and `fix` unless the folder `path` exists or can be
-    made, and a file can be written in it."""
+    made, and a file can be written in it. What this check made is removed, unless `keep` and
+    the folder passed (the run makes it next anyway, and another process of the same run, a
+    torchrun rank, may be using it already)."""
     target = Path(os.path.abspath(os.path.expanduser(path)))
-    made: list[Path] = []  # the folders this check creates (and removes), deepest last
+    missing: list[Path] = []  # the folders to make, deepest last
     probe = target
     while not os.path.lexists(probe):
-        made.insert(0, probe)
+        missing.insert(0, probe)
         probe = probe.parent
+    made: list[Path] = []  # those this process made (another may make one at the same time)
+    passed = False
     try:
-        for folder in made:
-            folder.mkdir()
+        for folder in missing:
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:  # made meanwhile by another process of this run
+                pass
         if not target.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(target))
         fd, name = tempfile.mkstemp(dir=target, prefix=".trainlab-probe-")
         os.close(fd)
         os.unlink(name)
+        passed = True
     except OSError as e:
         where = e.filename or target
         raise ValueError(f"{key}={path!r}: the folder cannot be made or written ({e.strerror or e}: "
                          f"{where}); {fix}") from None
     finally:
-        for folder in reversed(made):
+        for folder in reversed(made if not (keep and passed) else []):
             try:
                 folder.rmdir()
             except OSError:
-                break  # not made here, or no longer empty: leave it
+                break  # no longer empty: leave it
 
 
 def check_run_folders(*, output_dir: str, checkpoint_dir: str) -> None:
@@ -70,5 +80,5 @@ def check_hydra_folder(cfg: Any, *, multirun: bool) -> None:
     if not path:
         return
     example = "multirun/sweep1" if multirun else "outputs/run1"
-    check_writable_dir(key=key, path=str(path),
+    check_writable_dir(key=key, path=str(path), keep=True,
                        fix=f"set {key} to a folder you can write (e.g. {key}={example}), or run from one")

@@ -62,17 +62,19 @@ def check_overrides(args: Sequence[str]) -> None:
                 variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in o.sweep_string_iterator()]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composed = []
         for overrides in variants:
             try:
-                cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+                composed.append(compose(config_name="config", overrides=overrides, return_hydra_config=True))
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(hydra_error_message(e, overrides)) from None
-            try:  # Hydra makes this folder before the app runs: a traceback if it cannot
-                check_hydra_folder(cfg, multirun=multirun)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
     if not multirun:  # the run's own config, checked now: a refusal leaves no Hydra run folder behind
-        _check_values(cfg)
+        _check_values(composed[-1])
+    for cfg in composed:
+        try:  # last: Hydra makes this folder before the app runs (a traceback if it cannot)
+            check_hydra_folder(cfg, multirun=multirun)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _check_values(cfg: Any) -> None:
@@ -81,6 +83,7 @@ def _check_values(cfg: Any) -> None:
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    cfg = cfg.copy()  # the caller checks its hydra node next
     with open_dict(cfg):
         cfg.pop("hydra", None)
     try:
