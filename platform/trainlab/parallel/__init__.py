@@ -158,7 +158,10 @@ def _dp_group(mesh: DeviceMesh | None, dims: ParallelDims) -> dist.ProcessGroup 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside DDP / torch.compile wrappers (its names have no prefixes)."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        # not `a or b`: bool() of torch.compile's wrapper calls len() of the model, which raises
+        inner = getattr(model, "module", None)
+        if inner is None:
+            inner = getattr(model, "_orig_mod", None)
         if not isinstance(inner, nn.Module):
             return model
         model = inner
