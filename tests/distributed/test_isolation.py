@@ -77,8 +77,19 @@ def _gang(rank: int, world: int, port: int, out, trials: list[tuple[str, list[st
                                sha=(result.extra[names.TAG_LOSS_CURVE_SHA], result.extra[names.TAG_PARAMS_SHA])))
         from torch.distributed.distributed_c10d import _world
 
-        out.put(dict(rank=rank, trials=report, left=state.changed(),
+        out.put(dict(rank=rank, trials=report, left=state.changed(), modules=_live_modules(),
                      groups=[g is dist.GroupMember.WORLD for g in _world.pg_map]))
+
+
+def _live_modules() -> list[str]:
+    """The nn.Modules alive in this process that hold a tensor (a trial's model, if anything
+    kept it; dynamo keeps the graphs it compiled, GraphModules without tensors)."""
+    import gc
+
+    from torch import nn
+
+    return sorted({type(o).__name__ for o in gc.get_objects()
+                   if isinstance(o, nn.Module) and (any(o.parameters()) or any(o.buffers()))})
 
 
 def _by_name(report: dict) -> dict[str, list[dict]]:
@@ -113,6 +124,7 @@ def test_a_trial_gives_the_same_bits_after_other_trials_on_a_warm_gang(gang):
         # and after the last after_trial: the world is the only group, nothing else differs
         assert report["groups"] == [True], f"rank {rank}: groups left {report['groups']} (True: the world)"
         assert report["left"] == [], f"rank {rank}: still differs from gang start: {report['left']}"
+        assert report["modules"] == [], f"rank {rank}: a trial's modules outlived it: {report['modules']}"
 
 
 def test_without_after_trial_a_compiled_trial_leaks_into_the_next(gang):

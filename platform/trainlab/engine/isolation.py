@@ -25,7 +25,9 @@ and torchao 0.18, and what `after_trial` does with it:
   all later trials' blocks: the 5th distinct compiled config of a gang hit dynamo's
   recompile_limit (8) and ran eager, silently (measured). Dynamo's, inductor's and every other
   torch config module's values (parallel.compile sets skip_nnmodule_hook_guards) back to
-  capture. The on-disk inductor cache stays: a fresh process reads it too.
+  capture. The on-disk inductor cache stays: a fresh process reads it too. What reset leaves
+  (torch 2.13): dynamo's rewritten code and the functions it installed as globals of the
+  compiled module (the graph and its kernels, no parameter), until the process ends.
 - environment variables back to capture (run_trial sets CUBLAS_WORKSPACE_CONFIG for
   train.deterministic, the tracker factory the store's credentials).
 - process groups: every group made since capture (a layout's DeviceMesh sub-groups, the
@@ -156,7 +158,7 @@ class GangState:
         if barrier and dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # no rank destroys a group a peer still uses
         clear_dtensor_caches()  # they hold the trial's meshes, and so its groups
-        if "torch._dynamo" in sys.modules:
+        if _compiled_frames():
             torch._dynamo.reset()
         for group in self._new_groups():
             dist.destroy_process_group(group)
