@@ -222,7 +222,8 @@ def fresh_gang_reason(*, ran: list[RunConfig], run: RunConfig, device: str) -> s
       run other kernels than in a fresh process. A torchao FP8 trial patches before compiling,
       fresh or warm alike.
     """
-    if device != "cuda" or not ran:
+    assert device in ("cpu", "cuda"), f"fresh_gang_reason: device {device!r}, resolved to cpu or cuda expected"
+    if device == "cpu" or not ran:
         return ""
     first = ran[0]
     if run.train.deterministic != first.train.deterministic:
