@@ -34,8 +34,8 @@ def run_engine_here(run: RunConfig):
     """torchrun path: every process runs the engine; rank 0 tracks, prints progress and, with
     tracking=mlflow, opens the trial's run and closes it with the trial's status."""
     from trainlab.console import ProgressLine, print0, status_text
+    from trainlab.distributed import close_distributed
     from trainlab.engine.checkpoint import checkpoint_root
-    from trainlab.engine.distributed import close_distributed
     from trainlab.engine.run import run_trial
     from trainlab.tracking import JsonlTracker
     from trainlab.tracking.runs import (

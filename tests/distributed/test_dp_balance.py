@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, spawn_ranks
 from trainlab import names
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 

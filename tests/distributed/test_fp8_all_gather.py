@@ -15,7 +15,7 @@ import pytest
 
 from conftest import RecordingTracker, finish_reporting, rank_env, spawn_ranks
 from trainlab import names
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -51,7 +51,7 @@ def _case(overrides: list[str], world: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from trainlab.config import compose_run_config
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.engine.run import _layer_tags, build_trainer
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])

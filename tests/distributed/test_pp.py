@@ -11,7 +11,7 @@ from torch import nn
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
 

@@ -31,7 +31,7 @@ from trainlab import names
 from trainlab.bench.parallel import gather_rows
 from trainlab.config import compose_run_config
 from trainlab.console import print0
-from trainlab.engine.distributed import close_distributed, setup_distributed
+from trainlab.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.tracking import NullTracker
 

@@ -215,7 +215,7 @@ class _Together:
         self.ckpt, self.tmp, self.step = ckpt, tmp, step
 
     def __call__(self, fn: Callable[[], str | None]) -> list[str]:
-        from trainlab.engine.distributed import gather_strings
+        from trainlab.distributed import gather_strings
 
         try:
             said = "ok:" + (fn() or "")

@@ -206,7 +206,7 @@ def agreed_resume(resume: str, root: Path, *, expect_hash: str | None, expect_co
     same checkpoint or raises the same CheckpointError."""
     import torch.distributed as dist
 
-    from trainlab.engine.distributed import gather_strings
+    from trainlab.distributed import gather_strings
 
     kwargs = {"expect_hash": expect_hash, "expect_config": expect_config, "warn": warn}
     if not dist.is_initialized() or dist.get_world_size() == 1:

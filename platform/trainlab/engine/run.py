@@ -30,6 +30,14 @@ from trainlab.config.validate import (
     unordered_reductions,
 )
 from trainlab.data import TokenBatches, build_corpus, val_batches
+from trainlab.distributed import (
+    DistInfo,
+    backend_for,
+    device_name,
+    gather_strings,
+    process_group_backend,
+    setup_distributed,
+)
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
     Checkpoint,
@@ -40,14 +48,6 @@ from trainlab.engine.checkpoint import (
     rollback_of,
 )
 from trainlab.engine.determinism import set_deterministic
-from trainlab.engine.distributed import (
-    DistInfo,
-    backend_for,
-    device_name,
-    gather_strings,
-    process_group_backend,
-    setup_distributed,
-)
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr

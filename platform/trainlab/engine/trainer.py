@@ -33,8 +33,8 @@ from torch.distributed.tensor import DTensor
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.balance import DpBalancer, loss_weight
-from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.preemption import Preemption
 from trainlab.engine.rollback import Rollback
 from trainlab.engine.slowdown import Slowdown

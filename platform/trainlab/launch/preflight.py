@@ -141,7 +141,7 @@ def check_layout(run: RunConfig) -> None:
 
         check_tp(resolve_dims(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256), p.tp)
     if p.comm_dtype != "fp32" or p.powersgd_rank:
-        from trainlab.engine.distributed import backend_for, resolve_device
+        from trainlab.distributed import backend_for, resolve_device
         from trainlab.parallel.comm import check_comm
 
         check_comm(p.comm_dtype, p.powersgd_rank, backend_for(resolve_device(run.cluster.device)))

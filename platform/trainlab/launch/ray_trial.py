@@ -202,7 +202,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from trainlab.engine.distributed import backend_for
+    from trainlab.distributed import backend_for
     from trainlab.launch.rendezvous import BoundTorchConfig
 
     run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))

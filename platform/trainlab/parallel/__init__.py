@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainlab.config.schema import ParallelConfig
 from trainlab.config.validate import ParallelDims
-from trainlab.engine.distributed import backend_for
+from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 from trainlab.parallel.fsdp import apply_zero1
 

@@ -1,4 +1,9 @@
-"""Process-group setup that works the same under Ray Train, torchrun, or a single process."""
+"""Process-group setup that works the same under Ray Train, torchrun, or a single process,
+and the few collectives the layers share (mean over ranks, gathering strings).
+
+It depends on torch alone and sits below every layer that uses it (parallel, telemetry, the
+engine, the launcher, benches): layers only call downward.
+"""
 
 from __future__ import annotations
 
