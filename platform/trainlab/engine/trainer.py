@@ -441,9 +441,12 @@ class Trainer:
             "spikes": asdict(self.spikes),
             "grad_norms": list(self.grad_norms.norms),
             "step_rates": list(self._step_rates),
+            "mfus": list(self._mfus),
+            "mfus_fp8": list(self._mfus_fp8),
             "scheduler": self.scheduler.state_dict(),
             "recipe": self.recipe.state_dict(),
             "batches": self.batches.state_dict(),
+            **({"balancer": self.balancer.state_dict()} if self.balancer is not None else {}),
             "precision": self.run.precision.name,
             "rollback": self.rollback.as_state(),
             **zero1_state(self.optimizer),
@@ -465,10 +468,16 @@ class Trainer:
         vars(self.spikes).update(local["spikes"])
         self.grad_norms.norms[:] = local["grad_norms"]
         self._step_rates[:] = local["step_rates"]
+        # absent from checkpoints older than the trainer's own state_dict: MFU is then the
+        # median of the steps run since
+        self._mfus[:] = local.get("mfus", [])
+        self._mfus_fp8[:] = local.get("mfus_fp8", [])
         self.scheduler.load_state_dict(local["scheduler"])
         if local["precision"] == self.run.precision.name:
             self.recipe.load_state_dict(local["recipe"])
         self.batches.load_state_dict(local["batches"])
+        if self.balancer is not None and "balancer" in local:
+            self.balancer.load_state_dict(local["balancer"])
         load_zero1_state(self.optimizer, local)
         scale_lr(self, loaded=Rollback.from_state(local["rollback"]).lr_scale, wanted=self.rollback.lr_scale)
         set_rng_state(local["rng"])  # last: loading the optimizer may have drawn random numbers
