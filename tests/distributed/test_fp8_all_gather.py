@@ -74,7 +74,7 @@ def _preempted_and_resumed(world: int, out_dir: str) -> dict:
     from trainlab.engine.run import run_trial
 
     got = {}
-    for name, extra in (("preempted", ["train.inject_fault=sigterm@2"]), ("resumed", [])):
+    for name, extra in (("preempted", ["debug.inject_fault=sigterm@2"]), ("resumed", [])):
         run = compose_run_config([*TINY, *CASES["fsdp_fp8"], *extra, "train.checkpoint_every=2",
                                   f"output_dir={out_dir}", f"cluster.num_workers={world}"])
         tracker = RecordingTracker()

@@ -256,6 +256,6 @@ def test_fp8_delayed_pipeline_scales_the_stages_and_trains_like_one_process():
 
 
 def test_nan_injected_into_the_last_stage_ends_the_pipelined_trial():
-    """train.inject_nan hooks the module where it runs: here a block of the second stage."""
-    _, status, diverged_step = _run_trial(2, [*PIPELINE, "train.inject_nan=layers.3.feed_forward@2"])
+    """debug.inject_nan hooks the module where it runs: here a block of the second stage."""
+    _, status, diverged_step = _run_trial(2, [*PIPELINE, "debug.inject_nan=layers.3.feed_forward@2"])
     assert status == names.STATUS_DIVERGED and diverged_step == 2

@@ -81,8 +81,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                   checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
                   restarts: int = 0) -> Trainer:
     """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
-    for `checkpointer`, `rollback` and `restarts`). train.inject_nan is armed on a trial's first
-    attempt only: a rollback's retry runs without it, as without inject_fault."""
+    for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
+    attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
     dims = parallel_dims(run)
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
@@ -142,8 +142,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
                       balancer=balancer, checkpointer=checkpointer, rollback=rollback, restarts=restarts)
-    if t.nan_injection is not None and not trainer.rollback.count:
-        module, step = t.nan_injection
+    if run.debug.nan_injection is not None and not trainer.rollback.count:
+        module, step = run.debug.nan_injection
         inject_nan(model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
 

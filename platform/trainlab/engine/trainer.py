@@ -10,7 +10,7 @@ train.numerics_every steps one step is sampled: the casts of every low-precision
 SwiGLU outliers, the update-to-weight ratio and the grad-norm percentiles.
 
 Unequal data-parallel shares (parallel.dp_balance, engine.balance) weight each micro-batch's
-loss by its share of the global batch; cluster.slowdown (engine.slowdown) emulates slow ranks.
+loss by its share of the global batch; debug.slowdown (engine.slowdown) emulates slow ranks.
 
 The Trainer knows nothing of Ray or MLflow: it logs through a Tracker and calls hooks.
 """
@@ -169,9 +169,9 @@ class Trainer:
         precision this attempt runs with (the caller built the model in that precision)."""
         # the optimizer and schedule were built at the configured learning rate
         scale_lr(self, loaded=1.0, wanted=self.rollback.lr_scale)
-        factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
+        factor = run.debug.slowdown[dist_info.rank] if run.debug.slowdown else 1.0
         self.slowdown = Slowdown(factor, timer=self.rank_timer) if factor > 1.0 else None
-        """cluster.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
+        """debug.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
 
     def is_sample_step(self, step: int) -> bool:
         """Numerics are sampled on the first step and every train.numerics_every-th."""
@@ -418,8 +418,8 @@ class Trainer:
         )
 
     def _inject_fault(self) -> None:
-        """train.inject_fault: signal this rank's own process at the chosen step (first attempt only)."""
-        fault = self.run.train.fault_injection
+        """debug.inject_fault: signal this rank's own process at the chosen step (first attempt only)."""
+        fault = self.run.debug.fault_injection
         if fault is None or self.restarts or fault[1:] != (self.step, self.dist.rank):
             return
         os.kill(os.getpid(), {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[fault[0]])

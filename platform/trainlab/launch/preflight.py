@@ -116,9 +116,9 @@ def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None
 
 
 def check_module_names(run: RunConfig) -> None:
-    """Names that refer to the model's modules (precision.keep_hp globs, train.inject_nan)
+    """Names that refer to the model's modules (precision.keep_hp globs, debug.inject_nan)
     must exist in it: built on the meta device, so no memory and no time."""
-    if not run.train.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
+    if not run.debug.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
         return
     from trainlab.models import build_model
     from trainlab.precision.policy import check_keep_hp
@@ -127,8 +127,8 @@ def check_module_names(run: RunConfig) -> None:
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
     check_keep_hp(model, run.precision.keep_hp)
-    if run.train.nan_injection is not None:
-        injection_target(model, run.train.nan_injection[0])
+    if run.debug.nan_injection is not None:
+        injection_target(model, run.debug.nan_injection[0])
 
 
 def check_layout(run: RunConfig) -> None:

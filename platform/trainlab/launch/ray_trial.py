@@ -85,7 +85,7 @@ class Gang:
     device: str
     """What the engine computes on: cpu or cuda."""
     gpus: bool
-    """Each worker reserves one GPU (real, or logical with cluster.logical_gpus)."""
+    """Each worker reserves one GPU (real, or logical with debug.logical_gpus)."""
     placement: Placement | None = None
     """The GPU types the gang may use (None without GPUs)."""
     all_types: tuple[str, ...] = ()
@@ -111,8 +111,8 @@ def plan_gang(run: RunConfig, device: str) -> Gang:
     import ray
 
     if device == "auto":
-        device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 and not run.cluster.logical_gpus else "cpu"
-    gpus = device == "cuda" or run.cluster.logical_gpus
+        device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 and not run.debug.logical_gpus else "cpu"
+    gpus = device == "cuda" or run.debug.logical_gpus
     if not gpus:
         return Gang(device=device, gpus=False)
     pools = gpu_pools(ray.nodes())
@@ -156,7 +156,7 @@ def _where(run: RunConfig) -> tuple[str, str] | None:
     device name) otherwise."""
     import ray
 
-    if run.cluster.device != "cuda" and not run.cluster.logical_gpus:
+    if run.cluster.device != "cuda" and not run.debug.logical_gpus:
         return None
     node_id = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():

@@ -254,7 +254,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     if not todo:
         return 0
     limit = _max_concurrent(todo, max_concurrent, gpus=any(
-        t.run.cluster.device != "cpu" or t.run.cluster.logical_gpus for t in todo))
+        t.run.cluster.device != "cpu" or t.run.debug.logical_gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
 
