@@ -85,7 +85,7 @@ def test_a_stop_asked_for_one_trial_does_not_stop_the_next(state):
 
 
 def _one_process():
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     return setup_distributed("cpu")
 

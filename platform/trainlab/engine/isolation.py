@@ -32,7 +32,7 @@ and torchao 0.18, and what `after_trial` does with it:
   train.deterministic, the tracker factory the store's credentials).
 - process groups: every group made since capture (a layout's DeviceMesh sub-groups, the
   gloo group Preemption adds beside NCCL) is destroyed after DTensor's caches, which hold
-  meshes and so groups, are emptied (engine.distributed.clear_dtensor_caches, as
+  meshes and so groups, are emptied (trainlab.distributed.clear_dtensor_caches, as
   close_distributed does); the world group stays.
 - memory: garbage collected, CUDA's cached blocks released and its peak reset, so the next
   trial's sys/peak_mem_gb counts only its own tensors (the trainer resets it again at start).
@@ -67,8 +67,8 @@ import torch.distributed as dist
 
 from trainlab.config.schema import PrecisionConfig, RunConfig
 from trainlab.config.validate import compile_unit
+from trainlab.distributed import clear_dtensor_caches
 from trainlab.engine import preemption
-from trainlab.engine.distributed import clear_dtensor_caches
 from trainlab.precision.spec import spec_of
 
 CUDA_DEFAULT_SEED = 67280421310721
