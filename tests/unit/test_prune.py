@@ -12,6 +12,7 @@ import math
 import random
 import threading
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -45,58 +46,72 @@ def test_value_at_interpolates_between_validations_and_never_extrapolates():
 
 
 def test_margin_compares_at_equal_tokens_not_at_equal_steps():
-    """B runs 4x the batch of A. At step 2 B (8k tokens) has a higher loss than A had at ITS
-    step 2 (2k tokens), yet at 8k tokens B is far ahead of A: B goes on. A, 25 % behind B
-    at equal tokens, is the one stopped."""
+    """B runs 4x the batch of A. At step 8 A has 4.0 and B 2.0 (A 100 % worse, at equal STEPS),
+    but B had seen 32k tokens to A's 8k: at 8k tokens B had 3.8, A is 5 % behind and goes on.
+    Only when A stalls, 11 % behind B at equal tokens, is it stopped."""
     p = _pruner(grace=1000, prune_margin=0.1)
     for step in range(1, 9):  # A: 1000 tokens a step, loss 6 - 0.25 step
-        assert p.report(A, step=step, tokens=1000 * step, val_loss=6 - 0.25 * step) == ""
-    assert p.report(B, step=1, tokens=4000, val_loss=4.5) == ""  # A at 4k: 5.0: B is better
-    assert p.report(B, step=2, tokens=8000, val_loss=3.2) == ""  # A at 8k: 4.0; A at step 2: 5.5
-    why = p.report(A, step=9, tokens=9000, val_loss=3.75)  # B's curve ends at 8k: no comparison yet
-    assert why == ""
-    assert p.report(B, step=3, tokens=12000, val_loss=3.0) == ""
-    why = p.report(A, step=10, tokens=10000, val_loss=3.7)  # B at 10k: 3.1 (interpolated)
-    assert why.startswith("val loss 3.7000 at 10k tokens (step 10) is 19.4% above the best trial's 3.1000")
-    assert "#b" in why and "margin 10%" in why
+        assert p.report(A, step=step, tokens=1000 * step, val_loss=6 - 0.25 * step) == {}
+    assert p.report(B, step=1, tokens=4000, val_loss=4.6) == {}  # A at 4k: 5.0: B is better
+    assert p.report(B, step=2, tokens=8000, val_loss=3.8) == {}  # A at 8k: 4.0, 5.3 % worse
+    assert p.report(B, step=8, tokens=32000, val_loss=2.0) == {}  # A's step 8 vs B's: not compared
+    assert p.report(A, step=9, tokens=9000, val_loss=3.75) == {}  # B at 9k: 3.725 (interpolated)
+    why = p.report(A, step=12, tokens=12000, val_loss=3.9)  # B at 12k: 3.5
+    assert list(why) == [A]
+    assert why[A].startswith("val loss 3.9000 at 12k tokens (step 12) is 11.4% above the best trial's 3.5000")
+    assert "#b" in why[A] and "margin 10%" in why[A]
+
+
+def test_margin_stops_a_trial_that_ran_ahead_once_another_catches_up():
+    """A started first and validated at 4k while nobody else had 4k tokens; B, started later,
+    reaches 5k: at 4k B had 3.06 (interpolated) where A has 4.0: A is stopped at B's validation."""
+    p = _pruner(grace=1000, prune_margin=0.1)
+    for tokens, loss in ((2000, 4.5), (4000, 4.0)):
+        assert p.report(A, step=tokens // 1000, tokens=tokens, val_loss=loss) == {}
+    assert p.report(B, step=1, tokens=1000, val_loss=4.0) == {}  # B: 1k, 5k (A's last point: 4k)
+    why = p.report(B, step=5, tokens=5000, val_loss=2.75)
+    assert list(why) == [A] and "val loss 4.0000 at 4k tokens (step 4) is 30.6% above" in why[A]
+    assert p.report(B, step=6, tokens=6000, val_loss=2.7) == {}  # said once
+    p.ended(B)  # an ended trial is never stopped, though its curve still compares
+    assert p.report(C, step=5, tokens=5000, val_loss=2.0) == {}
 
 
 def test_margin_waits_for_the_grace_and_stays_within_the_margin():
     p = _pruner(grace=500, prune_margin=0.2)
     for tokens, loss in ((100, 4.0), (300, 3.0), (600, 2.0), (900, 1.5)):
         p.report(A, step=tokens // 100, tokens=tokens, val_loss=loss)
-    assert p.report(B, step=1, tokens=300, val_loss=9.0) == ""  # 3x worse, but inside the grace
-    assert p.report(B, step=2, tokens=600, val_loss=2.4) == ""  # 20 % worse: the margin allows it
+    assert p.report(B, step=1, tokens=300, val_loss=9.0) == {}  # 3x worse, but inside the grace
+    assert p.report(B, step=2, tokens=600, val_loss=2.4) == {}  # 20 % worse: the margin allows it
     why = p.report(B, step=3, tokens=900, val_loss=1.81)  # 20.7 % worse
-    assert "margin 20%" in why
-    assert p.report(B, step=4, tokens=950, val_loss=99.0) == ""  # said once
+    assert "margin 20%" in why[B]
+    assert p.report(B, step=4, tokens=950, val_loss=99.0) == {}  # said once
 
 
 def test_margin_goes_on_where_no_other_trial_covers_those_tokens():
     p = _pruner(grace=1, prune_margin=0.0)
-    assert p.report(A, step=1, tokens=1000, val_loss=3.0) == ""  # the first trial: nobody to compare with
-    assert p.report(B, step=1, tokens=2000, val_loss=9.0) == ""  # A's curve ends at 1000
-    assert p.report(C, step=1, tokens=500, val_loss=9.0) == ""  # and starts at 1000
-    assert p.report(C, step=2, tokens=1000, val_loss=3.1) != ""  # margin 0: any worse loss
+    assert p.report(A, step=1, tokens=1000, val_loss=3.0) == {}  # the first trial: nobody to compare with
+    assert p.report(B, step=1, tokens=2000, val_loss=9.0) == {}  # A's curve ends at 1000
+    assert p.report(C, step=1, tokens=500, val_loss=9.0) == {}  # and starts at 1000
+    assert list(p.report(C, step=2, tokens=1000, val_loss=3.1)) == [C]  # margin 0: any worse loss
 
 
 # ---------------------------------------------------------------- divergence
 def test_a_nonfinite_val_loss_stops_at_once_and_never_becomes_the_best():
     p = _pruner(grace=10_000, prune_margin=0.1)
-    assert p.report(A, step=1, tokens=100, val_loss=3.0) == ""
+    assert p.report(A, step=1, tokens=100, val_loss=3.0) == {}
     why = p.report(B, step=1, tokens=100, val_loss=math.nan)  # inside the grace: stopped anyway
-    assert why == "val loss is nan at step 1: it diverged"
-    assert "diverged" in p.report(C, step=1, tokens=100, val_loss=math.inf)
+    assert why == {B: "val loss is nan at step 1: it diverged"}
+    assert "diverged" in p.report(C, step=1, tokens=100, val_loss=math.inf)[C]
     # the diverged curves never make another trial look bad: only A's 3.0 is a best
     p2 = _pruner(grace=1, prune_margin=0.1)
     p2.report(A, step=1, tokens=100, val_loss=math.nan)
-    assert p2.report(B, step=1, tokens=100, val_loss=50.0) == ""
+    assert p2.report(B, step=1, tokens=100, val_loss=50.0) == {}
 
 
 def test_asha_ranks_a_diverged_trial_last():
     p = _pruner("asha", grace=100, longest=1000, prune_reduction_factor=2)
-    assert p.report(A, step=1, tokens=100, val_loss=math.nan) != ""
-    assert p.report(B, step=1, tokens=100, val_loss=7.0) == ""  # A was never recorded as better
+    assert list(p.report(A, step=1, tokens=100, val_loss=math.nan)) == [A]
+    assert p.report(B, step=1, tokens=100, val_loss=7.0) == {}  # A was never recorded as better
 
 
 def test_a_rollback_retrains_tokens_and_the_curve_goes_on_from_there():
@@ -104,7 +119,7 @@ def test_a_rollback_retrains_tokens_and_the_curve_goes_on_from_there():
     p.report(A, step=2, tokens=200, val_loss=3.0)
     p.report(A, step=4, tokens=400, val_loss=2.0)
     p.report(A, step=3, tokens=300, val_loss=2.9)  # rolled back to step 2 and trained again
-    assert p.report(B, step=4, tokens=400, val_loss=2.5) == ""  # A's 2.0 at 400 is gone
+    assert p.report(B, step=4, tokens=400, val_loss=2.5) == {}  # A's 2.0 at 400 is gone
     assert p._curves[A].points == [(200, 3.0), (300, 2.9)]
 
 
@@ -128,28 +143,28 @@ def test_quantile_is_numpys_and_keeps_inf_as_the_worst():
 def test_asha_promotes_asynchronously_the_best_quarter_of_those_that_reached_the_rung():
     p = _pruner("asha", grace=100, longest=10_000, keys="abcdefg", prune_reduction_factor=4)
     assert p.rungs == [100, 400, 1600, 6400]
-    assert p.report("a", step=1, tokens=100, val_loss=5.0) == ""  # the first at a rung goes on
+    assert p.report("a", step=1, tokens=100, val_loss=5.0) == {}  # the first at a rung goes on
     why = p.report("b", step=1, tokens=100, val_loss=5.5)  # worse than the only one before it
-    assert why == ("val loss 5.5000 at the 100-token rung (step 1) is not among the best 1/4 of the 1 trial "
+    assert why["b"] == ("val loss 5.5000 at the 100-token rung (step 1) is not among the best 1/4 of the 1 trial "
                    "that reached it before (cutoff 5.0000)")
-    assert p.report("c", step=1, tokens=100, val_loss=4.0) == ""  # better: promoted
+    assert p.report("c", step=1, tokens=100, val_loss=4.0) == {}  # better: promoted
     # before d: {5.0, 5.5, 4.0}: the 0.25-quantile is 4.5
-    assert p.report("d", step=1, tokens=100, val_loss=4.4) == ""
-    assert "cutoff 4.3000" in p.report("e", step=1, tokens=100, val_loss=4.6)  # {4.0, 4.4, 5.0, 5.5}: 4.3
+    assert p.report("d", step=1, tokens=100, val_loss=4.4) == {}
+    assert "cutoff 4.3000" in p.report("e", step=1, tokens=100, val_loss=4.6)["e"]  # {4.0, 4.4, 5.0, 5.5}: 4.3
     # a later rung judges only the trials that reached it: a alone at 400 goes on
-    assert p.report("a", step=4, tokens=400, val_loss=3.0) == ""
-    assert p.report("c", step=4, tokens=400, val_loss=3.1) != ""
+    assert p.report("a", step=4, tokens=400, val_loss=3.0) == {}
+    assert list(p.report("c", step=4, tokens=400, val_loss=3.1)) == ["c"]  # ASHA judges only who reports
 
 
 def test_asha_judges_every_trial_at_the_rung_itself():
     """Validations every 300 tokens pass the 400-token rung at 600: the trial is recorded with
     its loss interpolated at 400, not the one at 600 (which had 50 % more tokens)."""
     p = _pruner("asha", grace=400, longest=2000, prune_reduction_factor=2)
-    assert p.report(A, step=4, tokens=400, val_loss=3.0) == ""
-    assert p.report(B, step=3, tokens=300, val_loss=3.3) == ""  # below the rung
+    assert p.report(A, step=4, tokens=400, val_loss=3.0) == {}
+    assert p.report(B, step=3, tokens=300, val_loss=3.3) == {}  # below the rung
     # at 600: 2.5 (better than A's 3.0), but at 400 it had 3.3 + (2.5 - 3.3) / 3 = 3.033: worse
     why = p.report(B, step=6, tokens=600, val_loss=2.5)
-    assert "val loss 3.0333 at the 400-token rung" in why
+    assert "val loss 3.0333 at the 400-token rung" in why[B]
 
 
 def test_asha_stops_the_same_trials_as_ray_tunes_scheduler():
@@ -174,7 +189,7 @@ def test_asha_stops_the_same_trials_as_ray_tunes_scheduler():
             tokens[k] += 100
             loss = 5 - 3 * quality[k] * tokens[k] / 1000 + rng.gauss(0, 0.2)
             ray_stops = ray_bracket.on_result(SimpleNamespace(trial_id=k), tokens[k], -loss) == TrialScheduler.STOP
-            we_stop = ours.report(k, step=tokens[k] // 100, tokens=tokens[k], val_loss=loss) != ""
+            we_stop = ours.report(k, step=tokens[k] // 100, tokens=tokens[k], val_loss=loss) == {k: ANY}
             assert we_stop == ray_stops, (seed, k, tokens[k])
             if we_stop or tokens[k] >= 1000:
                 live.remove(k)
@@ -197,10 +212,10 @@ def test_the_pruner_takes_reports_from_many_threads():
 
 def test_progress_events_feed_the_pruner_and_others_are_ignored():
     p = _pruner(grace=1, prune_margin=0.0)
-    assert p.saw(A, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.0}) == ""
-    assert p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "loss": 9.0}) == ""  # no validation
-    assert p.saw(B, {"kind": "warning", "message": "x"}) == ""
-    assert p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.5}) != ""
+    assert p.saw(A, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.0}) == {}
+    assert p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "loss": 9.0}) == {}  # no validation
+    assert p.saw(B, {"kind": "warning", "message": "x"}) == {}
+    assert list(p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.5})) == [B]
 
 
 # ---------------------------------------------------------------- the config

@@ -10,6 +10,10 @@ then where the trial resumes. Either way the same command resumes the trial (lau
 finds it by its config hash). The command exits 128 + the signal's number after Ray's
 processes it started have ended (release_cluster).
 
+The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.prune): the
+pruner calls the trial's StopRequest.stop(reason), the gang loop raises the flag as PRUNE, and
+the gang ends the trial after its step as `pruned`, without a checkpoint (engine.preemption).
+
 The handlers are taken before a trial's checks and Ray's start (a signal then ends the
 command before any run is opened) and given back when its trials end; before that (Hydra
 composing the config) Ctrl-C is Python's KeyboardInterrupt, which the CLI turns into one line

@@ -11,7 +11,9 @@ extrapolated (as compare's Δ val @ equal tokens).
   rank it, nothing comes back from NaN weights.
 - margin: once a trial has trained `grace` tokens, it stops when its val loss at T tokens is
   above (1 + margin) x the lowest val loss any other trial of the sweep (running, ended or
-  pruned) had at T. Where no other trial's curve covers T yet, it goes on.
+  pruned) had at T. Where no other trial's curve covers T yet, it goes on; it is judged again
+  at its next validation, and also as soon as another trial's validation covers T (trials
+  started later catch up: a hopeless trial that ran ahead is stopped then, not at its end).
 - asha: asynchronous successive halving as Ray Tune's ASHAScheduler runs it (one bracket):
   rungs at grace x rf^k tokens, below the longest trial's end. When a trial first validates at
   or past a rung it is recorded there with its val loss interpolated AT the rung (equal tokens)
@@ -83,8 +85,12 @@ def fmt_tokens(n: float) -> str:
 class _Curve:
     label: str
     points: list[Point] = field(default_factory=list)
+    step: int = 0
+    """The step of the last point."""
     stopped: str = ""
     """Why the pruner stopped it ("" while it goes on)."""
+    ended: bool = False
+    """The trial ended (finished, diverged, failed): its curve stays, nothing is decided for it."""
 
     def add(self, tokens: int, val_loss: float) -> None:
         # a rollback (train.on_divergence=rollback) trains tokens again: the curve goes on from there
@@ -109,35 +115,53 @@ class Pruner:
         self._curves = {key: _Curve(label) for key, label in labels.items()}
         self._lock = threading.Lock()
 
-    def saw(self, key: Hashable, event: dict) -> str:
-        """A progress event of trial `key`: '' to go on, else why to stop it (said once)."""
+    def saw(self, key: Hashable, event: dict) -> dict[Hashable, str]:
+        """A progress event of trial `key`: the running trials to stop now, with why (each said once)."""
         if event.get("kind") != "step" or event.get("val_loss") is None or event.get("tokens") is None:
-            return ""
+            return {}
         return self.report(key, step=event["step"], tokens=event["tokens"], val_loss=event["val_loss"])
 
-    def report(self, key: Hashable, *, step: int, tokens: int, val_loss: float) -> str:
-        """Trial `key` validated: '' to go on, else why to stop it (said once per trial)."""
+    def ended(self, key: Hashable) -> None:
+        """Trial `key` ended: it is never stopped, its curve still compares."""
+        with self._lock:
+            self._curves[key].ended = True
+
+    def report(self, key: Hashable, *, step: int, tokens: int, val_loss: float) -> dict[Hashable, str]:
+        """Trial `key` validated: the running trials to stop now (it, or with margin others its
+        curve now covers), with why; each trial is said once."""
         with self._lock:
             curve = self._curves[key]
             loss = float(val_loss) if math.isfinite(val_loss) else math.inf
             curve.add(tokens, loss)
-            if curve.stopped:
-                return ""
-            if loss == math.inf:
-                why = f"val loss is {val_loss} at step {step}: it diverged"
-            elif self.config.prune == "margin":
-                why = self._margin(key, step=step, tokens=tokens, loss=loss)
-            else:
-                why = self._asha(key, step=step, tokens=tokens)
-            curve.stopped = why
-            return why
+            curve.step = step
+            stop: dict[Hashable, str] = {}
+            if not curve.stopped and not curve.ended:
+                if loss == math.inf:
+                    stop[key] = f"val loss is {val_loss} at step {step}: it diverged"
+                elif self.config.prune == "margin":
+                    stop[key] = self._margin(key)
+                else:
+                    stop[key] = self._asha(key, step=step, tokens=tokens)
+            if self.config.prune == "margin" and math.isfinite(loss):
+                # the trials behind whose last validation this curve now reaches, judged again
+                first = curve.points[0][0]
+                for other, c in self._curves.items():
+                    if other != key and c.points and not (c.stopped or c.ended) and first <= c.points[-1][0] <= tokens:
+                        stop[other] = self._margin(other)
+            stop = {k: why for k, why in stop.items() if why}
+            for k, why in stop.items():
+                self._curves[k].stopped = why
+            return stop
 
-    def _margin(self, key: Hashable, *, step: int, tokens: int, loss: float) -> str:
-        if tokens < self.grace:
+    def _margin(self, key: Hashable) -> str:
+        """Trial `key` judged at its last validation."""
+        curve = self._curves[key]
+        (tokens, loss), step = curve.points[-1], curve.step
+        if tokens < self.grace or not math.isfinite(loss):
             return ""
         best, best_key = math.inf, None
-        for other, curve in self._curves.items():
-            v = value_at(curve.points, tokens) if other != key else None
+        for other, c in self._curves.items():
+            v = value_at(c.points, tokens) if other != key else None
             if v is not None and math.isfinite(v) and v < best:
                 best, best_key = v, other
         margin = self.config.prune_margin

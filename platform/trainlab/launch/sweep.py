@@ -292,20 +292,20 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.run.cluster.device != "cpu" or t.run.cluster.logical_gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
+    requests = {t.idx: interrupt.StopRequest() for t in todo}  # the pruner's way to stop each trial early
+    labels = {t.idx: f"#{t.idx} {_pick(t.overrides, keys)}" for t in todo}
 
     def one(t: Trial) -> None:
-        name = f"#{t.idx} {_pick(t.overrides, keys)}"
-        request = interrupt.StopRequest()  # the pruner's way to stop this trial early
+        name = labels[t.idx]
 
         def on_event(event: dict) -> None:
             if event.get("kind") == "step":
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
                 progress.step(name, event["step"], event["max_steps"])
-                why = pruner.saw(t.idx, event) if pruner is not None else ""
-                if why:
-                    request.stop(why)
-                    progress.note(name, f"pruned: {why}")
+                for idx, why in (pruner.saw(t.idx, event) if pruner is not None else {}).items():
+                    requests[idx].stop(why)  # this trial, or (margin) one that ran ahead of it
+                    progress.note(labels[idx], f"pruned: {why}")
             elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
                 progress.note(name, event["message"])
 
@@ -321,11 +321,13 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
             outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
-                            on_event=on_event, stop=request)
+                            on_event=on_event, stop=requests[t.idx])
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
             t.pruned_reason = outcome.pruned_reason
         except Exception as e:  # anything unexpected: this trial failed, the others go on
             t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
+        if pruner is not None:
+            pruner.ended(t.idx)
         t.ended_at = time.perf_counter()
         r = t.result or {}
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
