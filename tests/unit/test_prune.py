@@ -151,6 +151,9 @@ def test_asha_promotes_asynchronously_the_best_quarter_of_those_that_reached_the
     # before d: {5.0, 5.5, 4.0}: the 0.25-quantile is 4.5
     assert p.report("d", step=1, tokens=100, val_loss=4.4) == {}
     assert "cutoff 4.3000" in p.report("e", step=1, tokens=100, val_loss=4.6)["e"]  # {4.0, 4.4, 5.0, 5.5}: 4.3
+    # just above the cutoff: shown with the digits that tell them apart
+    why = p.report("f", step=1, tokens=100, val_loss=4.400001)["f"]  # cutoff of {4.0, 4.4, 4.6, 5.0, 5.5}: 4.4
+    assert "val loss 4.400001 at the 100-token rung" in why and "cutoff 4.400000" in why
     # a later rung judges only the trials that reached it: a alone at 400 goes on
     assert p.report("a", step=4, tokens=400, val_loss=3.0) == {}
     assert list(p.report("c", step=4, tokens=400, val_loss=3.1)) == ["c"]  # ASHA judges only who reports

@@ -187,7 +187,8 @@ class Pruner:
             cutoff = quantile(others, 1 / rf) if others else None
             if cutoff is None or here <= cutoff:
                 return ""
-            return (f"val loss {here:.4f} at the {fmt_tokens(rung)}-token rung (step {step}) is not among the "
-                    f"best 1/{rf:g} of the {len(others)} trial{'s' * (len(others) > 1)} that reached it "
-                    f"before (cutoff {cutoff:.4f})")
+            digits = next(d for d in (4, 6, 9, 17) if f"{here:.{d}f}" != f"{cutoff:.{d}f}")  # never 'x above x'
+            return (f"val loss {here:.{digits}f} at the {fmt_tokens(rung)}-token rung (step {step}) is not among "
+                    f"the best 1/{rf:g} of the {len(others)} trial{'s' * (len(others) > 1)} that reached it "
+                    f"before (cutoff {cutoff:.{digits}f})")
         return ""
