@@ -67,6 +67,14 @@ def test_a_prune_ends_the_trial_pruned_after_its_step_without_a_checkpoint(dist_
 
 
 @pytest.mark.usefixtures("one_thread", "outside")
+def test_a_prune_that_arrives_at_the_last_step_leaves_the_trial_finished(dist_info, tmp_path):
+    """The driver's stop crossed the trial's end (a fast trial, a slow poll): it trained every
+    step, so it finished; `pruned` would say it was cut short."""
+    result = _stopped_in_a_thread(dist_info, asks=[preemption.PRUNE], at=6, root=tmp_path / "p")
+    assert result.status == names.STATUS_FINISHED and result.steps == 6
+
+
+@pytest.mark.usefixtures("one_thread", "outside")
 def test_a_preemption_still_saves_and_wins_over_a_prune(dist_info, tmp_path):
     for asks in ([preemption.PREEMPT], [preemption.PREEMPT, preemption.PRUNE], [preemption.PRUNE, preemption.PREEMPT]):
         root = tmp_path / "_".join(asks)

@@ -378,7 +378,7 @@ class Trainer:
             if self.checkpointer is not None and (stop == PREEMPT or self._checkpoint_due()):
                 self.tracker.sync()  # the metrics up to here outlive any crash after the checkpoint
                 self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)
-            if stop:
+            if stop == PREEMPT or (stop and self.step < t.max_steps):  # a prune that came late: it finished
                 status = names.STATUS_PREEMPTED if stop == PREEMPT else names.STATUS_PRUNED
                 break
             if self.step == self._warmup_step:  # from here sys/peak_mem_gb is the steady state
