@@ -40,14 +40,17 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def status_text(status: str, result: dict | None) -> str:
-    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', else status;
-    with the rollbacks it took: 'finished after 1 rollback (step 6 -> 4 (lr x0.5))'."""
+def status_text(status: str, result: dict | None, *, pruned_reason: str = "") -> str:
+    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', 'pruned at
+    step 40 (val loss ... above the best trial's ...)', else status; with the rollbacks it took:
+    'finished after 1 rollback (step 6 -> 4 (lr x0.5))'."""
     r = result or {}
     text = status
     if status == "diverged" and r.get("diverged_step") is not None:
         text = (f"{status} at step {r['diverged_step']} "
                 f"(first non-finite: {r.get('first_nonfinite') or 'loss'})")
+    if status == "pruned" and r.get("steps") is not None:
+        text = f"{status} at step {r['steps']}" + (f" ({pruned_reason})" if pruned_reason else "")
     if r.get("rollbacks"):
         n = r["rollbacks"]
         text += f" after {n} rollback{'s' * (n > 1)} ({r.get('extra', {}).get('rollbacks', '')})"

@@ -75,6 +75,10 @@ def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
 
 def schema_at(dotted: str) -> type | None:
     """The dataclass of a config section by dotted path ('' = RunConfig); None if not a section."""
+    if dotted == "hydra.launcher":  # trainlab's launcher (its keys: hydra.launcher.prune, ...)
+        from hydra_plugins.trainlab_launcher.ray_launcher import TrainlabRayLauncherConf
+
+        return TrainlabRayLauncherConf
     schema: Any = RunConfig
     for part in [p for p in dotted.split(".") if p]:
         f = {f.name: f for f in dataclasses.fields(schema)}.get(part)

@@ -329,7 +329,7 @@ class Attempt:
                      "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
                      "device": device_name(self.dist_info.device), "world_size": self.dist_info.world_size}
             self.progress(start)
-            trainer.add_hook(_progress_hook(self.progress), every=run.train.log_every)
+            trainer.add_hook(_progress_hook(self.progress))  # log steps and validations (the pruner's)
 
 
 def agreed_resume(run: RunConfig, root: Path, trial_hash: str, *, trial_config: dict | None = None,
@@ -391,8 +391,13 @@ def _print_event(event: dict) -> None:
 
 
 def _progress_hook(progress: Progress):
+    """A step event at every step that logged its metrics (train.log_every, the last, a divergence)
+    or validated: a sweep's pruner compares val losses at equal `tokens`, whatever log_every is."""
     def hook(trainer: Trainer, step: int, metrics: dict) -> None:
+        if names.LOSS not in metrics and names.VAL_LOSS not in metrics:
+            return
         event = {"kind": "step", "step": step, "max_steps": trainer.run.train.max_steps,
+                 "tokens": trainer.tokens_seen,
                  "loss": metrics.get(names.LOSS), "tokens_per_s": metrics.get(names.TOKENS_PER_S)}
         if names.VAL_LOSS in metrics:
             event["val_loss"] = metrics[names.VAL_LOSS]

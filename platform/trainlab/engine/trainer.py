@@ -35,7 +35,7 @@ from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
 from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.balance import DpBalancer, loss_weight
-from trainlab.engine.preemption import Preemption
+from trainlab.engine.preemption import PREEMPT, Preemption
 from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown
 from trainlab.engine.state import (
@@ -390,12 +390,12 @@ class Trainer:
                 status = names.STATUS_DIVERGED
                 break
             self._inject_fault()
-            preempted = self.preemption.requested()
-            if self.checkpointer is not None and (preempted or self._checkpoint_due()):
+            stop = self.preemption.requested()  # preempted: resumes from a checkpoint; pruned: never
+            if self.checkpointer is not None and (stop == PREEMPT or self._checkpoint_due()):
                 self.tracker.sync()  # the metrics up to here outlive any crash after the checkpoint
                 self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)
-            if preempted:
-                status = names.STATUS_PREEMPTED
+            if stop == PREEMPT or (stop and self.step < t.max_steps):  # a prune that came late: it finished
+                status = names.STATUS_PREEMPTED if stop == PREEMPT else names.STATUS_PRUNED
                 break
             if self.step == self._warmup_step:  # from here sys/peak_mem_gb is the steady state
                 reset_peak_memory(self.dist.device)

@@ -10,6 +10,10 @@ then where the trial resumes. Either way the same command resumes the trial (lau
 finds it by its config hash). The command exits 128 + the signal's number after Ray's
 processes it started have ended (release_cluster).
 
+The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.prune): the
+pruner calls the trial's StopRequest.stop(reason), the gang loop raises the flag as PRUNE, and
+the gang ends the trial after its step as `pruned`, without a checkpoint (engine.preemption).
+
 The handlers are taken before a trial's checks and Ray's start (a signal then ends the
 command before any run is opened) and given back when its trials end; before that (Hydra
 composing the config) Ctrl-C is Python's KeyboardInterrupt, which the CLI turns into one line
@@ -121,33 +125,57 @@ def interruptible() -> Iterator[DriverInterrupt]:
 
 
 # -- one trial's gang -----------------------------------------------------------------------
+class StopRequest:
+    """The driver's request to stop one running trial early, with why (the sweep's pruner
+    calls stop(); the trial's gang loop forwards it to the gang's flag as a PRUNE). Thread-safe:
+    the pruner decides in one trial's event thread, the gang loop reads in another."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason = ""
+        """Why the trial was stopped, for its pruned_reason tag ("" until stop())."""
+
+    def stop(self, reason: str) -> None:
+        """Ask once; the first reason is the one recorded."""
+        with self._lock:
+            self.reason = self.reason or reason or "stopped by the sweep"
+
+
 def stop_flag(**actor_options):
-    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core)."""
+    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core).
+    It holds why: "" (not raised), PRUNE, or PREEMPT; PREEMPT is never weakened to PRUNE."""
     import ray
+
+    from trainlab.engine.preemption import PREEMPT, PRUNE
 
     @ray.remote(num_cpus=0)
     class StopFlag:
         def __init__(self) -> None:
-            self.raised = False
+            self.kind = ""
 
-        def raise_(self) -> None:
-            self.raised = True
+        def raise_(self, kind: str = PREEMPT) -> None:
+            if self.kind != PREEMPT:
+                self.kind = kind if kind in (PREEMPT, PRUNE) else PREEMPT
 
-        def get(self) -> bool:
-            return self.raised
+        def get(self) -> str:
+            return self.kind
 
     return StopFlag.options(**actor_options).remote()
 
 
 class GangStop:
-    """The driver's side of stopping one trial's gang, checked between progress events."""
+    """The driver's side of stopping one trial's gang, checked between progress events: a
+    signal on the driver (PREEMPT) or the trial's StopRequest (PRUNE)."""
 
-    def __init__(self, flag, interrupt: DriverInterrupt | None = None) -> None:
+    def __init__(self, flag, interrupt: DriverInterrupt | None = None, request: StopRequest | None = None) -> None:
         self.flag = flag
         self.interrupt = interrupt or current()
+        self.request = request
         self.training = False
         """The gang reported its start: it has a step's state worth a checkpoint."""
         self.asked_at: float | None = None
+        self.pruning = False
+        """The request was forwarded to the gang's flag."""
         self.abandoned = False
         """The driver stopped waiting for the gang; Ray's shutdown ends it."""
 
@@ -157,6 +185,11 @@ class GangStop:
 
     def give_up(self) -> bool:
         """Whether to stop waiting for the gang now (asking it to stop on the first look)."""
+        from trainlab.engine.preemption import PRUNE
+
+        if self.request is not None and self.request.reason and not self.pruning:
+            self.pruning = True  # the gang stops after its step, ends its trial `pruned`, no checkpoint
+            self.flag.raise_.remote(PRUNE)
         it = self.interrupt
         if it.signum is None:
             return False
@@ -173,25 +206,29 @@ class GangStop:
 
 
 def follow_stop_flag(flag) -> threading.Event:
-    """In a worker: poll the driver's flag and stop this process's trainer when it is raised;
-    set the returned event to end the polling."""
+    """In a worker: poll the driver's flag and stop this process's trainer when it is raised,
+    for the flag's reason (engine.preemption: PREEMPT or PRUNE); set the returned event to end
+    the polling."""
     import ray
     from ray.exceptions import GetTimeoutError
 
-    from trainlab.engine.preemption import stop_from_outside
+    from trainlab.engine.preemption import PREEMPT, stop_from_outside
 
     done = threading.Event()
 
     def poll() -> None:
+        seen = ""
         while not done.wait(POLL_S):
             try:
-                raised = ray.get(flag.get.remote(), timeout=10 * POLL_S)
+                kind = ray.get(flag.get.remote(), timeout=10 * POLL_S)
             except GetTimeoutError:  # a busy machine: ask again
                 continue
             except Exception:  # the driver (and its actor) is gone: Ray ends this worker too
                 return
-            if raised:
-                stop_from_outside()
+            if kind and kind != seen:  # PRUNE, or PREEMPT (also after a PRUNE: a signal came since)
+                seen = kind
+                stop_from_outside(kind)
+            if kind == PREEMPT:
                 return
 
     threading.Thread(target=poll, name="trainlab-stop-flag", daemon=True).start()

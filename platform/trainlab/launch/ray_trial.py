@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from trainlab.config import RunConfig
 from trainlab.config.validate import elastic_range
-from trainlab.launch.interrupt import GangStop, follow_stop_flag, rearm, stop_flag
+from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, rearm, stop_flag
 from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
 
 _RAY_TRAIN_ENV = {
@@ -187,11 +187,12 @@ def _tracker_factory(payload: dict):
 
 
 def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
-               mlflow_run: dict | None, on_event) -> dict | None:
+               mlflow_run: dict | None, on_event, stop: StopRequest | None = None) -> dict | None:
     """Run one trial as a Ray Train gang; returns rank 0's result dict (None if it never came).
 
     Raises the Ray Train error if a worker failed. Interrupted (launch.interrupt), the gang
-    stops after a checkpoint (rank 0's result says `preempted`), or is let go (None).
+    stops after a checkpoint (rank 0's result says `preempted`), or is let go (None); stopped
+    through `stop` (the sweep's pruner), it ends after its step without one (`pruned`).
     """
     connect(run)  # before Ray is imported (see plan_gang)
     import ray
@@ -209,7 +210,7 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
-    stop = GangStop(stop_flag(scheduling_strategy=here))
+    stop = GangStop(stop_flag(scheduling_strategy=here), request=stop)  # signals, and the pruner's request
     payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
                "output_dir": run.output_dir, "stop": stop.flag}
     trainer = TorchTrainer(

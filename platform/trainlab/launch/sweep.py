@@ -6,7 +6,8 @@
 3. skip jobs whose config already finished under that parent (unless rerun);
 4. run the rest as Ray trials, at most `max_concurrent_trials` at once; Ray Train's placement
    groups queue a trial until its whole gang fits; one trial's failure never stops another;
-5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure).
+5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure,
+   as is a trial that hydra.launcher.prune stopped early: launch.prune).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Sequence
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
+from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.launch import interrupt
 from trainlab.redact import redact, redact_files
@@ -45,6 +48,8 @@ class Trial:
     skipped: bool = False
     resumed: bool = False
     """Stopped before its end in an earlier run of the sweep: goes on from its checkpoints."""
+    pruned_reason: str = ""
+    """Status pruned: why hydra.launcher.prune stopped it."""
     submitted_at: float = 0.0
     first_step_at: float | None = None
     ended_at: float = 0.0
@@ -126,17 +131,24 @@ def _refuse_unplaceable(todo: list[Trial]) -> list[Trial]:
 
 
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
-              max_concurrent_trials: int = 0, rerun: bool = False) -> list[JobReturn]:
+              max_concurrent_trials: int = 0, rerun: bool = False,
+              prune: PruneConfig | None = None) -> list[JobReturn]:
     from trainlab.launch.preflight import check_sweep_services
 
     redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
     try:
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
+        try:
+            keys = varied_keys([t.overrides for t in trials])
+            check_prunable(prune or PruneConfig(), [t.run for t in trials],
+                           [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun,
+    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun, prune=prune,
                             sweeper_params=OmegaConf.to_container(
                                 config.hydra.sweeper.get("params") or OmegaConf.create()))
     _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
@@ -165,8 +177,9 @@ class SweepOutcome:
 
 
 def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun: bool = False,
-                  sweeper_params: dict | None = None) -> SweepOutcome:
-    """Everything after composition: parent run, skipping, running, reporting. No Hydra here."""
+                  sweeper_params: dict | None = None, prune: PruneConfig | None = None) -> SweepOutcome:
+    """Everything after composition: parent run, skipping, running, reporting. No Hydra here.
+    `prune`: hydra.launcher.prune's rule (checked against the trials by check_prunable)."""
     keys = varied_keys([t.overrides for t in trials])
     for t in trials:
         t.label = _pick(t.overrides, keys, skip=("seed",))
@@ -198,6 +211,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                 t.skipped, t.run_id, t.status = True, prior.info.run_id, prior.data.tags[names.TAG_STATUS]
                 t.extra["val_loss"] = prior.data.metrics.get(names.VAL_LOSS)
                 t.extra["tokens_per_s"] = prior.data.metrics.get(names.TOKENS_PER_S)
+                t.pruned_reason = prior.data.tags.get(names.TAG_PRUNED_REASON, "")
             elif config_hash(t.run) in cut and t.run.train.resume == "auto":
                 # stopped before its end: go on from its checkpoints, in the run it started
                 t.run = dataclasses.replace(t.run, train=dataclasses.replace(
@@ -214,12 +228,13 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     if resumed:
         console.print(f"{len(resumed)} unfinished trials resume from their checkpoints: "
                       + ", ".join(f"#{t.idx} {t.label}" for t in resumed))
+    pruner = _pruner(prune, trials, todo)
     sweep_t0 = time.perf_counter()
     limit = 0
     with interrupt.interruptible() as stop:  # Ctrl-C / SIGTERM: each running trial stops after a checkpoint
         if todo:
             limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
-                                max_concurrent=max_concurrent_trials)
+                                max_concurrent=max_concurrent_trials, pruner=pruner)
     wall = time.perf_counter() - sweep_t0
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
@@ -243,7 +258,27 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
         {"wall_s": outcome.wall_s, "concurrency": outcome.concurrency, "trials": rows}, indent=2))
 
 
-def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int) -> int:
+def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
+    """hydra.launcher.prune's rule over the trials to run (None: prune=none), announced."""
+    from trainlab.launch.prune import Pruner, fmt_tokens
+
+    for note in prune.ignored() if prune is not None else ():
+        console.print(f"[yellow]warning:[/] {note}")
+    if prune is None or not prune.enabled or not todo:
+        return None
+    runs = [t.run for t in trials]
+    pruner = Pruner(prune, grace=grace_tokens(prune, runs), longest=max(map(max_tokens, runs)),
+                    labels={t.idx: f"#{t.idx} {t.label}" for t in todo})
+    how = (f"rungs at {', '.join(map(fmt_tokens, pruner.rungs))} tokens, each keeping the best "
+           f"1/{prune.prune_reduction_factor:g}" if prune.prune == "asha" else
+           f"worse than the best trial by more than {100 * prune.prune_margin:g}% at equal tokens, "
+           f"after {fmt_tokens(pruner.grace)} tokens")
+    console.print(f"pruning ({prune.prune}): {how}")
+    return pruner
+
+
+def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int,
+                pruner=None) -> int:
     from trainlab.launch.ray_trial import connect
     from trainlab.launch.trial import train
 
@@ -257,15 +292,20 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.run.cluster.device != "cpu" or t.run.debug.logical_gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
+    requests = {t.idx: interrupt.StopRequest() for t in todo}  # the pruner's way to stop each trial early
+    labels = {t.idx: f"#{t.idx} {_pick(t.overrides, keys)}" for t in todo}
 
     def one(t: Trial) -> None:
-        name = f"#{t.idx} {_pick(t.overrides, keys)}"
+        name = labels[t.idx]
 
         def on_event(event: dict) -> None:
             if event.get("kind") == "step":
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
                 progress.step(name, event["step"], event["max_steps"])
+                for idx, why in (pruner.saw(t.idx, event) if pruner is not None else {}).items():
+                    requests[idx].stop(why)  # this trial, or (margin) one that ran ahead of it
+                    progress.note(labels[idx], f"pruned: {why}")
             elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
                 progress.note(name, event["message"])
 
@@ -281,14 +321,18 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
             outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
-                            on_event=on_event)
+                            on_event=on_event, stop=requests[t.idx])
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
+            t.pruned_reason = outcome.pruned_reason
         except Exception as e:  # anything unexpected: this trial failed, the others go on
             t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
+        if pruner is not None:
+            pruner.ended(t.idx)
         t.ended_at = time.perf_counter()
         r = t.result or {}
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
-                                f"{_status_markup(t.status, r)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
+                                f"{_status_markup(t.status, r, t.pruned_reason)}  "
+                                f"val {fmt(r.get('final_val_loss'), '.4f')}  "
                                 f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
                                 f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
 
@@ -300,9 +344,10 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     return limit
 
 
-def _status_markup(status: str, result: dict | None = None) -> str:
-    color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow"}.get(status, "red")
-    return f"[{color}]{status_text(status, result)}[/]"
+def _status_markup(status: str, result: dict | None = None, pruned_reason: str = "") -> str:
+    color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow",
+             names.STATUS_PRUNED: "cyan"}.get(status, "red")
+    return f"[{color}]{escape(status_text(status, result, pruned_reason=pruned_reason))}[/]"
 
 
 def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Trial]) -> str:
@@ -317,7 +362,8 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
     for t in trials:
         r = t.result or {}
         row = [str(t.idx), _pick(t.overrides, keys),
-               t.status + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
+               t.status + (f" at step {r['steps']}" if t.status == names.STATUS_PRUNED and "steps" in r else "")
+               + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
                + (f" (rolled back {r['rollbacks']}x)" if r.get("rollbacks") else ""),
                fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
                fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
@@ -325,6 +371,9 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
         rows.append(row)
         table.add_row(*row[:2], _status_markup(t.status) + row[2][len(t.status):], *row[3:])
     console.print(table)
+    for t in trials:
+        if t.status == names.STATUS_PRUNED and t.pruned_reason:  # a person wants to know why
+            console.print(f"#{t.idx} {escape(_pick(t.overrides, keys))} pruned: {escape(t.pruned_reason)}")
     if ran:
         console.print(f"sweep wall time {wall_s:.1f}s for {len(ran)} trials")
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

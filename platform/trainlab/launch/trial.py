@@ -46,11 +46,15 @@ class TrialOutcome:
     """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
     last_step: int | None = None
     """The last step the workers reported (what the tracker recorded), also when they failed."""
+    pruned_reason: str = ""
+    """Status pruned: why the sweep's pruner stopped it (its StopRequest's reason)."""
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
-          show_progress: bool = True, on_event: Callable[[dict], None] | None = None) -> TrialOutcome:
-    """Run one trial on Ray (local cluster unless cluster.address is set) and record it."""
+          show_progress: bool = True, on_event: Callable[[dict], None] | None = None,
+          stop: interrupt.StopRequest | None = None) -> TrialOutcome:
+    """Run one trial on Ray (local cluster unless cluster.address is set) and record it;
+    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason)."""
     run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
@@ -102,7 +106,7 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
     result, error = None, ""
     try:
         result = run_on_ray(run, gang=gang, storage_path=str(out_dir / "ray"),
-                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
+                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events, stop=stop)
         status = result["status"] if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED
@@ -116,10 +120,13 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         if progress is not None:
             progress.close()
 
+    pruned_reason = stop.reason if stop is not None and status == names.STATUS_PRUNED else ""
     if trial is not None:
-        close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
+        close_trial_run(trial, status=status, tags=closing_tags(result, error, pruned_reason=pruned_reason),
+                        spill=spill)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
-                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None)
+                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None,
+                           pruned_reason=pruned_reason)
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:
         outcome.interrupted = interrupt.current().signum
     if show_progress:
