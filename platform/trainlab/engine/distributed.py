@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainlab.config.plan import resolve_device
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -19,13 +21,6 @@ class DistInfo:
     @property
     def is_rank0(self) -> bool:
         return self.rank == 0
-
-
-def resolve_device(preference: str) -> str:
-    """'auto' -> 'cuda' when this process sees a GPU, else 'cpu'."""
-    if preference == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return preference
 
 
 def backend_for(device: str) -> str:
@@ -41,7 +36,7 @@ def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo
     so that a 1-GPU torchrun run goes through NCCL as a multi-GPU one does; otherwise one
     process without a group.
     """
-    device = resolve_device(device)
+    device = resolve_device(device, gpus=torch.cuda.is_available())  # a trial's plan resolved it already
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     if not dist.is_initialized() and (torchrun or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         dist.init_process_group(backend=backend_for(device))
