@@ -37,16 +37,6 @@ METRICS_FILE = "metrics.jsonl"
 """tracking=none: rank 0's metrics, one JSON line each, in the trial's output folder."""
 
 
-def resolve_device(want: str, *, gpus: bool, logical_gpus: bool = False) -> str:
-    """cluster.device as the trial computes: `auto` is cuda where the trial runs has GPUs (this
-    machine for a local cluster or torchrun, the joined cluster's resources otherwise), else
-    cpu; with cluster.logical_gpus the workers hold GPUs but compute on cpu. The one place
-    that decides it: the driver, torchrun's processes and the benchmarks all call this."""
-    if want != "auto":
-        return want
-    return "cuda" if gpus and not logical_gpus else "cpu"
-
-
 @dataclass(frozen=True)
 class GangShape:
     """What a trial's gang asks of Ray: its workers, their resources and where they may go."""
@@ -96,7 +86,7 @@ class TrialPlan:
     """The validated config as composed, paths absolute and train.checkpoint_dir the chosen
     root; cluster.device stays as the user gave it (the trial's identity): read `device`."""
     device: str
-    """cpu or cuda: what every worker computes on (resolve_device)."""
+    """cpu or cuda: what every worker computes on (devices.resolve_device)."""
     dims: ParallelDims
     """The parallel degrees of the full gang."""
     grad_accum_steps: int
@@ -128,7 +118,7 @@ class TrialPlan:
 def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangShape | None = None,
                tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
                continues_run: str = "") -> TrialPlan:
-    """The plan of a validated `run` whose device (resolve_device), checkpoint root and resume
+    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root and resume
     the caller decided; derives the rest from the config, once."""
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     dims = parallel_dims(run)

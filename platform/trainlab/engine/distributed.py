@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainlab.config.plan import resolve_device
+from trainlab.devices import resolve_device
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan, plan_trial, resolve_device
+from trainlab.config.plan import TrialPlan, plan_trial
+from trainlab.devices import resolve_device
 from trainlab.engine.checkpoint import checkpoint_root
 
 

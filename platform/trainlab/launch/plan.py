@@ -16,8 +16,9 @@ import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.load import hashed_config
-from trainlab.config.plan import GangShape, TrialPlan, plan_trial, resolve_device
+from trainlab.config.plan import GangShape, TrialPlan, plan_trial
 from trainlab.console import console
+from trainlab.devices import resolve_device
 from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
 from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch.paths import resolve_paths

@@ -15,12 +15,12 @@ import torch
 
 from trainlab.config import ConfigError, RunConfig, ignored_options, parallel_dims
 from trainlab.config.folders import check_run_folders
-from trainlab.config.plan import resolve_device
 from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
 from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
+from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.precision import check_precision_supported
