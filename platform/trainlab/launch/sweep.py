@@ -122,8 +122,10 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
 
     placeable = []
     for t in todo:
+        start = time.perf_counter()
         try:  # the sweep checked its cluster and store once (check_sweep_services)
             t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False)
+            t.extra["plan_s"] = time.perf_counter() - start  # before its request: timed apart
             placeable.append(t)
         except ConfigError as e:
             t.status, t.error = names.STATUS_FAILED, f"refused at submission: {e}"
@@ -243,7 +245,8 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
     """sweep_timing.json in the multirun folder: how long trials waited, trained and took."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = [{"idx": t.idx, "overrides": t.overrides, "status": t.status, "skipped": t.skipped,
-             "start_latency_s": t.start_latency_s, "train_s": t.result.elapsed_s if t.result else None,
+             "plan_s": t.extra.get("plan_s"), "start_latency_s": t.start_latency_s,
+             "train_s": t.result.elapsed_s if t.result else None,
              "wall_s": (t.ended_at - t.submitted_at) if t.submitted_at else None} for t in trials]
     (sweep_dir / "sweep_timing.json").write_text(json.dumps(
         {"wall_s": outcome.wall_s, "concurrency": outcome.concurrency, "trials": rows}, indent=2))
