@@ -53,7 +53,7 @@ def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra
         trial = open_trial(plan, resuming=plan.resuming, tags=extra_tags, parent_run_id=parent_run_id)
     if plan.continues_run and show_progress:
         console.print(f"resuming trial {default_run_name(run)} from step {plan.resume_step} of its run "
-                      f"{trial.run_id} (checkpoint {plan.resume_from}); train.resume=never starts over",
+                      f"{trial.run_id} (checkpoint {root}); train.resume=never starts over",
                       soft_wrap=True)
     target = TrackingTarget(trial, credentials=credentials_env() if trial else {})
 
