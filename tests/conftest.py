@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def dist_info():
     """This process as a world of one on CPU (no process group)."""
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     return setup_distributed("cpu")
 

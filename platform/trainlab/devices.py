@@ -11,7 +11,7 @@ from __future__ import annotations
 def resolve_device(want: str, *, gpus: bool, logical_gpus: bool = False) -> str:
     """cluster.device as the trial computes: `auto` is cuda where the trial runs has GPUs (this
     machine for a local cluster or torchrun, the joined cluster's resources otherwise), else
-    cpu; with cluster.logical_gpus the workers hold GPUs but compute on cpu."""
+    cpu; with debug.logical_gpus the workers hold GPUs but compute on cpu."""
     if want != "auto":
         return want
     return "cuda" if gpus and not logical_gpus else "cpu"

@@ -36,7 +36,7 @@ def run_engine_here(run: RunConfig):
     from pathlib import Path
 
     from trainlab.console import ProgressLine
-    from trainlab.engine.distributed import close_distributed
+    from trainlab.distributed import close_distributed
     from trainlab.engine.local_plan import plan_here
     from trainlab.engine.run import run_trial
     from trainlab.launch.trial import TrialOutcome, print_summary

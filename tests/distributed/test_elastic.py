@@ -31,7 +31,7 @@ training moves the loss by ~1e-2, so a repeated, skipped or misplaced batch cann
 
 class PreemptingTracker(RecordingTracker):
     """Records, and sends its own process SIGTERM once `stop_at` is logged: the trainer then saves
-    a checkpoint at that step and ends the trial `preempted` (train.inject_fault only acts on a
+    a checkpoint at that step and ends the trial `preempted` (debug.inject_fault only acts on a
     trial's first attempt)."""
 
     def __init__(self, stop_at: int | None):
@@ -72,7 +72,7 @@ def resized(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
     cut = f"train.checkpoint_dir={root}/trial"
     (full,) = spawn_ranks(_phase, 2, [("whole", ["train.resume=never", f"train.checkpoint_dir={root}/whole"], None),
-                                      ("first", ["train.inject_fault=sigterm@4", cut], None)])
+                                      ("first", ["debug.inject_fault=sigterm@4", cut], None)])
     (shrunk,) = spawn_ranks(_phase, 1, [("shrunk", [cut], 7)])
     (grown,) = spawn_ranks(_phase, 2, [("grown", [cut], None)])
     for got in (full, shrunk, grown):

@@ -76,7 +76,7 @@ def assert_mfu_as_the_peak_table_says(result, tags: dict) -> None:
 @pytest.fixture(scope="module")
 def cuda_dist_info():
     """This process as a world of one on its GPU (no process group)."""
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     return setup_distributed("cuda")
 

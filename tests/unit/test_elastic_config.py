@@ -50,10 +50,10 @@ def test_a_fixed_gang_is_not_held_to_the_elastic_rules(overrides):
 
 def test_an_elastic_config_is_resized_to_the_gang_it_got():
     run = compose_run_config([*ELASTIC, "cluster.num_workers=4", "train.global_batch_size=24",
-                              "cluster.slowdown=[1,2,3,4]"])
+                              "debug.slowdown=[1,2,3,4]"])
     span = (1, 4)
     on3 = fit_to_gang(run, world_size=3)
-    assert on3.cluster.num_workers == 3 and on3.cluster.slowdown == [1.0, 2.0, 3.0]
+    assert on3.cluster.num_workers == 3 and on3.debug.slowdown == [1.0, 2.0, 3.0]
     assert on3.train == run.train and on3.parallel == run.parallel  # the global batch is kept
     assert config_hash(on3) != config_hash(run)  # hence run_trial keeps the hash it was launched with
     assert elastic_metrics(span, on3) == {names.GRAD_ACCUM: 4}  # 24 / (2 x 3)

@@ -81,10 +81,10 @@ def test_auto_is_decided_by_one_function_and_logical_gpus_compute_on_cpu(monkeyp
     assert resolve_device("auto", gpus=False) == "cpu"
     assert resolve_device("auto", gpus=True, logical_gpus=True) == "cpu"
     assert resolve_device("cpu", gpus=True) == "cpu"
-    # the driver's check of a local cluster asks the same function: with cluster.logical_gpus the
+    # the driver's check of a local cluster asks the same function: with debug.logical_gpus the
     # workers compute on CPU even where torch sees a GPU (it used to say cuda here)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    run = compose_run_config([*TINY, "cluster.logical_gpus=true"])
+    run = compose_run_config([*TINY, "debug.logical_gpus=true"])
     assert check_device(run) == "cpu"
     assert plan_here(run).device == "cpu"
 

@@ -27,7 +27,7 @@ import torch
 from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.devices import resolve_device
-from trainlab.engine.distributed import device_name, setup_distributed
+from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"

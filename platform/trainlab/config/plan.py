@@ -44,7 +44,7 @@ class GangShape:
     num_workers: int
     cpus_per_worker: int
     gpus: bool
-    """Each worker reserves one GPU (real, or logical with cluster.logical_gpus)."""
+    """Each worker reserves one GPU (real, or logical with debug.logical_gpus)."""
     accelerator_types: tuple[str, ...] = ()
     """The GPU types the gang may use (launch.placement.place); empty without GPUs."""
     strategy: str = "PACK"

@@ -21,5 +21,5 @@ def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
     """`run` (validated) planned in this process; every rank of one machine makes the same plan.
     `tracking_uri`: the MLflow store rank 0 opens the trial's run in (None: no run)."""
     device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
-                            logical_gpus=run.cluster.logical_gpus)
+                            logical_gpus=run.debug.logical_gpus)
     return plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri)

@@ -39,6 +39,23 @@ def stop_from_outside() -> None:
     _outside.set()
 
 
+def outside_state() -> tuple[bool, bool]:
+    """(armed by listen_outside, a stop asked from outside and not yet cleared), for a warm gang
+    to put back after each trial (engine.isolation): a stop meant for one trial must not stop
+    the next."""
+    return _listening, _outside.is_set()
+
+
+def restore_outside(state: tuple[bool, bool]) -> None:
+    """Back to an `outside_state()`."""
+    global _listening
+    _listening = state[0]
+    if state[1]:
+        _outside.set()
+    else:
+        _outside.clear()
+
+
 class Preemption:
     def __init__(self) -> None:
         self._asked = False

@@ -30,6 +30,14 @@ from trainlab.config.validate import (
     unordered_reductions,
 )
 from trainlab.data import TokenBatches, build_corpus, val_batches
+from trainlab.distributed import (
+    DistInfo,
+    backend_for,
+    device_name,
+    gather_strings,
+    process_group_backend,
+    setup_distributed,
+)
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import (
     Checkpoint,
@@ -39,18 +47,10 @@ from trainlab.engine.checkpoint import (
     rollback_of,
 )
 from trainlab.engine.determinism import set_deterministic
-from trainlab.engine.distributed import (
-    DistInfo,
-    backend_for,
-    device_name,
-    gather_strings,
-    process_group_backend,
-    setup_distributed,
-)
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.local_plan import plan_here
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
-from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
+from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer
 from trainlab.events import (
@@ -89,9 +89,11 @@ def seed_everything(seed: int) -> None:
 
 
 def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None,
-                  inject: bool = True) -> Trainer:
-    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer.
-    `inject`: arm train.inject_nan (a rollback's retry runs without it, as with inject_fault)."""
+                  checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
+                  restarts: int = 0) -> Trainer:
+    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
+    for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
+    attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
     dims = parallel_dims(run)
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
@@ -150,9 +152,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
-                      balancer=balancer)
-    if t.nan_injection is not None and inject:
-        module, step = t.nan_injection
+                      balancer=balancer, checkpointer=checkpointer, rollback=rollback, restarts=restarts)
+    if run.debug.nan_injection is not None and not trainer.rollback.count:
+        module, step = run.debug.nan_injection
         inject_nan(model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
 
@@ -205,9 +207,9 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
     try:
         attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
                           first=resume_from, trial_config=trial_config)
-        trainer = attempt.start(resume_from, rollback_of(resume_from))
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
-        trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
+        restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
+        trainer = attempt.start(resume_from, rollback_of(resume_from), restarts=restarts)
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
                              **elastic_metrics(elastic, run)}, step=trainer.step)
         if resumed:
@@ -270,19 +272,19 @@ class Attempt:
         """The checkpoint the trial started from (None: step 0)."""
         self.root, self.trial_hash, self.progress = root, trial_hash, progress
 
-    def start(self, ckpt: Checkpoint | None, rollback: Rollback) -> Trainer:
-        """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`."""
+    def start(self, ckpt: Checkpoint | None, rollback: Rollback, *, restarts: int) -> Trainer:
+        """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
+        `restarts`: the trial's restarts from a checkpoint so far."""
         run, dist_info = attempt_config(self.run, rollback), self.dist_info
-        trainer = build_trainer(run, dist_info, tracker=self.tracker, inject=not rollback.count)
         dims = parallel_dims(run)
-        trainer.checkpointer = Checkpointer(
+        checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
             config_hash=self.trial_hash, config=self.trial_config,
             shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+        trainer = build_trainer(run, dist_info, tracker=self.tracker, checkpointer=checkpointer,
+                                rollback=rollback, restarts=restarts)
         if ckpt is not None:
-            trainer.checkpointer.load(trainer, ckpt)
-        scale_lr(trainer, loaded=rollback_of(ckpt).lr_scale, wanted=rollback.lr_scale)
-        trainer.rollback = rollback
+            checkpointer.load(trainer, ckpt)
         return trainer
 
     def train(self, trainer: Trainer, *, warn: Progress | None) -> tuple[Trainer, TrialResult]:
@@ -323,8 +325,7 @@ class Attempt:
         gc.collect()
         if self.dist_info.device.type == "cuda":
             torch.cuda.empty_cache()
-        trainer = self.start(ckpt, rollback)
-        trainer.restarts = restarts
+        trainer = self.start(ckpt, rollback, restarts=restarts)
         self.tracker.log_metrics({names.ROLLBACKS: rollback.count}, step=trainer.step)
         self.tracker.set_tags({names.TAG_ROLLBACKS: rollback.history})
         return trainer

@@ -66,8 +66,8 @@ def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
     import ray
 
     device = resolve_device(device, gpus=ray.cluster_resources().get("GPU", 0) > 0,
-                            logical_gpus=run.cluster.logical_gpus)
-    gpus = device == "cuda" or run.cluster.logical_gpus
+                            logical_gpus=run.debug.logical_gpus)
+    gpus = device == "cuda" or run.debug.logical_gpus
     gang = GangShape.of(run, gpus=gpus)
     if not gpus:
         return device, gang

@@ -122,9 +122,9 @@ def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None
 
 
 def check_module_names(run: RunConfig) -> None:
-    """Names that refer to the model's modules (precision.keep_hp globs, train.inject_nan)
+    """Names that refer to the model's modules (precision.keep_hp globs, debug.inject_nan)
     must exist in it: built on the meta device, so no memory and no time."""
-    if not run.train.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
+    if not run.debug.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
         return
     from trainlab.models import build_model
     from trainlab.precision.policy import check_keep_hp
@@ -133,8 +133,8 @@ def check_module_names(run: RunConfig) -> None:
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
     check_keep_hp(model, run.precision.keep_hp)
-    if run.train.nan_injection is not None:
-        injection_target(model, run.train.nan_injection[0])
+    if run.debug.nan_injection is not None:
+        injection_target(model, run.debug.nan_injection[0])
 
 
 def check_layout(run: RunConfig) -> None:
@@ -153,7 +153,7 @@ def check_comm_backend(run: RunConfig, device: str) -> None:
     of the trial's resolved `device` (the bf16 compression hook needs NCCL)."""
     p = run.parallel
     if p.comm_dtype != "fp32" or p.powersgd_rank:
-        from trainlab.engine.distributed import backend_for
+        from trainlab.distributed import backend_for
         from trainlab.parallel.comm import check_comm
 
         check_comm(p.comm_dtype, p.powersgd_rank, backend_for(device))
@@ -169,7 +169,7 @@ def check_device(run: RunConfig) -> str:
     has_cuda = torch.cuda.is_available()
     if want == "auto" and not local:
         return "auto"  # resolved against the cluster's resources once connected
-    device = resolve_device(want, gpus=has_cuda, logical_gpus=run.cluster.logical_gpus)
+    device = resolve_device(want, gpus=has_cuda, logical_gpus=run.debug.logical_gpus)
     if device == "cuda" and local and not has_cuda:
         raise ValueError("cluster.device=cuda but this machine has no CUDA GPU visible to torch; "
                          "use cluster.device=cpu (or auto)")

@@ -150,7 +150,7 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from trainlab.engine.distributed import backend_for
+    from trainlab.distributed import backend_for
     from trainlab.launch.rendezvous import BoundTorchConfig
 
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along

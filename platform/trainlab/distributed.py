@@ -1,4 +1,9 @@
-"""Process-group setup that works the same under Ray Train, torchrun, or a single process."""
+"""Process-group setup that works the same under Ray Train, torchrun, or a single process,
+and the few collectives the layers share (mean over ranks, gathering strings).
+
+It depends on torch (and trainlab.devices, which imports nothing) and sits below every layer
+that uses it (parallel, telemetry, the engine, the launcher, benches): layers only call downward.
+"""
 
 from __future__ import annotations
 
@@ -117,15 +122,16 @@ def close_distributed(*, barrier: bool = True) -> None:
         return
     if barrier:
         dist.barrier()  # no rank tears down a group another rank is still using
-    _clear_dtensor_caches()
+    clear_dtensor_caches()
     dist.destroy_process_group()
     gc.collect()
 
 
-def _clear_dtensor_caches() -> None:
+def clear_dtensor_caches() -> None:
     """Empty every cache of torch.distributed.tensor that may hold a DeviceMesh: the C++ and
     Python sharding-propagation caches, the redistribute planners, and each functools cache of
-    its modules (MeshTopoInfo.build_from_mesh among them)."""
+    its modules (MeshTopoInfo.build_from_mesh among them). Before a group goes: at the end
+    (close_distributed) and between the trials of a warm gang (engine.isolation)."""
     import sys
 
     try:  # private torch API (2.13): without it a group may outlive the run
