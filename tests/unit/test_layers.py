@@ -11,7 +11,7 @@ import pytest
 import trainlab
 
 PACKAGE = Path(trainlab.__file__).parent
-BELOW_ENGINE = ("distributed.py", "names.py", "config", "models", "data", "precision", "parallel", "telemetry")
+BELOW_ENGINE = ("distributed.py", "devices.py", "events.py", "names.py", "config", "models", "data", "precision", "parallel", "telemetry")
 """Modules and packages under the engine (the engine and the launcher use them, never the reverse)."""
 ABOVE = ("trainlab.engine", "trainlab.launch", "trainlab.compare", "trainlab.bench", "trainlab.cli",
          "trainlab.train", "trainlab.jobs", "trainlab.tracking")

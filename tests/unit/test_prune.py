@@ -24,6 +24,7 @@ from trainlab.compare.records import Trial
 from trainlab.compare.summarize import summarize
 from trainlab.config import compose_run_config
 from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens, prune_config
+from trainlab.events import Notice, StepDone, TrialResult
 from trainlab.launch.prune import Pruner, quantile, rungs, value_at
 from trainlab.tracking.runs import closing_tags
 
@@ -215,10 +216,14 @@ def test_the_pruner_takes_reports_from_many_threads():
 
 def test_progress_events_feed_the_pruner_and_others_are_ignored():
     p = _pruner(grace=1, prune_margin=0.0)
-    assert p.saw(A, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.0}) == {}
-    assert p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "loss": 9.0}) == {}  # no validation
-    assert p.saw(B, {"kind": "warning", "message": "x"}) == {}
-    assert list(p.saw(B, {"kind": "step", "step": 1, "tokens": 10, "val_loss": 3.5})) == [B]
+
+    def step(val_loss=None, loss=None):
+        return StepDone(step=1, max_steps=10, loss=loss, tokens_per_s=None, val_loss=val_loss, tokens=10)
+
+    assert p.saw(A, step(val_loss=3.0)) == {}
+    assert p.saw(B, step(loss=9.0)) == {}  # no validation
+    assert p.saw(B, Notice(kind="warning", message="x")) == {}
+    assert list(p.saw(B, step(val_loss=3.5))) == [B]
 
 
 # ---------------------------------------------------------------- the config
@@ -281,10 +286,14 @@ def test_a_sweep_that_cannot_be_pruned_is_refused_before_it_starts():
 
 # ---------------------------------------------------------------- recorded and shown
 def test_a_pruned_trial_closes_with_its_reason_and_step():
-    result = {"status": names.STATUS_PRUNED, "steps": 30, "diverged_step": None}
-    tags = closing_tags(result, "", pruned_reason="val loss 5 above the best")
+    def result(status: str, steps: int) -> TrialResult:
+        return TrialResult(status=status, steps=steps, tokens_seen=0, final_loss=3.0, final_val_loss=3.0,
+                           tokens_per_s=1.0, mfu=None, peak_mem_gb=0.0, skipped_steps=0, nonfinite_steps=0,
+                           loss_spikes=0, elapsed_s=1.0)
+
+    tags = closing_tags(result(names.STATUS_PRUNED, 30), "", pruned_reason="val loss 5 above the best")
     assert tags == {names.TAG_PRUNED_STEP: 30, names.TAG_PRUNED_REASON: "val loss 5 above the best"}
-    assert closing_tags({"status": names.STATUS_FINISHED, "steps": 40, "diverged_step": None}, "") == {}
+    assert closing_tags(result(names.STATUS_FINISHED, 40), "") == {}
 
 
 def test_compare_counts_pruned_trials_as_ended_and_says_where_and_why():

@@ -16,6 +16,7 @@ from trainlab.config import compose_run_config
 from trainlab.engine import preemption
 from trainlab.engine.checkpoint import Checkpointer, complete_checkpoints
 from trainlab.engine.run import Attempt, build_trainer
+from trainlab.events import StepDone
 from trainlab.telemetry import Peak, peak_flops
 from trainlab.tracking import NullTracker
 from trainlab.tracking.runs import open_trial_run, trial_tags
@@ -88,16 +89,16 @@ def test_progress_events_carry_every_validation_with_its_tokens(dist_info, tmp_p
     """log_every=4, eval_every=3: the validations at steps 3 and 6 reach the driver (the pruner
     reads them) as well as the log step 4."""
     run = compose_run_config([*TINY_RUN, "train.log_every=4", "train.eval_every=3"])
-    events: list[dict] = []
+    events: list = []
     trainer = _trainer(dist_info, ["train.log_every=4", "train.eval_every=3"])
     attempt = Attempt(run, dist_info, tracker=NullTracker(), root=tmp_path, trial_hash="h",
                       progress=events.append, first=None)
     attempt.announce(trainer)
     trainer.train()
-    steps = [e for e in events if e["kind"] == "step"]
-    assert [e["step"] for e in steps] == [3, 4, 6]
-    assert [e["step"] for e in steps if "val_loss" in e] == [3, 6]
-    assert [e["tokens"] for e in steps] == [3 * 4 * 32, 4 * 4 * 32, 6 * 4 * 32]
+    steps = [e for e in events if isinstance(e, StepDone)]
+    assert [e.step for e in steps] == [3, 4, 6]
+    assert [e.step for e in steps if e.val_loss is not None] == [3, 6]
+    assert [e.tokens for e in steps] == [3 * 4 * 32, 4 * 4 * 32, 6 * 4 * 32]
 
 
 def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path):

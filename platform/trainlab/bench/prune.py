@@ -44,15 +44,15 @@ def _trials(overrides: list[str], grid: list[list[str]], *, name: str, tmp: Path
 
 def _totals(trials: list[Trial]) -> tuple[int, int]:
     """(optimizer steps, tokens) the trials computed."""
-    results = [t.result or {} for t in trials]
-    return sum(r.get("steps", 0) for r in results), sum(r.get("tokens_seen", 0) for r in results)
+    results = [t.result for t in trials if t.result is not None]
+    return sum(r.steps for r in results), sum(r.tokens_seen for r in results)
 
 
 def _best(trials: list[Trial]) -> Trial | None:
     """The finished trial with the lowest final val loss."""
     done = [t for t in trials if t.status == names.STATUS_FINISHED and t.result
-            and math.isfinite(t.result.get("final_val_loss", math.nan))]
-    return min(done, key=lambda t: t.result["final_val_loss"]) if done else None
+            and math.isfinite(t.result.final_val_loss)]
+    return min(done, key=lambda t: t.result.final_val_loss) if done else None
 
 
 def main(argv: list[str]) -> None:
@@ -115,11 +115,11 @@ def _print(outcomes: dict[str, tuple[list[Trial], SweepOutcome]], prune: PruneCo
                             f" pruned, {failed[m]} failed)")
     row("optimizer steps", lambda m: f"{totals[m][0]:,}")
     row("tokens", lambda m: f"{totals[m][1]:,}")
-    row("sum of training s", lambda m: fmt(sum((t.result or {}).get("elapsed_s", 0.0)
-                                               for t in outcomes[m][0]), ".1f"))
+    row("sum of training s", lambda m: fmt(sum(t.result.elapsed_s for t in outcomes[m][0]
+                                               if t.result is not None), ".1f"))
     row("sweep wall s", lambda m: f"{outcomes[m][1].wall_s:.1f}")
     row("best configuration", lambda m: bests[m].label if bests[m] else "-")
-    row("its final val loss", lambda m: fmt(bests[m].result["final_val_loss"], ".4f") if bests[m] else "-")
+    row("its final val loss", lambda m: fmt(bests[m].result.final_val_loss, ".4f") if bests[m] else "-")
     console.print(table)
     (steps_u, tokens_u), (steps_p, tokens_p) = totals["unpruned"], totals["pruned"]
     wall_u, wall_p = outcomes["unpruned"][1].wall_s, outcomes["pruned"][1].wall_s

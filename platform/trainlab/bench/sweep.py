@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
         execute_sweep(warm, max_concurrent_trials=1, rerun=True)
         trials = _trials(overrides, k=args.trials, tmp=tmp, first_seed=0)
         outcome = execute_sweep(trials, max_concurrent_trials=args.concurrency, rerun=True)
-    train_s = [t.result["elapsed_s"] for t in trials if t.result]
+    train_s = [t.result.elapsed_s for t in trials if t.result]
     latency = [t.start_latency_s for t in trials if t.start_latency_s is not None]
     if len(train_s) < len(trials) or not latency:
         raise SystemExit("bench sweep: some trials did not finish; see the table above")

@@ -46,6 +46,7 @@ from trainlab.engine.state import (
     sharded_state,
     zero1_state,
 )
+from trainlab.events import TrialResult
 from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.precision import PrecisionRecipe
@@ -89,35 +90,6 @@ class StepResult:
     @property
     def finite(self) -> bool:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
-
-
-@dataclass
-class TrialResult:
-    """What a finished (or stopped) trial reports back; identical on every rank."""
-
-    status: str
-    steps: int
-    tokens_seen: int
-    final_loss: float
-    final_val_loss: float
-    tokens_per_s: float
-    """Median over steps after the first (which pays for warm-up)."""
-    mfu: float | None
-    """Median MFU against the peak of the mode's high-precision compute (bf16 for fp8 modes)."""
-    peak_mem_gb: float
-    """Peak memory since the end of the first step (that step's own when it was the only one)."""
-    skipped_steps: int
-    nonfinite_steps: int
-    loss_spikes: int
-    elapsed_s: float
-    diverged_step: int | None = None
-    first_nonfinite: str = ""
-    loss_scale: float | None = None
-    mfu_fp8: float | None = None
-    """fp8 modes on a GPU with a known FP8 peak: median MFU against that peak."""
-    rollbacks: int = 0
-    """train.on_divergence=rollback: the divergences the trial rolled back from."""
-    extra: dict = field(default_factory=dict)
 
 
 class Trainer:

@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Iterator
 
+from trainlab.events import START, STEP, ProgressEvent
+
 STOP_GRACE_S = 120.0
 """After the first signal, how long the driver waits for the gangs to save and stop before it
 stops them at once (a second signal does that sooner)."""
@@ -179,8 +181,8 @@ class GangStop:
         self.abandoned = False
         """The driver stopped waiting for the gang; Ray's shutdown ends it."""
 
-    def saw(self, event: dict) -> None:
-        if event.get("kind") in ("start", "step"):
+    def saw(self, event: ProgressEvent) -> None:
+        if event.kind in (START, STEP):
             self.training = True
 
     def give_up(self) -> bool:

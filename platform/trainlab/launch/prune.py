@@ -34,6 +34,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainlab.config.prune import PruneConfig
+from trainlab.events import ProgressEvent, StepDone
 
 Point = tuple[int, float]
 """(tokens seen, val loss) at one validation."""
@@ -115,11 +116,11 @@ class Pruner:
         self._curves = {key: _Curve(label) for key, label in labels.items()}
         self._lock = threading.Lock()
 
-    def saw(self, key: Hashable, event: dict) -> dict[Hashable, str]:
+    def saw(self, key: Hashable, event: ProgressEvent) -> dict[Hashable, str]:
         """A progress event of trial `key`: the running trials to stop now, with why (each said once)."""
-        if event.get("kind") != "step" or event.get("val_loss") is None or event.get("tokens") is None:
+        if not isinstance(event, StepDone) or event.val_loss is None or event.tokens is None:
             return {}
-        return self.report(key, step=event["step"], tokens=event["tokens"], val_loss=event["val_loss"])
+        return self.report(key, step=event.step, tokens=event.tokens, val_loss=event.val_loss)
 
     def ended(self, key: Hashable) -> None:
         """Trial `key` ended: it is never stopped, its curve still compares."""

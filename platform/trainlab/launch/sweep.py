@@ -28,8 +28,10 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
+from trainlab.config.plan import TrialPlan
 from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
+from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
 from trainlab.redact import redact, redact_files
 
@@ -43,7 +45,9 @@ class Trial:
     label: str = ""
     status: str = "pending"
     run_id: str | None = None
-    result: dict | None = None
+    plan: TrialPlan | None = None
+    """As the driver resolved it before the first trial started (launch.plan)."""
+    result: TrialResult | None = None
     error: str = ""
     skipped: bool = False
     resumed: bool = False
@@ -114,15 +118,19 @@ def _max_concurrent(trials: list[Trial], requested: int, *, gpus: bool) -> int:
     return max(1, fits)
 
 
-def _refuse_unplaceable(todo: list[Trial]) -> list[Trial]:
-    """Route every trial before the first starts: those no GPU type of the cluster can run are
-    reported now, with the reason, and marked failed; the rest go on."""
-    from trainlab.launch.trial import plan
+def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> list[Trial]:
+    """Plan every trial before the first starts (launch.plan, once per trial: checks, resume,
+    device, the GPU types it may use): those that cannot run (no GPU type of the cluster can,
+    a checkpoint is damaged, ...) are reported now, with the reason, and marked failed; the
+    rest go on, each with its plan."""
+    from trainlab.launch.plan import plan_launch
 
     placeable = []
     for t in todo:
-        try:
-            plan(t.run, t.run.cluster.device)
+        start = time.perf_counter()
+        try:  # the sweep checked its cluster and store once (check_sweep_services)
+            t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False)
+            t.extra["plan_s"] = time.perf_counter() - start  # before its request: timed apart
             placeable.append(t)
         except ConfigError as e:
             t.status, t.error = names.STATUS_FAILED, f"refused at submission: {e}"
@@ -157,7 +165,7 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         interrupt.release_cluster()
         sys.exit(128 + outcome.interrupted)
     for t in trials:
-        t.job_return.return_value = (t.result or {}).get("final_val_loss", t.extra.get("val_loss"))
+        t.job_return.return_value = t.result.final_val_loss if t.result else t.extra.get("val_loss")
     failed = [t for t in trials if t.status == names.STATUS_FAILED]
     if failed:
         console.print(f"[red]{len(failed)} of {len(trials)} trials failed[/]")
@@ -252,7 +260,8 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
     """sweep_timing.json in the multirun folder: how long trials waited, trained and took."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = [{"idx": t.idx, "overrides": t.overrides, "status": t.status, "skipped": t.skipped,
-             "start_latency_s": t.start_latency_s, "train_s": (t.result or {}).get("elapsed_s"),
+             "plan_s": t.extra.get("plan_s"), "start_latency_s": t.start_latency_s,
+             "train_s": t.result.elapsed_s if t.result else None,
              "wall_s": (t.ended_at - t.submitted_at) if t.submitted_at else None} for t in trials]
     (sweep_dir / "sweep_timing.json").write_text(json.dumps(
         {"wall_s": outcome.wall_s, "concurrency": outcome.concurrency, "trials": rows}, indent=2))
@@ -285,11 +294,10 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     # one cluster for every trial, sized for the largest gang
     biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
     connect(biggest.run)
-    todo = _refuse_unplaceable(todo)
+    todo = _refuse_unplaceable(todo, parent_id=parent_id)
     if not todo:
         return 0
-    limit = _max_concurrent(todo, max_concurrent, gpus=any(
-        t.run.cluster.device != "cpu" or t.run.debug.logical_gpus for t in todo))
+    limit = _max_concurrent(todo, max_concurrent, gpus=any(t.plan.gang.gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
     requests = {t.idx: interrupt.StopRequest() for t in todo}  # the pruner's way to stop each trial early
@@ -298,16 +306,16 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     def one(t: Trial) -> None:
         name = labels[t.idx]
 
-        def on_event(event: dict) -> None:
-            if event.get("kind") == "step":
+        def on_event(event: ProgressEvent) -> None:
+            if isinstance(event, StepDone):
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
-                progress.step(name, event["step"], event["max_steps"])
+                progress.step(name, event.step, event.max_steps)
                 for idx, why in (pruner.saw(t.idx, event) if pruner is not None else {}).items():
                     requests[idx].stop(why)  # this trial, or (margin) one that ran ahead of it
                     progress.note(labels[idx], f"pruned: {why}")
-            elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
-                progress.note(name, event["message"])
+            elif isinstance(event, Notice) and event.kind != WARNING:  # the trial went on from a checkpoint
+                progress.note(name, event.message)
 
         if interrupt.current().signum:  # interrupted before its turn: left for the rerun
             t.error = "not started: the sweep was interrupted"
@@ -320,7 +328,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         tags.update({k: v for k, v in map(_key_value, t.overrides)
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
-            outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
+            outcome = train(t.plan, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
                             on_event=on_event, stop=requests[t.idx])
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
             t.pruned_reason = outcome.pruned_reason
@@ -329,11 +337,11 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         if pruner is not None:
             pruner.ended(t.idx)
         t.ended_at = time.perf_counter()
-        r = t.result or {}
+        r = t.result
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
                                 f"{_status_markup(t.status, r, t.pruned_reason)}  "
-                                f"val {fmt(r.get('final_val_loss'), '.4f')}  "
-                                f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
+                                f"val {fmt(r and r.final_val_loss, '.4f')}  "
+                                f"{fmt(r and r.tokens_per_s, ',.0f')} tok/s  "
                                 f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
 
     try:
@@ -344,7 +352,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     return limit
 
 
-def _status_markup(status: str, result: dict | None = None, pruned_reason: str = "") -> str:
+def _status_markup(status: str, result: TrialResult | None = None, pruned_reason: str = "") -> str:
     color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow",
              names.STATUS_PRUNED: "cyan"}.get(status, "red")
     return f"[{color}]{escape(status_text(status, result, pruned_reason=pruned_reason))}[/]"
@@ -360,14 +368,14 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
         table.add_column(h)
     rows = []
     for t in trials:
-        r = t.result or {}
+        r = t.result
         row = [str(t.idx), _pick(t.overrides, keys),
-               t.status + (f" at step {r['steps']}" if t.status == names.STATUS_PRUNED and "steps" in r else "")
+               t.status + (f" at step {r.steps}" if t.status == names.STATUS_PRUNED and r else "")
                + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
-               + (f" (rolled back {r['rollbacks']}x)" if r.get("rollbacks") else ""),
-               fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
-               fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
-               fmt(t.start_latency_s, ".1f"), fmt(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
+               + (f" (rolled back {r.rollbacks}x)" if r and r.rollbacks else ""),
+               fmt(r.final_val_loss if r else t.extra.get("val_loss"), ".4f"),
+               fmt(r.tokens_per_s if r else t.extra.get("tokens_per_s"), ",.0f"),
+               fmt(t.start_latency_s, ".1f"), fmt(r and r.elapsed_s, ".1f"), t.run_id or "-"]
         rows.append(row)
         table.add_row(*row[:2], _status_markup(t.status) + row[2][len(t.status):], *row[3:])
     console.print(table)
