@@ -23,6 +23,9 @@ class TrainlabRayLauncherConf:
     """Trials running at once; 0 = as many as the cluster's CPUs (or GPUs) fit."""
     rerun: bool = False
     """Run trials again even when the sweep already holds a finished run of the same config."""
+    reuse_gangs: bool = True
+    """Trials of the same gang shape run one after another on warm gangs (one Ray Train run
+    each, trial after trial from a queue); false gives each trial a gang of its own."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=TrainlabRayLauncherConf,
@@ -30,9 +33,10 @@ ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=T
 
 
 class TrainlabRayLauncher(Launcher):
-    def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False) -> None:
+    def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False, reuse_gangs: bool = True) -> None:
         self.max_concurrent_trials = max_concurrent_trials
         self.rerun = rerun
+        self.reuse_gangs = reuse_gangs
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
@@ -48,4 +52,5 @@ class TrainlabRayLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         return run_sweep(hydra_context=self.hydra_context, config=self.config,
                          job_overrides=job_overrides, initial_job_idx=initial_job_idx,
-                         max_concurrent_trials=self.max_concurrent_trials, rerun=self.rerun)
+                         max_concurrent_trials=self.max_concurrent_trials, rerun=self.rerun,
+                         reuse_gangs=self.reuse_gangs)

@@ -142,8 +142,10 @@ def stop_flag(**actor_options):
 class GangStop:
     """The driver's side of stopping one trial's gang, checked between progress events."""
 
-    def __init__(self, flag, interrupt: DriverInterrupt | None = None) -> None:
+    def __init__(self, flag, interrupt: DriverInterrupt | None = None, *, ask=None) -> None:
         self.flag = flag
+        self._ask = ask or (lambda: flag.raise_.remote())
+        """Asks the gang to stop (a warm gang's trial is asked through its queue)."""
         self.interrupt = interrupt or current()
         self.training = False
         """The gang reported its start: it has a step's state worth a checkpoint."""
@@ -163,13 +165,40 @@ class GangStop:
         if self.asked_at is None:
             it.announce()
             self.asked_at = time.monotonic()
-            self.flag.raise_.remote()
+            self._ask()
             if not self.training:  # waiting for workers or building: nothing to save
                 self.abandoned = True
                 return True
         if it.forced or time.monotonic() - self.asked_at > STOP_GRACE_S:
             self.abandoned = True
         return self.abandoned
+
+
+class TrialHandle:
+    """The driver's way to stop ONE running trial with a reason (a pruning rule, say), whatever
+    runs it: its own gang (the StopFlag) or a warm gang (its queue). The trial stops after its
+    current step, with a checkpoint, and reports its result; a warm gang then takes the next."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._send = None
+        self.reason: str | None = None
+        """The first reason asked (None: never asked)."""
+
+    def bind(self, send) -> None:
+        """The runner's `send(reason)` while the trial runs (None once it ended); a stop asked
+        before the trial started is sent as soon as it can be."""
+        with self._lock:
+            self._send = send
+            if send is not None and self.reason is not None:
+                send(self.reason)
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+            if self._send is not None:
+                self._send(self.reason)
 
 
 def follow_stop_flag(flag) -> threading.Event:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from trainlab.config import RunConfig
 from trainlab.config.validate import elastic_range
-from trainlab.launch.interrupt import GangStop, follow_stop_flag, rearm, stop_flag
+from trainlab.launch.interrupt import GangStop, TrialHandle, follow_stop_flag, rearm, stop_flag
 from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
 
 _RAY_TRAIN_ENV = {
@@ -187,11 +187,13 @@ def _tracker_factory(payload: dict):
 
 
 def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
-               mlflow_run: dict | None, on_event) -> dict | None:
-    """Run one trial as a Ray Train gang; returns rank 0's result dict (None if it never came).
+               mlflow_run: dict | None, on_event, handle: TrialHandle | None = None) -> dict | None:
+    """Run one trial as a Ray Train gang of its own; returns rank 0's result dict (None if it
+    never came). A sweep's trials share warm gangs instead (launch.gang_pool).
 
     Raises the Ray Train error if a worker failed. Interrupted (launch.interrupt), the gang
     stops after a checkpoint (rank 0's result says `preempted`), or is let go (None).
+    `handle` stops this one trial (its rank 0 polls the same flag).
     """
     connect(run)  # before Ray is imported (see plan_gang)
     import ray
@@ -210,6 +212,8 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
     stop = GangStop(stop_flag(scheduling_strategy=here))
+    if handle is not None:
+        handle.bind(lambda reason: stop.flag.raise_.remote())
     payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
                "output_dir": run.output_dir, "stop": stop.flag}
     trainer = TorchTrainer(
@@ -243,6 +247,8 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
         else:
             stop.saw(event)
             on_event(event)
+    if handle is not None:
+        handle.bind(None)
     if stop.abandoned:  # the driver's release of the cluster ends the gang
         return result
     thread.join()

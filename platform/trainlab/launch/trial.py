@@ -49,8 +49,13 @@ class TrialOutcome:
 
 
 def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
-          show_progress: bool = True, on_event: Callable[[dict], None] | None = None) -> TrialOutcome:
-    """Run one trial on Ray (local cluster unless cluster.address is set) and record it."""
+          show_progress: bool = True, on_event: Callable[[dict], None] | None = None,
+          runner: Callable[..., dict | None] | None = None) -> TrialOutcome:
+    """Run one trial on Ray (local cluster unless cluster.address is set) and record it.
+
+    `runner` runs the planned trial and returns rank 0's result (run_on_ray's signature and
+    contract); by default a Ray Train gang of its own (run_on_ray), in a sweep a warm gang
+    (launch.gang_pool)."""
     run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
@@ -101,8 +106,8 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     result, error = None, ""
     try:
-        result = run_on_ray(run, gang=gang, storage_path=str(out_dir / "ray"),
-                            name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
+        result = (runner or run_on_ray)(run, gang=gang, storage_path=str(out_dir / "ray"),
+                                        name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
         status = result["status"] if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED

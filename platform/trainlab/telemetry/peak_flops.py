@@ -6,6 +6,7 @@ worse than a missing number when comparing runs across devices.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -109,4 +110,11 @@ def device_peak(device: torch.device, compute_dtype: str) -> Peak:
         return gpu_peak(torch.cuda.get_device_name(device), compute_dtype)
     if compute_dtype == "fp8":
         return Peak(None, "unknown:cpu has no FP8 peak")
+    return _probed_once(compute_dtype, torch.get_num_threads())
+
+
+@functools.cache
+def _probed_once(compute_dtype: str, threads: int) -> Peak:
+    """The CPU probe, once per dtype and thread count in a process: a warm gang's worker runs
+    trial after trial on the same cores, and each probe costs its trial 0.3-0.6 s of start."""
     return cpu_probe_peak(compute_dtype)

@@ -1,0 +1,273 @@
+"""Warm gangs: a sweep's trials of the same gang shape run one after another on a gang that
+stays up, instead of each paying for Ray Train's controller, its worker group's start and a
+fresh Python with torch.
+
+A warm gang is ONE Ray Train run (TorchTrainer.fit) whose worker function is a loop over a
+queue held by the driver (launch.gang_queue, launch.gang_worker). The driver runs K slots for
+K concurrent trials (hydra.launcher.max_concurrent_trials); each slot keeps at most one gang
+and gives it the next pending trial of its shape (worker count, resources per worker,
+placement, device) that engine.isolation lets follow the trials it ran, preferring those; a
+trial no warm gang may take gets a fresh gang (the slot's old one ends first, so no idle gang
+holds resources), an elastic trial a gang of its own (launch.ray_trial.run_on_ray). The choice
+is recorded on the trial's run (tag `gang`). Each trial keeps the driver work of a trial of
+its own (launch.trial.train: checks, resume, its MLflow run, its summary); only the runner
+differs: WarmGang.run, with run_on_ray's signature.
+
+Faults: a trial that fails makes Ray Train restart the gang's worker group (the gang's
+FailureConfig covers every trial of its shape); the queue resumes the trial in flight or, past
+its cluster.max_failures, fails it, and the gang goes on. If the whole Ray Train run fails,
+its trial in flight fails with Ray's error and the slot starts a new gang for what is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+from trainlab.config import RunConfig
+from trainlab.engine.isolation import fresh_gang_reason
+from trainlab.launch import interrupt
+from trainlab.launch.interrupt import GangStop, TrialHandle
+from trainlab.launch.ray_trial import Gang
+
+TAKE_TIMEOUT_S = 0.5
+"""How long one wait for a trial's events lasts before the driver looks at its interrupt."""
+
+
+class TrialFailed(RuntimeError):
+    """A trial on a warm gang failed (past its max_failures): the error its worker reported,
+    or Ray's reason when the worker died."""
+
+
+def shape_key(run: RunConfig, gang: Gang) -> str:
+    """What a gang's workers are: trials with the same key can share a gang."""
+    return json.dumps({"device": gang.device, "scaling": gang.scaling(run)}, sort_keys=True, default=str)
+
+
+class WarmGang:
+    """One warm gang: its queue actor and its Ray Train run (fit() in a thread)."""
+
+    def __init__(self, *, number: int, run: RunConfig, gang: Gang, key: str, budget: int, storage_path: str):
+        import ray
+        from ray.train import FailureConfig, ScalingConfig
+        from ray.train import RunConfig as RayRunConfig
+        from ray.train.torch import TorchTrainer
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from trainlab.engine.distributed import backend_for
+        from trainlab.launch.gang_queue import failure_callback, start_queue
+        from trainlab.launch.gang_worker import gang_loop
+        from trainlab.launch.rendezvous import BoundTorchConfig
+
+        self.number, self.key, self.device = number, key, gang.device
+        self.ran: list[RunConfig] = []
+        """The trials this gang took, in order (engine.isolation decides who may follow)."""
+        self._seq = itertools.count(1)
+        self._error: BaseException | None = None
+        self.abandoned = False
+        """A trial on it was let go at an interrupt: Ray's shutdown ends the gang."""
+        # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.queue = start_queue(scheduling_strategy=here)
+        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
+        self._trainer = TorchTrainer(
+            gang_loop,
+            train_loop_config={"queue": self.queue, "device": gang.device},
+            torch_config=BoundTorchConfig(backend=backend_for(gang.device)),
+            scaling_config=ScalingConfig(**gang.scaling(run)),
+            run_config=RayRunConfig(name=f"gang{number}", storage_path=storage_path,
+                                    failure_config=FailureConfig(max_failures=budget),
+                                    callbacks=[failure_callback(self.queue)]),
+        )
+        self._thread = threading.Thread(target=self._fit, name=f"gang{number}-fit", daemon=True)
+        self._thread.start()
+
+    def _fit(self) -> None:
+        try:
+            self._trainer.fit()
+        except BaseException as e:  # raised to the trial in flight (WarmGang.run)
+            self._error = e
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def run(self, run: RunConfig, *, gang: Gang, storage_path: str, name: str, mlflow_run: dict | None,
+            on_event, handle: TrialHandle | None = None) -> dict | None:
+        """launch.trial.train's runner: the trial on this gang; rank 0's result dict, None when
+        let go at an interrupt. Raises TrialFailed, or the Ray Train run's error."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        from trainlab.launch.ray_trial import run_on_ray
+
+        if shape_key(run, gang) != self.key:  # planned otherwise than the pool saw it: a gang of its own
+            return run_on_ray(run, gang=gang, storage_path=storage_path, name=name, mlflow_run=mlflow_run,
+                              on_event=on_event, handle=handle)
+        key = f"{self.number}.{next(self._seq)}"
+        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
+        payload = {"config": asdict(run), "mlflow": mlflow_run, "output_dir": run.output_dir}
+        ray.get(self.queue.submit.remote(key, payload, run.cluster.max_failures))
+        stop = GangStop(None, ask=lambda: self.queue.stop.remote(key, "interrupted"))
+        if handle is not None:
+            handle.bind(lambda reason: self.queue.stop.remote(key, reason))
+        try:
+            while not stop.give_up():
+                ended = not self.alive  # looked at before the take: an outcome sent before the end is in it
+                try:
+                    events, outcome = ray.get(self.queue.take.remote(key, TAKE_TIMEOUT_S),
+                                              timeout=60 * TAKE_TIMEOUT_S)
+                except GetTimeoutError:  # a busy machine: ask again
+                    continue
+                for event in events:
+                    stop.saw(event)
+                    on_event(event)
+                if outcome is not None:
+                    if "error" in outcome:
+                        raise TrialFailed(outcome["error"])
+                    return outcome["result"]
+                if ended:
+                    raise self._error or RuntimeError("the gang ended without reporting a result")
+        finally:
+            if handle is not None:
+                handle.bind(None)
+        self.queue.withdraw.remote(key)  # let go before a worker took it: it must not start later
+        self.abandoned = True
+        return None
+
+    def close(self) -> None:
+        """No more trials: the gang's loop ends after the one it runs."""
+        self.queue.end.remote()
+
+    def join(self) -> None:
+        """Wait for the Ray Train run to end and remove the queue (not after an interrupt let a
+        trial go: Ray's shutdown ends it)."""
+        import ray
+
+        if self.abandoned:
+            return
+        self._thread.join()
+        ray.kill(self.queue)
+
+
+@dataclasses.dataclass
+class _Planned:
+    gang: Gang | None
+    """None: could not be planned here (launch.trial.train says why) or needs a gang of its own."""
+    key: str = ""
+    solo: str = ""
+    """Why the trial runs on a gang of its own ("" if it may share one)."""
+
+
+RunOne = Callable[..., None]
+"""(trial, *, runner, gang_tag) -> None: sweep's per-trial work (launch.trial.train and reporting)."""
+
+
+class GangPool:
+    """K slots, each running trials on at most one warm gang at a time (see the module docstring)."""
+
+    def __init__(self, trials: Sequence, *, slots: int, run_one: RunOne, storage_path: str):
+        self._pending = list(trials)
+        self._slots = max(1, min(slots, len(self._pending)))
+        self._run_one = run_one
+        self._storage_path = storage_path
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+        self.gangs: list[WarmGang] = []
+        self._planned = {t.idx: _plan(t.run) for t in self._pending}
+        keys = [p.key for p in self._planned.values()]
+        # restarts a gang may need: every trial of its shape failing each of its attempts
+        self._budget = {k: sum(t.run.cluster.max_failures + 1 for t in self._pending
+                               if self._planned[t.idx].key == k) for k in set(keys)}
+
+    def run(self) -> None:
+        """Run every trial (until an interrupt: those not started stay pending)."""
+        threads = [threading.Thread(target=self._slot, name=f"gang-slot{i}", daemon=True)
+                   for i in range(self._slots)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for gang in self.gangs:
+            gang.join()
+
+    def _slot(self) -> None:
+        gang: WarmGang | None = None
+        try:
+            while not interrupt.current().signum:
+                with self._lock:
+                    picked = self._pick(gang)
+                if picked is None:
+                    break
+                trial, reason = picked
+                planned = self._planned[trial.idx]
+                if planned.solo or planned.gang is None:  # its own gang, as without warm gangs
+                    if gang is not None:
+                        gang.close()
+                        gang = None
+                    self._run_one(trial, runner=None, gang_tag=f"fresh: {planned.solo or 'own gang'}")
+                    continue
+                if reason:
+                    if gang is not None:
+                        gang.close()  # before the new one asks for its resources
+                    gang = self._start(trial, planned)
+                    tag = f"fresh: {reason} (gang {gang.number})"
+                else:
+                    tag = f"warm #{len(gang.ran) + 1} on gang {gang.number}"
+                gang.ran.append(trial.run)
+                self._run_one(trial, runner=gang.run, gang_tag=tag)
+                if not gang.alive:  # its Ray Train run failed: the next trial gets a new gang
+                    gang = None
+        finally:
+            if gang is not None:
+                gang.close()
+
+    def _pick(self, gang: WarmGang | None):
+        """(trial, "") for the next trial that may follow on `gang`; else (the first pending
+        trial, why it needs a fresh gang); None when nothing is left."""
+        if not self._pending:
+            return None
+        if gang is not None and gang.alive:
+            for t in self._pending:
+                planned = self._planned[t.idx]
+                if (not planned.solo and planned.key == gang.key
+                        and not fresh_gang_reason(ran=gang.ran, run=t.run, device=gang.device)):
+                    self._pending.remove(t)
+                    return t, ""
+        t = self._pending.pop(0)
+        planned = self._planned[t.idx]
+        if gang is not None and gang.alive and planned.key == gang.key:
+            return t, fresh_gang_reason(ran=gang.ran, run=t.run, device=gang.device)
+        return t, "no warm gang of its shape"
+
+    def _start(self, trial, planned: _Planned) -> WarmGang:
+        gang = WarmGang(number=next(self._numbers), run=trial.run, gang=planned.gang, key=planned.key,
+                        budget=self._budget[planned.key], storage_path=self._storage_path)
+        with self._lock:
+            self.gangs.append(gang)
+        return gang
+
+
+def _plan(run: RunConfig) -> _Planned:
+    """The gang a trial needs, as launch.trial.train will plan it (device as preflight resolves it)."""
+    from trainlab.launch.preflight import check_device
+    from trainlab.launch.trial import plan
+
+    try:
+        device = check_device(run)
+        gang = plan(run, device)
+    except Exception:  # noqa: BLE001 - launch.trial.train refuses it with the reason
+        return _Planned(gang=None, solo="refused at planning")
+    solo = fresh_gang_reason(ran=[], run=run, device=gang.device)
+    return _Planned(gang=gang, key=shape_key(run, gang), solo=solo)
+
+
+def storage_path_of(trials: Sequence) -> str:
+    """Where the gangs' Ray Train runs keep their files: beside the trials' output folders."""
+    first = trials[0].run.output_dir or "."
+    return str(Path(first).resolve().parent / "ray")
