@@ -198,6 +198,7 @@ class GangPool:
 
     def _slot(self) -> None:
         gang: WarmGang | None = None
+        lost = ""  # why the slot has no gang though it had one
         try:
             while not interrupt.current().signum:
                 with self._lock:
@@ -216,13 +217,14 @@ class GangPool:
                     if gang is not None:
                         gang.close()  # before the new one asks for its resources
                     gang = self._start(trial, planned)
-                    tag = f"fresh: {reason} (gang {gang.number})"
+                    tag = f"fresh: {lost or reason} (gang {gang.number})"
+                    lost = ""
                 else:
                     tag = f"warm #{len(gang.ran) + 1} on gang {gang.number}"
                 gang.ran.append(trial.run)
                 self._run_one(trial, runner=gang.run, gang_tag=tag)
                 if not gang.alive:  # its Ray Train run failed: the next trial gets a new gang
-                    gang = None
+                    gang, lost = None, f"gang {gang.number} failed"
         finally:
             if gang is not None:
                 gang.close()
