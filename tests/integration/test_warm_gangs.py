@@ -124,13 +124,13 @@ def test_a_trial_stopped_through_its_handle_ends_with_a_checkpoint_and_the_gang_
 
 def test_the_same_trial_is_bit_identical_on_a_fresh_and_on_a_warm_gang(ray_cluster, tmp_path):
     """2 gloo workers, one gang: trial T first (on the fresh gang), then trials of another
-    precision, layout and deterministic mode, then T again: its loss curve and its parameters
-    hash the same, bit for bit."""
+    precision, layout, deterministic mode, corpus and seed, then T again: its loss curve and its
+    parameters hash the same, bit for bit."""
     common = [*TINY, "cluster.num_workers=2", "train.global_batch_size=4", "train.micro_batch_size=2",
               "train.max_steps=4", "tracking=none"]
     target = ["precision=fp32", "parallel=ddp", "seed=3"]
     jobs = [target, ["precision=bf16", "parallel=zero2", "train.deterministic=true", "seed=3"],
-            ["precision=fp16", "parallel=fsdp", "seed=5"], target]
+            ["precision=fp16", "parallel=fsdp", "data=markov", "seed=5"], target]
     trials = _trials(tmp_path, jobs, common=common)
     execute_sweep(trials, max_concurrent_trials=1)
     assert [t.status for t in trials] == [names.STATUS_FINISHED] * 4, [t.error for t in trials]

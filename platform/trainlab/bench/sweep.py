@@ -45,6 +45,11 @@ class ModeResult:
         return [t.start_latency_s for t in self.trials
                 if t.start_latency_s is not None and t.gang.startswith("warm") == warm]
 
+    def overheads(self, *, warm: bool) -> list[float]:
+        """Per trial, its wall time (request to its run closed) minus its training time."""
+        return [t.ended_at - t.submitted_at - t.result["elapsed_s"] for t in self.trials
+                if t.result and t.gang.startswith("warm") == warm]
+
     @property
     def ratio(self) -> float:
         return self.outcome.wall_s / (sum(self.train_s) / self.outcome.concurrency)
@@ -73,6 +78,8 @@ def report(m: ModeResult) -> None:
                   f"gangs started {sum(not t.gang.startswith('warm') for t in m.trials)}")
     console.print(f"{m.name}: start latency (request to first step), median: first trial of a gang "
                   f"{_median(m.latencies(warm=False))}, later trials of a warm gang {_median(m.latencies(warm=True))}")
+    console.print(f"{m.name}: trial wall minus its training, median: first trial of a gang "
+                  f"{_median(m.overheads(warm=False))}, later trials of a warm gang {_median(m.overheads(warm=True))}")
     console.print(f"ratio ({m.name}): {m.ratio:.3f}")
 
 
