@@ -155,12 +155,12 @@ class WarmGang:
         ray.kill(self.queue)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Planned:
-    gang: Gang | None
-    """None: could not be planned here (launch.trial.train says why) or needs a gang of its own."""
-    key: str = ""
-    solo: str = ""
+    gang: Gang
+    key: str
+    """shape_key: trials of the same key may share a gang."""
+    solo: str
     """Why the trial runs on a gang of its own ("" if it may share one)."""
 
 
@@ -171,7 +171,9 @@ RunOne = Callable[..., None]
 class GangPool:
     """K slots, each running trials on at most one warm gang at a time (see the module docstring)."""
 
-    def __init__(self, trials: Sequence, *, slots: int, run_one: RunOne, storage_path: str):
+    def __init__(self, trials: Sequence, *, gangs: dict[int, Gang], slots: int, run_one: RunOne,
+                 storage_path: str):
+        """`gangs`: each trial's gang as planned on the driver (by trial index)."""
         self._pending = list(trials)
         self._slots = max(1, min(slots, len(self._pending)))
         self._run_one = run_one
@@ -179,7 +181,7 @@ class GangPool:
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
         self.gangs: list[WarmGang] = []
-        self._planned = {t.idx: _plan(t.run) for t in self._pending}
+        self._planned = {t.idx: _plan(t.run, gangs[t.idx]) for t in self._pending}
         keys = [p.key for p in self._planned.values()]
         # restarts a gang may need: every trial of its shape failing each of its attempts
         self._budget = {k: sum(t.run.cluster.max_failures + 1 for t in self._pending
@@ -207,11 +209,11 @@ class GangPool:
                     break
                 trial, reason = picked
                 planned = self._planned[trial.idx]
-                if planned.solo or planned.gang is None:  # its own gang, as without warm gangs
+                if planned.solo:  # its own gang, as without warm gangs
                     if gang is not None:
                         gang.close()
                         gang = None
-                    self._run_one(trial, runner=None, gang_tag=f"fresh: {planned.solo or 'own gang'}")
+                    self._run_one(trial, runner=None, gang_tag=f"fresh: {planned.solo}")
                     continue
                 if reason:
                     if gang is not None:
@@ -255,18 +257,8 @@ class GangPool:
         return gang
 
 
-def _plan(run: RunConfig) -> _Planned:
-    """The gang a trial needs, as launch.trial.train will plan it (device as preflight resolves it)."""
-    from trainlab.launch.preflight import check_device
-    from trainlab.launch.trial import plan
-
-    try:
-        device = check_device(run)
-        gang = plan(run, device)
-    except Exception:  # noqa: BLE001 - launch.trial.train refuses it with the reason
-        return _Planned(gang=None, solo="refused at planning")
-    solo = fresh_gang_reason(ran=[], run=run, device=gang.device)
-    return _Planned(gang=gang, key=shape_key(run, gang), solo=solo)
+def _plan(run: RunConfig, gang: Gang) -> _Planned:
+    return _Planned(gang=gang, key=shape_key(run, gang), solo=fresh_gang_reason(ran=[], run=run, device=gang.device))
 
 
 def storage_path_of(trials: Sequence) -> str:

@@ -115,16 +115,16 @@ def _max_concurrent(trials: list[Trial], requested: int, *, gpus: bool) -> int:
     return max(1, fits)
 
 
-def _refuse_unplaceable(todo: list[Trial]) -> list[Trial]:
+def _refuse_unplaceable(todo: list[Trial]) -> dict:
     """Route every trial before the first starts: those no GPU type of the cluster can run are
-    reported now, with the reason, and marked failed; the rest go on."""
+    reported now, with the reason, and marked failed; returns the gang of each of the rest
+    (ray_trial.Gang), by trial index."""
     from trainlab.launch.trial import plan
 
-    placeable = []
+    placeable = {}
     for t in todo:
         try:
-            plan(t.run, t.run.cluster.device)
-            placeable.append(t)
+            placeable[t.idx] = plan(t.run, t.run.cluster.device)
         except ConfigError as e:
             t.status, t.error = names.STATUS_FAILED, f"refused at submission: {e}"
             console.print(f"[red]#{t.idx} {t.label}: {t.error}[/]")
@@ -259,7 +259,8 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     # one cluster for every trial, sized for the largest gang
     biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
     connect(biggest.run)
-    todo = _refuse_unplaceable(todo)
+    placed = _refuse_unplaceable(todo)
+    todo = [t for t in todo if t.idx in placed]
     if not todo:
         return 0
     limit = _max_concurrent(todo, max_concurrent, gpus=any(
@@ -308,7 +309,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         if reuse_gangs:
             from trainlab.launch.gang_pool import GangPool, storage_path_of
 
-            GangPool(todo, slots=limit, run_one=one, storage_path=storage_path_of(todo)).run()
+            GangPool(todo, gangs=placed, slots=limit, run_one=one, storage_path=storage_path_of(todo)).run()
             for t in todo:
                 if not t.submitted_at:  # interrupted before its turn: left for the rerun
                     t.error = "not started: the sweep was interrupted"
