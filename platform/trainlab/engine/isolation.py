@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from trainlab.config import RunConfig
-from trainlab.config.validate import elastic_range
 
 
 @dataclass
@@ -53,8 +52,9 @@ class GangState:
     def after_trial(self) -> None:
         """Restore what a trial changed: flags, env, dynamo, groups, memory. Every rank calls it
         at the same point (no collective: destroying a group is local)."""
-        os.environ.clear()
-        os.environ.update(self.env)
+        for k in [k for k in os.environ if k not in self.env]:  # key by key: other threads read it
+            del os.environ[k]
+        os.environ.update({k: v for k, v in self.env.items() if os.environ.get(k) != v})
         torch.set_num_threads(self.num_threads)
         torch.use_deterministic_algorithms(self.deterministic)
         torch.backends.cudnn.deterministic = self.cudnn_deterministic
@@ -89,9 +89,6 @@ def destroy_trial_groups() -> None:
 
 def fresh_gang_reason(*, ran: list[RunConfig], run: RunConfig, device: str) -> str:
     """On the driver: "" if `run` may follow the trials `ran` on the same warm gang, else why not."""
-    if elastic_range(run):
-        return (f"elastic (cluster.min_workers={run.cluster.min_workers}): a resize restarts "
-                "Ray Train's worker group with another size")
     if device == "cuda" and run.train.deterministic and any(not r.train.deterministic for r in ran):
         # cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when the first CUDA matmul made its handle
         return "train.deterministic=true after a non-deterministic CUDA trial (cuBLAS's workspace is set)"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from trainlab.config import RunConfig
+from trainlab.config.validate import elastic_range
 from trainlab.engine.isolation import fresh_gang_reason
 from trainlab.launch import interrupt
 from trainlab.launch.interrupt import GangStop, TrialHandle
@@ -246,7 +247,8 @@ class GangPool:
         t = self._pending.pop(0)
         planned = self._planned[t.idx]
         if gang is not None and gang.alive and planned.key == gang.key:
-            return t, fresh_gang_reason(ran=gang.ran, run=t.run, device=gang.device)
+            # engine.isolation's reason reads "fresh gang: why"; the tag says "fresh: why"
+            return t, fresh_gang_reason(ran=gang.ran, run=t.run, device=gang.device).removeprefix("fresh gang: ")
         return t, "no warm gang of its shape"
 
     def _start(self, trial, planned: _Planned) -> WarmGang:
@@ -258,7 +260,11 @@ class GangPool:
 
 
 def _plan(run: RunConfig, gang: Gang) -> _Planned:
-    return _Planned(gang=gang, key=shape_key(run, gang), solo=fresh_gang_reason(ran=[], run=run, device=gang.device))
+    solo = ""
+    if elastic_range(run):
+        solo = (f"elastic (cluster.min_workers={run.cluster.min_workers}): a resize restarts Ray Train's "
+                "worker group at another size")
+    return _Planned(gang=gang, key=shape_key(run, gang), solo=solo)
 
 
 def storage_path_of(trials: Sequence) -> str:
