@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import json
 import threading
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -214,7 +215,7 @@ class GangPool:
                     if gang is not None:
                         gang.close()
                         gang = None
-                    self._run_one(trial, runner=None, gang_tag=f"fresh: {planned.solo}")
+                    self._run_one_safely(trial, runner=None, gang_tag=f"fresh: {planned.solo}")
                     continue
                 if reason:
                     if gang is not None:
@@ -225,12 +226,18 @@ class GangPool:
                 else:
                     tag = f"warm #{len(gang.ran) + 1} on gang {gang.number}"
                 gang.ran.append(trial.run)
-                self._run_one(trial, runner=gang.run, gang_tag=tag)
+                self._run_one_safely(trial, runner=gang.run, gang_tag=tag)
                 if not gang.alive:  # its Ray Train run failed: the next trial gets a new gang
                     gang, lost = None, f"gang {gang.number} failed"
         finally:
             if gang is not None:
                 gang.close()
+
+    def _run_one_safely(self, trial, **kwargs) -> None:
+        try:
+            self._run_one(trial, **kwargs)
+        except Exception:  # noqa: BLE001 - a bug in one trial's reporting must not strand the trials after it
+            traceback.print_exc()
 
     def _pick(self, gang: WarmGang | None):
         """(trial, "") for the next trial that may follow on `gang`; else (the first pending

@@ -51,6 +51,8 @@ class GangQueue:
         self._events: dict[str, list[dict]] = defaultdict(list)
         self._stops: dict[str, str] = {}
         self._gang_error = ""
+        self._worker_died = False
+        """The latest failure lost a worker: the others' errors are its consequence, Ray's reason says it."""
         self._changed = asyncio.Condition()
 
     async def _notify(self) -> None:
@@ -93,9 +95,10 @@ class GangQueue:
         events = self._events.pop(key, [])
         return events, self._outcomes.get(key)
 
-    async def gang_failed(self, error: str) -> None:
-        """Ray Train's reason for the latest failure of the gang's worker group (its controller)."""
-        self._gang_error = error
+    async def gang_failed(self, error: str, *, died: bool = False) -> None:
+        """Ray Train's reason for the latest failure of the gang's worker group (its controller);
+        `died`: a worker was lost (not an error it raised)."""
+        self._gang_error, self._worker_died = error, died
         await self._notify()
 
     # -- the gang's workers --------------------------------------------------------------
@@ -111,13 +114,15 @@ class GangQueue:
             t.failures += 1
             if t.failures <= t.max_failures:
                 t.errors.clear()
-                self._gang_error = ""
+                self._gang_error, self._worker_died = "", False
                 return {"key": t.key, "payload": t.payload, "attempt": t.failures}
-            if not t.errors and not self._gang_error:
-                await self._wait(lambda t=t: bool(self._gang_error or t.errors), REPORT_GRACE_S)
-            error = t.errors[0] if t.errors else self._gang_error or "the gang's workers restarted"
-            self._outcomes[t.key] = {"error": error}
-            self._in_flight, self._gang_error = None, ""
+            if not self._gang_error:  # sent before the restart began: here unless the controller is slow
+                await self._wait(lambda: bool(self._gang_error), REPORT_GRACE_S)
+            # the error a worker raised; where one died, Ray's reason (the survivors' errors,
+            # a peer's connection reset, are only its consequence)
+            error = self._gang_error if self._worker_died or not t.errors else t.errors[0]
+            self._outcomes[t.key] = {"error": error or "the gang's workers restarted"}
+            self._in_flight, self._gang_error, self._worker_died = None, "", False
             await self._notify()
         await self._wait(lambda: bool(self._pending) or self._ended, timeout)
         if self._pending:
@@ -162,8 +167,12 @@ def failure_callback(queue):
             self.queue = queue
 
         def after_exception(self, run_context, worker_exceptions: dict) -> None:
+            from ray.exceptions import RayActorError
+            from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
             lines = [f"[Rank {rank}] {type(e).__name__}: {e}" for rank, e in sorted(worker_exceptions.items())]
+            died = any(isinstance(e, (WorkerHealthCheckFailedError, RayActorError)) for e in worker_exceptions.values())
             self.queue.gang_failed.remote("WorkerGroupError: Training failed due to worker errors:\n"
-                                          + "\n".join(lines))
+                                          + "\n".join(lines), died=died)
 
     return GangFailure(queue)

@@ -24,6 +24,7 @@ from typing import Sequence
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
@@ -303,7 +304,9 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
                                 f"{_status_markup(t.status, r)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
                                 f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
-                                f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
+                                f"{t.ended_at - t.submitted_at:.0f}s"
+                                # as it is: gloo's "[/path/pair.cc:537]" is no rich markup
+                                + (f"  {escape(redact(t.error[:200]))}" if t.error else ""))
 
     try:
         if reuse_gangs:
