@@ -71,25 +71,28 @@ def _median(xs: list[float]) -> str:
     return f"{statistics.median(xs):.1f}s ({len(xs)})" if xs else "- (0)"
 
 
+def _say(line: str) -> None:
+    console.print(line, soft_wrap=True)  # one line each, whatever the width: scripts grep them
+
+
 def report(m: ModeResult) -> None:
     o = m.outcome
-    console.print(f"{m.name}: {len(m.trials)} trials, concurrency {o.concurrency}, wall {o.wall_s:.1f}s, "
-                  f"sum of training {sum(m.train_s):.1f}s, ideal wall {sum(m.train_s) / o.concurrency:.1f}s, "
-                  f"gangs started {sum(not t.gang.startswith('warm') for t in m.trials)}")
-    console.print(f"{m.name}: start latency (request to first step), median: first trial of a gang "
-                  f"{_median(m.latencies(warm=False))}, later trials of a warm gang {_median(m.latencies(warm=True))}")
-    console.print(f"{m.name}: trial wall minus its training, median: first trial of a gang "
-                  f"{_median(m.overheads(warm=False))}, later trials of a warm gang {_median(m.overheads(warm=True))}")
-    console.print(f"ratio ({m.name}): {m.ratio:.3f}")
+    _say(f"{m.name}: {len(m.trials)} trials, concurrency {o.concurrency}, wall {o.wall_s:.1f}s, "
+         f"sum of training {sum(m.train_s):.1f}s, ideal wall {sum(m.train_s) / o.concurrency:.1f}s, "
+         f"gangs started {sum(not t.gang.startswith('warm') for t in m.trials)}")
+    _say(f"{m.name}: start latency (request to first step), median: first trial of a gang "
+         f"{_median(m.latencies(warm=False))}, later trials of a warm gang {_median(m.latencies(warm=True))}")
+    _say(f"{m.name}: trial wall minus its training, median: first trial of a gang "
+         f"{_median(m.overheads(warm=False))}, later trials of a warm gang {_median(m.overheads(warm=True))}")
+    _say(f"ratio ({m.name}): {m.ratio:.3f}")
 
 
 def compare(old: ModeResult, new: ModeResult) -> None:
     later, each = new.latencies(warm=True), old.latencies(warm=False)
-    console.print(f"{new.name} vs {old.name}: wall {new.outcome.wall_s:.1f}s vs {old.outcome.wall_s:.1f}s "
-                  f"({old.outcome.wall_s / new.outcome.wall_s:.2f}x faster), ratio {new.ratio:.3f} vs "
-                  f"{old.ratio:.3f}, start latency median {fmt(statistics.median(later) if later else None, '.1f')}s "
-                  f"(later trials of a warm gang) vs {fmt(statistics.median(each) if each else None, '.1f')}s "
-                  "(every trial its own gang)")
+    _say(f"{new.name} vs {old.name}: wall {new.outcome.wall_s:.1f}s vs {old.outcome.wall_s:.1f}s "
+         f"({old.outcome.wall_s / new.outcome.wall_s:.2f}x faster), ratio {new.ratio:.3f} vs {old.ratio:.3f}, "
+         f"start latency median {fmt(statistics.median(later) if later else None, '.1f')}s (later trials of a "
+         f"warm gang) vs {fmt(statistics.median(each) if each else None, '.1f')}s (every trial its own gang)")
 
 
 def main(argv: list[str]) -> None:
