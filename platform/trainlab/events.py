@@ -20,6 +20,9 @@ START, STEP, RESULT = "start", "step", "result"
 WARNING, RESUMED, RESIZED, ROLLBACK = "warning", "resumed", "resized", "rollback"
 NOTICE_KINDS = (WARNING, RESUMED, RESIZED, ROLLBACK)
 """Notices: a message about the trial (the last three say it went on from a checkpoint)."""
+PREEMPT, PRUNE = "preempt", "prune"
+"""Why the driver stops a running trial: PREEMPT after a checkpoint (a signal), PRUNE without
+one (the sweep's pruner); a PRUNE never weakens a PREEMPT."""
 
 
 @dataclass

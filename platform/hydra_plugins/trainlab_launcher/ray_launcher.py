@@ -37,6 +37,9 @@ class TrainlabRayLauncherConf:
     prune_reduction_factor: float = 4.0
     """asha: each rung keeps the best 1/factor of the trials that reached it; rungs are
     grace x factor^k tokens."""
+    reuse_gangs: bool = True
+    """Trials of the same gang shape run one after another on warm gangs (one Ray Train run
+    each, trial after trial from a queue); false gives each trial a gang of its own."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=TrainlabRayLauncherConf,
@@ -44,10 +47,12 @@ ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=T
 
 
 class TrainlabRayLauncher(Launcher):
-    def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False, prune: str = "none",
-                 prune_margin: float = 0.1, prune_grace_tokens: int = 0, prune_reduction_factor: float = 4.0) -> None:
+    def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False, reuse_gangs: bool = True,
+                 prune: str = "none", prune_margin: float = 0.1, prune_grace_tokens: int = 0,
+                 prune_reduction_factor: float = 4.0) -> None:
         self.max_concurrent_trials = max_concurrent_trials
         self.rerun = rerun
+        self.reuse_gangs = reuse_gangs
         self.prune, self.prune_margin = prune, prune_margin
         self.prune_grace_tokens, self.prune_reduction_factor = prune_grace_tokens, prune_reduction_factor
         self.config: DictConfig | None = None
@@ -71,4 +76,5 @@ class TrainlabRayLauncher(Launcher):
             sys.exit(2)
         return run_sweep(hydra_context=self.hydra_context, config=self.config,
                          job_overrides=job_overrides, initial_job_idx=initial_job_idx,
-                         max_concurrent_trials=self.max_concurrent_trials, rerun=self.rerun, prune=prune)
+                         max_concurrent_trials=self.max_concurrent_trials, rerun=self.rerun, prune=prune,
+                         reuse_gangs=self.reuse_gangs)

@@ -25,8 +25,8 @@ import threading
 import torch
 import torch.distributed as dist
 
-PREEMPT = "preempt"
-PRUNE = "prune"
+from trainlab.events import PREEMPT, PRUNE
+
 _KINDS = ("", PRUNE, PREEMPT)
 """Why the ranks stop, weakest first: the vote's all-reduce (MAX) of the index picks the strongest."""
 

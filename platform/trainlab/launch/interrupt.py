@@ -169,8 +169,12 @@ class GangStop:
     """The driver's side of stopping one trial's gang, checked between progress events: a
     signal on the driver (PREEMPT) or the trial's StopRequest (PRUNE)."""
 
-    def __init__(self, flag, interrupt: DriverInterrupt | None = None, request: StopRequest | None = None) -> None:
+    def __init__(self, flag, interrupt: DriverInterrupt | None = None, request: StopRequest | None = None,
+                 *, ask=None) -> None:
         self.flag = flag
+        self._ask = ask or (lambda kind: flag.raise_.remote(kind))
+        """ask(kind): ask the gang to stop its trial for PREEMPT or PRUNE (a warm gang's trial is
+        asked through its queue)."""
         self.interrupt = interrupt or current()
         self.request = request
         self.training = False
@@ -187,18 +191,18 @@ class GangStop:
 
     def give_up(self) -> bool:
         """Whether to stop waiting for the gang now (asking it to stop on the first look)."""
-        from trainlab.engine.preemption import PRUNE
+        from trainlab.engine.preemption import PREEMPT, PRUNE
 
         if self.request is not None and self.request.reason and not self.pruning:
             self.pruning = True  # the gang stops after its step, ends its trial `pruned`, no checkpoint
-            self.flag.raise_.remote(PRUNE)
+            self._ask(PRUNE)
         it = self.interrupt
         if it.signum is None:
             return False
         if self.asked_at is None:
             it.announce()
             self.asked_at = time.monotonic()
-            self.flag.raise_.remote()
+            self._ask(PREEMPT)
             if not self.training:  # waiting for workers or building: nothing to save
                 self.abandoned = True
                 return True
@@ -207,10 +211,11 @@ class GangStop:
         return self.abandoned
 
 
-def follow_stop_flag(flag) -> threading.Event:
+def follow_stop_flag(flag, ask=None) -> threading.Event:
     """In a worker: poll the driver's flag and stop this process's trainer when it is raised,
     for the flag's reason (engine.preemption: PREEMPT or PRUNE); set the returned event to end
-    the polling."""
+    the polling. `ask()` (instead of flag.get) returns the ObjectRef of the kind: a warm gang's
+    trial is asked through its queue."""
     import ray
     from ray.exceptions import GetTimeoutError
 
@@ -222,7 +227,7 @@ def follow_stop_flag(flag) -> threading.Event:
         seen = ""
         while not done.wait(POLL_S):
             try:
-                kind = ray.get(flag.get.remote(), timeout=10 * POLL_S)
+                kind = ray.get(ask() if ask else flag.get.remote(), timeout=10 * POLL_S)
             except GetTimeoutError:  # a busy machine: ask again
                 continue
             except Exception:  # the driver (and its actor) is gone: Ray ends this worker too

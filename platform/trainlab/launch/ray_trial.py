@@ -135,7 +135,8 @@ def _tracker_factory(plan: TrialPlan, target: TrackingTarget):
 
 def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
                on_event: Callable[[ProgressEvent], None], stop: StopRequest | None = None) -> TrialResult | None:
-    """Run one trial as a Ray Train gang; returns rank 0's result (None if it never came).
+    """Run one trial as a Ray Train gang of its own; returns rank 0's result (None if it never
+    came). A sweep's trials share warm gangs instead (launch.gang_pool).
 
     Raises the Ray Train error if a worker failed. Interrupted (launch.interrupt), the gang
     stops after a checkpoint (rank 0's result says `preempted`), or is let go (None); stopped

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -58,6 +59,11 @@ class Trial:
     first_step_at: float | None = None
     ended_at: float = 0.0
     extra: dict = field(default_factory=dict)
+    gang: str = ""
+    """Which gang ran it (tag `gang`): 'warm #3 on gang 1' or 'fresh: <why> (gang 2)'."""
+    stop: interrupt.StopRequest = field(default_factory=interrupt.StopRequest)
+    """stop(reason) ends this trial alone after its step, `pruned` (the sweep's pruner; its gang
+    then takes the next)."""
 
     @property
     def start_latency_s(self) -> float | None:
@@ -140,7 +146,7 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
 
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
               max_concurrent_trials: int = 0, rerun: bool = False,
-              prune: PruneConfig | None = None) -> list[JobReturn]:
+              prune: PruneConfig | None = None, reuse_gangs: bool = True) -> list[JobReturn]:
     from trainlab.launch.preflight import check_sweep_services
 
     redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
@@ -157,7 +163,7 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun, prune=prune,
-                            sweeper_params=OmegaConf.to_container(
+                            reuse_gangs=reuse_gangs, sweeper_params=OmegaConf.to_container(
                                 config.hydra.sweeper.get("params") or OmegaConf.create()))
     _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
     if outcome.interrupted:  # its trials' runs and the parent ended KILLED; nothing outlives the command
@@ -185,9 +191,12 @@ class SweepOutcome:
 
 
 def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun: bool = False,
-                  sweeper_params: dict | None = None, prune: PruneConfig | None = None) -> SweepOutcome:
+                  sweeper_params: dict | None = None, prune: PruneConfig | None = None,
+                  reuse_gangs: bool = True) -> SweepOutcome:
     """Everything after composition: parent run, skipping, running, reporting. No Hydra here.
-    `prune`: hydra.launcher.prune's rule (checked against the trials by check_prunable)."""
+    `prune`: hydra.launcher.prune's rule (checked against the trials by check_prunable).
+    `reuse_gangs`: trials of the same gang shape share warm gangs (launch.gang_pool); False
+    gives each trial a gang of its own."""
     keys = varied_keys([t.overrides for t in trials])
     for t in trials:
         t.label = _pick(t.overrides, keys, skip=("seed",))
@@ -242,7 +251,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     with interrupt.interruptible() as stop:  # Ctrl-C / SIGTERM: each running trial stops after a checkpoint
         if todo:
             limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
-                                max_concurrent=max_concurrent_trials, pruner=pruner)
+                                max_concurrent=max_concurrent_trials, pruner=pruner, reuse_gangs=reuse_gangs)
     wall = time.perf_counter() - sweep_t0
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
@@ -260,7 +269,7 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
     """sweep_timing.json in the multirun folder: how long trials waited, trained and took."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = [{"idx": t.idx, "overrides": t.overrides, "status": t.status, "skipped": t.skipped,
-             "plan_s": t.extra.get("plan_s"), "start_latency_s": t.start_latency_s,
+             "gang": t.gang, "plan_s": t.extra.get("plan_s"), "start_latency_s": t.start_latency_s,
              "train_s": t.result.elapsed_s if t.result else None,
              "wall_s": (t.ended_at - t.submitted_at) if t.submitted_at else None} for t in trials]
     (sweep_dir / "sweep_timing.json").write_text(json.dumps(
@@ -287,7 +296,7 @@ def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
 
 
 def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int,
-                pruner=None) -> int:
+                pruner=None, reuse_gangs: bool = True) -> int:
     from trainlab.launch.ray_trial import connect
     from trainlab.launch.trial import train
 
@@ -300,10 +309,12 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     limit = _max_concurrent(todo, max_concurrent, gpus=any(t.plan.gang.gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
-    requests = {t.idx: interrupt.StopRequest() for t in todo}  # the pruner's way to stop each trial early
+    requests = {t.idx: t.stop for t in todo}
     labels = {t.idx: f"#{t.idx} {_pick(t.overrides, keys)}" for t in todo}
 
-    def one(t: Trial) -> None:
+    def one(t: Trial, *, runner=None, gang_tag: str = "") -> None:
+        """The trial from its driver's checks to its summary line; `runner` runs it on a warm
+        gang (launch.gang_pool), None on a gang of its own."""
         name = labels[t.idx]
 
         def on_event(event: ProgressEvent) -> None:
@@ -321,7 +332,8 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
             t.error = "not started: the sweep was interrupted"
             return
         t.submitted_at = time.perf_counter()
-        tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name,
+        t.gang = gang_tag
+        tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name, names.TAG_GANG: gang_tag,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
         # one tag per swept key, but the precision tag stays the trial's mode (precision.spec): a
         # swept option such as bf16_pure_kahan is in config_label; compare ranks by the mode
@@ -329,7 +341,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
             outcome = train(t.plan, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
-                            on_event=on_event, stop=requests[t.idx])
+                            on_event=on_event, stop=requests[t.idx], runner=runner)
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
             t.pruned_reason = outcome.pruned_reason
         except Exception as e:  # anything unexpected: this trial failed, the others go on
@@ -342,11 +354,21 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                                 f"{_status_markup(t.status, r, t.pruned_reason)}  "
                                 f"val {fmt(r and r.final_val_loss, '.4f')}  "
                                 f"{fmt(r and r.tokens_per_s, ',.0f')} tok/s  "
-                                f"{t.ended_at - t.submitted_at:.0f}s" + (f"  {t.error[:200]}" if t.error else ""))
+                                f"{t.ended_at - t.submitted_at:.0f}s"
+                                # as it is: gloo's "[/path/pair.cc:537]" is no rich markup
+                                + (f"  {escape(redact(t.error[:200]))}" if t.error else ""))
 
     try:
-        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial") as pool:
-            list(pool.map(one, todo))
+        if reuse_gangs:
+            from trainlab.launch.gang_pool import GangPool, storage_path_of
+
+            GangPool(todo, slots=limit, run_one=one, storage_path=storage_path_of(todo)).run()
+            for t in todo:
+                if not t.submitted_at:  # interrupted before its turn: left for the rerun
+                    t.error = "not started: the sweep was interrupted"
+        else:
+            with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="trial") as pool:
+                list(pool.map(functools.partial(one, gang_tag="fresh: reuse_gangs=false"), todo))
     finally:
         progress.close()
     return limit

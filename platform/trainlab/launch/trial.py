@@ -40,11 +40,15 @@ class TrialOutcome:
 
 def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
           show_progress: bool = True, on_event: Callable[[ProgressEvent], None] | None = None,
-          stop: interrupt.StopRequest | None = None) -> TrialOutcome:
+          stop: interrupt.StopRequest | None = None,
+          runner: Callable[..., TrialResult | None] | None = None) -> TrialOutcome:
     """Run one trial on Ray (local cluster unless cluster.address is set) and record it.
     A RunConfig is planned first (launch.plan.plan_launch: ConfigError before anything
     starts); a TrialPlan (a sweep plans every trial before the first starts) runs as it is.
-    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason)."""
+    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason).
+    `runner` runs the planned trial and returns rank 0's result (run_on_ray's signature and
+    contract); by default a Ray Train gang of its own (run_on_ray), in a sweep a warm gang
+    (launch.gang_pool)."""
     plan = run if isinstance(run, TrialPlan) else plan_launch(run, parent_run_id=parent_run_id)
     run, uri, root = plan.run, plan.tracking_uri, Path(plan.paths.checkpoint_root)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
@@ -77,7 +81,8 @@ def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra
 
     result, error = None, ""
     try:
-        result = run_on_ray(plan, name=default_run_name(run), tracking=target, on_event=events, stop=stop)
+        result = (runner or run_on_ray)(plan, name=default_run_name(run), tracking=target, on_event=events,
+                                        stop=stop)
         status = result.status if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED

@@ -6,6 +6,7 @@ worse than a missing number when comparing runs across devices.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -76,8 +77,11 @@ def cpu_probe_peak(compute_dtype: str, *, size: int = 512, seconds: float = 0.3)
 
 
 def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    # its own generator: the trial's seeded global RNG must not depend on whether this process
+    # probed already (a warm gang's later trials take the probe from _probed_once's cache)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(dtype)
+    b = torch.randn(size, size, generator=gen).to(dtype)
     torch.mm(a, b)  # warm up the kernel selection
     best = 0.0
     deadline = time.perf_counter() + seconds
@@ -109,4 +113,11 @@ def device_peak(device: torch.device, compute_dtype: str) -> Peak:
         return gpu_peak(torch.cuda.get_device_name(device), compute_dtype)
     if compute_dtype == "fp8":
         return Peak(None, "unknown:cpu has no FP8 peak")
+    return _probed_once(compute_dtype, torch.get_num_threads())
+
+
+@functools.cache
+def _probed_once(compute_dtype: str, threads: int) -> Peak:
+    """The CPU probe, once per dtype and thread count in a process: a warm gang's worker runs
+    trial after trial on the same cores, and each probe costs its trial 0.3-0.6 s of start."""
     return cpu_probe_peak(compute_dtype)

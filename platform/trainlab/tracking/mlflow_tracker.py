@@ -57,8 +57,11 @@ class MlflowTracker:
         self._close_timeout_s = close_timeout_s
         # the store in the environment, as MLflow reads it, not on the command line: anyone on the
         # machine can read a process's argv (ps), and a database URI holds its password
-        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri}
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        env = {"MLFLOW_TRACKING_URI": tracking_uri}
+        self._proc = _take_spare(argv=cmd[3:], env={**env, **_mlflow_env()})
+        if self._proc is None:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                          env={**os.environ, **env})
         self._sync_id = self._synced = 0  # the last sync asked for / answered by the writer
         self._sync_cond = threading.Condition()
         threading.Thread(target=self._read_acks, name="mlflow-acks", daemon=True).start()
@@ -162,6 +165,55 @@ class MlflowTracker:
     def _loop(self) -> None:
         while not self._stop.wait(self._flush_every_s):
             self.flush()
+
+
+# -- a writer started before its run exists (warm gangs) -----------------------------------
+_spare: subprocess.Popen | None = None
+
+
+def prestart_writer(*, tracking_uri: str) -> None:
+    """Start a writer that imports MLflow and opens `tracking_uri`'s store now, and waits for
+    its run: the next MlflowTracker of this process takes it, so that its start (~2-3 s of CPU)
+    is not waited for at that trial's close. A warm gang's rank 0 starts one while it trains,
+    for the trial after."""
+    global _spare
+    if _spare is None or _spare.poll() is not None:
+        _spare = subprocess.Popen([sys.executable, "-m", "trainlab.tracking.mlflow_writer", "--spare"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
+
+
+def discard_spare_writer() -> None:
+    """End the spare writer unused (it exits when its stdin closes before a command line)."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is not None and spare.poll() is None:
+        try:
+            spare.stdin.close()
+            spare.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            spare.kill()
+
+
+def _take_spare(*, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+    """The spare writer, handed its command line and the store's environment over its stdin
+    (never its argv: ps shows argv); None if there is none, or it died."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is None or spare.poll() is not None:
+        return None
+    try:
+        spare.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+        spare.stdin.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        return None
+    return spare
+
+
+def _mlflow_env() -> dict[str, str]:
+    """MLflow's variables of this process (the server's credentials among them), which a spare
+    writer started before they were set lacks."""
+    return {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
 
 
 def _cpu_s(pid: int) -> float:
