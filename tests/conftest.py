@@ -193,6 +193,19 @@ def cli_env(tmp_path):
     return env
 
 
+def assert_refused(proc: subprocess.CompletedProcess, says, *, sessions, context: str = "") -> None:
+    """Bad input as the CLI must refuse it: exit 2, one `error:` line holding every part of
+    `says`, no traceback, no Ray session (`sessions`: what was found under the run's RAY_TMPDIR)."""
+    shown = f"{context}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 2, shown
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, shown
+    for part in says:
+        assert part in errors[0], f"{part!r} not in the message{shown}"
+    assert "Traceback" not in proc.stdout + proc.stderr, shown
+    assert not sessions, f"a Ray session was started: {sessions}"
+
+
 def trainlab_cmd(*args: str) -> list[str]:
     """The installed console script, next to this interpreter."""
     return [str(Path(sys.executable).parent / "trainlab"), *args]
