@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def dist_info():
     """This process as a world of one on CPU (no process group)."""
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     return setup_distributed("cpu")
 
@@ -191,6 +191,19 @@ def cli_env(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def assert_refused(proc: subprocess.CompletedProcess, says, *, sessions, context: str = "") -> None:
+    """Bad input as the CLI must refuse it: exit 2, one `error:` line holding every part of
+    `says`, no traceback, no Ray session (`sessions`: what was found under the run's RAY_TMPDIR)."""
+    shown = f"{context}\n--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 2, shown
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, shown
+    for part in says:
+        assert part in errors[0], f"{part!r} not in the message{shown}"
+    assert "Traceback" not in proc.stdout + proc.stderr, shown
+    assert not sessions, f"a Ray session was started: {sessions}"
 
 
 def trainlab_cmd(*args: str) -> list[str]:

@@ -22,6 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from trainlab.events import WARNING, ProgressEvent, StepDone, TrialResult, TrialStarted
+
 # in a log (not a terminal) rich would wrap tables at 80 columns; logs can be wide
 console = Console(stderr=False, highlight=False,
                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
@@ -40,22 +42,25 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def status_text(status: str, result: dict | None) -> str:
-    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', else status;
-    with the rollbacks it took: 'finished after 1 rollback (step 6 -> 4 (lr x0.5))'."""
-    r = result or {}
+def status_text(status: str, result: TrialResult | None, *, pruned_reason: str = "") -> str:
+    """'diverged at step 7 (first non-finite: activation:layers.0.feed_forward)', 'pruned at
+    step 40 (val loss ... above the best trial's ...)', else status; with the rollbacks it took:
+    'finished after 1 rollback (step 6 -> 4 (lr x0.5))'."""
     text = status
-    if status == "diverged" and r.get("diverged_step") is not None:
-        text = (f"{status} at step {r['diverged_step']} "
-                f"(first non-finite: {r.get('first_nonfinite') or 'loss'})")
-    if r.get("rollbacks"):
-        n = r["rollbacks"]
-        text += f" after {n} rollback{'s' * (n > 1)} ({r.get('extra', {}).get('rollbacks', '')})"
+    if result is None:
+        return text
+    if status == "diverged" and result.diverged_step is not None:
+        text = f"{status} at step {result.diverged_step} (first non-finite: {result.first_nonfinite or 'loss'})"
+    if status == "pruned":
+        text = f"{status} at step {result.steps}" + (f" ({pruned_reason})" if pruned_reason else "")
+    if result.rollbacks:
+        n = result.rollbacks
+        text += f" after {n} rollback{'s' * (n > 1)} ({result.extra.get('rollbacks', '')})"
     return text
 
 
 class ProgressLine:
-    """Consumes the engine's progress events ({'kind': 'start'|'step', ...})."""
+    """Consumes the engine's progress events (trainlab.events)."""
 
     def __init__(self, *, description: str = "train"):
         self.description = description
@@ -67,27 +72,26 @@ class ProgressLine:
         self._t0 = time.perf_counter()
         self.val_loss: float | None = None
 
-    def __call__(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "start":
+    def __call__(self, event: ProgressEvent) -> None:
+        if isinstance(event, TrialStarted):
             self._start(event)
-        elif kind == "step":
+        elif isinstance(event, StepDone):
             self._step(event)
-        elif kind == "warning":
-            console.print(f"[yellow]warning:[/] {event['message']}")
-        elif kind in ("resumed", "resized", "rollback"):  # the trial goes on from a checkpoint
-            console.print(f"[cyan]{event['message']}[/]")
+        elif event.kind == WARNING:
+            console.print(f"[yellow]warning:[/] {event.message}")
+        else:  # resumed, resized, rollback: the trial goes on from a checkpoint
+            console.print(f"[cyan]{event.message}[/]")
 
-    def _start(self, event: dict) -> None:
+    def _start(self, event: TrialStarted) -> None:
         if self._progress is not None:  # a restart: one bar, continued
             self._progress.stop()
             self._progress = None
-        self._max_steps = event["max_steps"]
+        self._max_steps = event.max_steps
         self._every = max(1, self._max_steps // 10)
         self._t0 = time.perf_counter()
-        console.print(f"[bold]{self.description}[/] on {event.get('world_size')} x "
-                      f"{event.get('device')}; unigram entropy {fmt(event.get('unigram_entropy'))} nats"
-                      + (f", true entropy {fmt(event['true_entropy'])}" if event.get("true_entropy") else ""))
+        console.print(f"[bold]{self.description}[/] on {event.world_size} x "
+                      f"{event.device}; unigram entropy {fmt(event.unigram_entropy)} nats"
+                      + (f", true entropy {fmt(event.true_entropy)}" if event.true_entropy else ""))
         if self.live:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(),
@@ -97,14 +101,14 @@ class ProgressLine:
             )
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=self._max_steps, stats="",
-                                                 completed=event.get("step", 0))
+                                                 completed=event.step)
 
-    def _step(self, event: dict) -> None:
-        if "val_loss" in event:
-            self.val_loss = event["val_loss"]
-        stats = (f"loss {fmt(event.get('loss'))}  val {fmt(self.val_loss)}  "
-                 f"{fmt(event.get('tokens_per_s'), ',.0f')} tok/s")
-        step = event["step"]
+    def _step(self, event: StepDone) -> None:
+        if event.val_loss is not None:
+            self.val_loss = event.val_loss
+        stats = (f"loss {fmt(event.loss)}  val {fmt(self.val_loss)}  "
+                 f"{fmt(event.tokens_per_s, ',.0f')} tok/s")
+        step = event.step
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
         elif step % self._every == 0 or step == self._max_steps:

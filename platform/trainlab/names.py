@@ -143,6 +143,11 @@ TAG_STATUS = "status"
 TAG_DIVERGED_STEP = "diverged_step"
 TAG_FIRST_NONFINITE = "first_nonfinite"
 TAG_ERROR = "error"
+TAG_PRUNED_REASON = "pruned_reason"
+"""Status pruned: why the sweep's pruner stopped the trial (hydra.launcher.prune), e.g. 'val loss
+4.91 at 65.5k tokens is 12.3% above the best trial's 4.37 (#2 lr=0.003; margin 10%)'."""
+TAG_PRUNED_STEP = "pruned_step"
+"""Status pruned: the last step the trial trained (its ranks agreed to stop after it)."""
 TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
 TAG_MEMORY_SOURCE = "memory_source"
 """What sys/peak_mem_gb measures on this device (telemetry.memory.MEMORY_SOURCES)."""
@@ -191,6 +196,11 @@ STATUS_DIVERGED = "diverged"
 STATUS_FAILED = "failed"
 STATUS_PREEMPTED = "preempted"
 """Stopped by SIGTERM after a last checkpoint: the trial resumes when run again."""
+STATUS_PRUNED = "pruned"
+"""Stopped early by the sweep's pruner (hydra.launcher.prune) as hopeless: a result, never a
+failure; no checkpoint is saved for it and a rerun of the sweep skips it, as a finished one."""
+DONE_STATUSES = (STATUS_FINISHED, STATUS_DIVERGED, STATUS_PRUNED)
+"""Trial statuses a rerun of the sweep skips (hydra.launcher.rerun=true runs them again)."""
 
 # -- artifacts ---------------------------------------------------------------------------
 ARTIFACT_CONFIG = "config.yaml"

@@ -6,7 +6,6 @@ otherwise it launches the trial as a Ray gang. Everything below takes a typed Ru
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -31,49 +30,43 @@ def under_torchrun() -> bool:
 
 
 def run_engine_here(run: RunConfig):
-    """torchrun path: every process runs the engine; rank 0 tracks, prints progress and, with
-    tracking=mlflow, opens the trial's run and closes it with the trial's status."""
-    from trainlab.console import ProgressLine, print0, status_text
-    from trainlab.engine.checkpoint import checkpoint_root
-    from trainlab.engine.distributed import close_distributed
-    from trainlab.engine.run import run_trial
-    from trainlab.tracking import JsonlTracker
-    from trainlab.tracking.runs import (
-        close_trial_run,
-        closing_tags,
-        resolve_tracking_uri,
-        spill_path,
-        start_trial_tracking,
-    )
+    """torchrun path: every process executes the trial's plan, made here as there is no driver
+    (engine.local_plan); rank 0 tracks the trial as the Ray path does (tracking.trial_tracking:
+    the same run, tags, tracker and closing), prints its progress and the same summary."""
+    from pathlib import Path
 
-    opened = []  # the TrialRun rank 0 opened, if any
-    spill = spill_path(run.output_dir)  # held MLflow records if the server goes away
+    from trainlab.console import ProgressLine
+    from trainlab.distributed import close_distributed
+    from trainlab.engine.local_plan import plan_here
+    from trainlab.engine.run import run_trial
+    from trainlab.launch.trial import TrialOutcome, print_summary
+    from trainlab.tracking.runs import default_run_name, resolve_tracking_uri
+    from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial, rank0_tracker
+
+    uri = resolve_tracking_uri(run.tracking.uri) if run.tracking.name == "mlflow" else None
+    plan = plan_here(run, tracking_uri=uri)
+    opened = []  # rank 0's run (None with tracking=none): only rank 0 makes a tracker
 
     def tracker_factory(dist_info, resumed: bool):
-        if run.tracking.name == "mlflow":
-            trial, tracker = start_trial_tracking(run, tracking_uri=resolve_tracking_uri(run.tracking.uri),
-                                                  checkpoint_root=checkpoint_root(run), resumed=resumed)
-            opened.append(trial)
-            return tracker
-        return JsonlTracker(os.path.join(run.output_dir, "metrics.jsonl"))
+        trial = open_trial(plan, resuming=resumed) if uri else None
+        opened.append(trial)
+        return rank0_tracker(plan, TrackingTarget(trial))
 
-    progress = ProgressLine(description="train")
+    progress = ProgressLine(description=default_run_name(run))
     try:
-        result = run_trial(run, tracker_factory=tracker_factory, progress=progress)
+        result = run_trial(plan, tracker_factory=tracker_factory, progress=progress)
     except Exception as e:
         for trial in opened:
-            close_trial_run(trial, status=names.STATUS_FAILED, tags=closing_tags(None, f"{type(e).__name__}: {e}"),
-                            spill=spill)
+            close_trial(plan, trial, status=names.STATUS_FAILED, result=None, error=f"{type(e).__name__}: {e}")
         raise
     finally:
         progress.close()
     close_distributed()  # every rank got here: no backend thread is left to abort the exit
     for trial in opened:
-        close_trial_run(trial, status=result.status, tags=closing_tags(dataclasses.asdict(result), ""),
-                        spill=spill)
-    print0(f"status {status_text(result.status, dataclasses.asdict(result))}: {result.steps} steps, "
-           f"loss {result.final_loss:.4f}, "
-           f"val loss {result.final_val_loss:.4f}, {result.tokens_per_s:,.0f} tokens/s")
+        close_trial(plan, trial, status=result.status, result=result)
+        outcome = TrialOutcome(status=result.status, result=result, run_id=trial.run_id if trial else None,
+                               tracking_uri=uri, last_step=result.steps)
+        print_summary(run, outcome, Path(plan.paths.output_dir))
     return result
 
 
@@ -112,7 +105,7 @@ def app(cfg: DictConfig) -> float | None:
         sys.exit(128 + outcome.interrupted)
     if outcome.status == names.STATUS_FAILED:
         sys.exit(1)
-    return outcome.result["final_val_loss"] if outcome.result else None
+    return outcome.result.final_val_loss if outcome.result else None
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ def _interrupted(rank: int, world: int, port: int, out, layouts: dict[str, list[
         for layout, overrides in layouts.items():
             cut = f"train.checkpoint_dir={root}/{layout}"
             for name, extra in (("whole", ["train.resume=never", f"{cut}-whole"]),
-                                ("stopped", ["train.inject_fault=sigterm@4", "train.checkpoint_every=2", cut]),
+                                ("stopped", ["debug.inject_fault=sigterm@4", "train.checkpoint_every=2", cut]),
                                 ("resumed", ["train.checkpoint_every=2", cut])):
                 run = compose_run_config([*TINY, *overrides, *extra, f"cluster.num_workers={world}"])
                 tracker = RecordingTracker()

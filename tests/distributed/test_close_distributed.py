@@ -13,7 +13,7 @@ import os
 import pytest
 
 from conftest import finish_reporting, rank_env, spawn_ranks
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 

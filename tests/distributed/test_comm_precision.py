@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.parallel.comm import check_comm, register_comm_hook, torch_allows_bf16_hooks
 
 pytestmark = pytest.mark.distributed

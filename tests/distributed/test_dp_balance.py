@@ -1,4 +1,4 @@
-"""Balanced data parallel on 2 gloo ranks, rank 1 emulated 3x slower (cluster.slowdown): weighted
+"""Balanced data parallel on 2 gloo ranks, rank 1 emulated 3x slower (debug.slowdown): weighted
 and accumulate shares cut the fast rank's wait in the gradient all-reduce, and train the same
 loss curve as equal shares at equal tokens (same global batches, same global-mean gradient).
 
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, spawn_ranks
 from trainlab import names
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -24,7 +24,7 @@ SAMPLE = 6  # per-rank times are averaged over steps 7-12: after every warm-up, 
 COMMON = ["model=tiny", "cluster.device=cpu", "tracking=none", "train.seq_len=128",
           "train.global_batch_size=32", "train.micro_batch_size=8", f"train.max_steps={STEPS}",
           "train.eval_every=0", "train.eval_batches=2", f"train.numerics_every={SAMPLE}",
-          "cluster.slowdown=[1,3]"]
+          "debug.slowdown=[1,3]"]
 MODES = {
     "equal": [],
     "weighted": ["parallel.dp_balance=weighted", "parallel.dp_balance_warmup=4"],  # measured: steps 3-4

@@ -111,7 +111,7 @@ def _dp_tp(rank: int, world: int, port: int, out, root: str) -> None:
         dp_tp, ckpt = ["parallel=dp_tp"], f"train.checkpoint_dir={root}"
         got = {"whole": _trial([*dp_tp, "train.resume=never", f"{ckpt}-whole"], world),
                "fp16": _trial([*dp_tp, "train.resume=never", "parallel.comm_dtype=fp16", f"{ckpt}-fp16"], world),
-               "stopped": _trial([*dp_tp, "train.inject_fault=sigterm@4", "train.checkpoint_every=2", ckpt], world),
+               "stopped": _trial([*dp_tp, "debug.inject_fault=sigterm@4", "train.checkpoint_every=2", ckpt], world),
                "resumed": _trial([*dp_tp, "train.checkpoint_every=2", ckpt], world)}
         if not dist.is_initialized():
             dist.init_process_group("gloo")

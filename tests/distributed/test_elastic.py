@@ -31,7 +31,7 @@ training moves the loss by ~1e-2, so a repeated, skipped or misplaced batch cann
 
 class PreemptingTracker(RecordingTracker):
     """Records, and sends its own process SIGTERM once `stop_at` is logged: the trainer then saves
-    a checkpoint at that step and ends the trial `preempted` (train.inject_fault only acts on a
+    a checkpoint at that step and ends the trial `preempted` (debug.inject_fault only acts on a
     trial's first attempt)."""
 
     def __init__(self, stop_at: int | None):
@@ -62,7 +62,7 @@ def _phase(rank: int, world: int, port: int, out, runs: list[tuple[str, list[str
                                  losses=tracker.by_step(names.LOSS), tokens=tracker.by_step(names.TOKENS_SEEN),
                                  workers=tracker.by_step(names.WORKERS), accum=tracker.by_step(names.GRAD_ACCUM),
                                  restarts=tracker.by_step(names.RESTARTS), world_tag=tracker.tags.get(names.TAG_WORLD_SIZE),
-                                 events=[e for e in events if e["kind"] != "step"])
+                                 events=[e for e in events if e.kind != "step"])
         if rank == 0:
             out.put(reports)
 
@@ -72,7 +72,7 @@ def resized(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
     cut = f"train.checkpoint_dir={root}/trial"
     (full,) = spawn_ranks(_phase, 2, [("whole", ["train.resume=never", f"train.checkpoint_dir={root}/whole"], None),
-                                      ("first", ["train.inject_fault=sigterm@4", cut], None)])
+                                      ("first", ["debug.inject_fault=sigterm@4", cut], None)])
     (shrunk,) = spawn_ranks(_phase, 1, [("shrunk", [cut], 7)])
     (grown,) = spawn_ranks(_phase, 2, [("grown", [cut], None)])
     for got in (full, shrunk, grown):
@@ -94,10 +94,10 @@ def test_the_trial_goes_on_from_its_checkpoint_on_fewer_workers_and_back(resized
     assert (first["accum"], shrunk["accum"], grown["accum"]) == ({0: 2}, {4: 4}, {7: 2})
     assert (first["restarts"], shrunk["restarts"], grown["restarts"]) == ({0: 0}, {4: 1}, {7: 2})
     assert (shrunk["world_tag"], grown["world_tag"]) == (1, 2)
-    resizes = [e["message"] for e in shrunk["events"] if e["kind"] == "resized"]
+    resizes = [e.message for e in shrunk["events"] if e.kind == "resized"]
     assert resizes == [f"continuing on 1 of 2 workers: global batch {GLOBAL_BATCH} kept with 4 "
                        "micro-batches per step"]
-    assert not [e for e in first["events"] + grown["events"] if e["kind"] == "resized"]
+    assert not [e for e in first["events"] + grown["events"] if e.kind == "resized"]
 
 
 def test_the_global_batch_and_the_loss_are_those_of_the_uninterrupted_trial(resized):

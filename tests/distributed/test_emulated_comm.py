@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.precision.formats import parse_format, quantize, tensor_scale
 
 pytestmark = pytest.mark.distributed
@@ -20,7 +20,7 @@ FORMAT = "e3m1"
 
 def _grads(run):
     """One forward/backward of the trial's model on a fixed batch; grads by parameter name."""
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
 
     trainer = build_trainer(run, setup_distributed("cpu"))

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import RecordingTracker, finish_reporting, rank_env, spawn_ranks
 from trainlab import names
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -51,7 +51,7 @@ def _case(overrides: list[str], world: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from trainlab.config import compose_run_config
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.engine.run import _layer_tags, build_trainer
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
@@ -74,7 +74,7 @@ def _preempted_and_resumed(world: int, out_dir: str) -> dict:
     from trainlab.engine.run import run_trial
 
     got = {}
-    for name, extra in (("preempted", ["train.inject_fault=sigterm@2"]), ("resumed", [])):
+    for name, extra in (("preempted", ["debug.inject_fault=sigterm@2"]), ("resumed", [])):
         run = compose_run_config([*TINY, *CASES["fsdp_fp8"], *extra, "train.checkpoint_every=2",
                                   f"output_dir={out_dir}", f"cluster.num_workers={world}"])
         tracker = RecordingTracker()

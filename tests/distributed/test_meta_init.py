@@ -67,7 +67,7 @@ def _initial_state(trainer) -> dict[str, tuple[str, np.ndarray]]:
 
 def _initial_states(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     with reporting_to(out):
         dist_info = setup_distributed("cpu")
@@ -97,7 +97,7 @@ def test_every_layout_starts_from_the_one_process_weights(dist_info):
 
 def _build_growth(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.parallel.fsdp import sharded_bytes
     from trainlab.telemetry.memory import peak_memory_gb, reset_peak_memory
 

@@ -11,7 +11,7 @@ from torch import nn
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
 
@@ -256,6 +256,6 @@ def test_fp8_delayed_pipeline_scales_the_stages_and_trains_like_one_process():
 
 
 def test_nan_injected_into_the_last_stage_ends_the_pipelined_trial():
-    """train.inject_nan hooks the module where it runs: here a block of the second stage."""
-    _, status, diverged_step = _run_trial(2, [*PIPELINE, "train.inject_nan=layers.3.feed_forward@2"])
+    """debug.inject_nan hooks the module where it runs: here a block of the second stage."""
+    _, status, diverged_step = _run_trial(2, [*PIPELINE, "debug.inject_nan=layers.3.feed_forward@2"])
     assert status == names.STATUS_DIVERGED and diverged_step == 2

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -49,7 +49,7 @@ def _straggler(rank: int) -> dict:
     """The trainer's step shape under DDP: forward+backward and the optimizer step timed as
     compute, the loss all-reduce outside; rank 1 is slow. Returns the gathered window of the
     steps after WARMUP and the per-step dicts of this rank."""
-    from trainlab.engine.distributed import all_reduce_mean
+    from trainlab.distributed import all_reduce_mean
     from trainlab.parallel.ddp import apply_ddp
     from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, timed_collectives
 
@@ -113,7 +113,7 @@ def _syncs(layout: str) -> dict:
     the host syncs of each loop iteration (tests/host_syncs.py), counted by a hook that runs
     at the end of each (after the step, its bookkeeping and the last one's preemption vote)."""
     from host_syncs import HostSyncs
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
 
     run = compose_run_config(["model=tiny", "data=markov", "cluster.device=cpu", "cluster.num_workers=2",

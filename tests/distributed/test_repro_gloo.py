@@ -10,7 +10,7 @@ from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.compare.records import Trial
 from trainlab.compare.repro import reproducibility
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 

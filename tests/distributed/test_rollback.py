@@ -22,7 +22,7 @@ TOO_HIGH = ["optim.lr=1000", "train.max_steps=12", "train.checkpoint_every=0"]
 ROLLBACK = ["train.on_divergence=rollback"]
 # fp8 attempt poisoned at step 5 (an injected NaN, as a transient fault); checkpoints at 2, 4, 6
 FP8 = ["precision=fp8_delayed", "precision.keep_hp=[output,unaligned]", "train.max_steps=8", "train.checkpoint_every=2",
-       "train.inject_nan=layers.0.feed_forward@5", *ROLLBACK, "train.rollback_lr_factor=1",
+       "debug.inject_nan=layers.0.feed_forward@5", *ROLLBACK, "train.rollback_lr_factor=1",
        "train.rollback_precision=fp32"]
 
 TRIALS = {
@@ -30,7 +30,7 @@ TRIALS = {
     "lower_lr": [*TOO_HIGH, *ROLLBACK, "train.rollback_lr_factor=1e-6"],
     "exhausted": [*TOO_HIGH, *ROLLBACK, "train.rollback_lr_factor=0.5", "train.max_rollbacks=1"],
     "fp32": [*FP8, "cut=fp32"],
-    "fp32_stopped": [*FP8, "cut=restart", "train.inject_fault=sigterm@6"],
+    "fp32_stopped": [*FP8, "cut=restart", "debug.inject_fault=sigterm@6"],
     "fp32_restarted": [*FP8, "cut=restart"],
 }
 

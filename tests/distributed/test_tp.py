@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.models import build_model, resolve_dims
 from trainlab.models.transformer import Attention, apply_rope, rope_tables
 from trainlab.parallel.tp import check_tp

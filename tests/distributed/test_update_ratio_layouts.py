@@ -35,7 +35,7 @@ def _ratios(layout_overrides: list[str], dist_info) -> dict[int, tuple[float, fl
 
 def _layouts(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
 
     with reporting_to(out):
         dist_info = setup_distributed("cpu")

@@ -10,7 +10,7 @@ import torch
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.engine.distributed import setup_distributed
+from trainlab.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
 
 pytestmark = [pytest.mark.gpu,

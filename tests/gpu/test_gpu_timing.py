@@ -141,7 +141,7 @@ def test_a_gpu_step_between_log_steps_syncs_the_host_once(precision):
     and float(norm): 8 in one process, 12 with a process group)."""
     if precision == "bf16" and torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("bf16 needs SM 8.0+")
-    from trainlab.engine.distributed import setup_distributed
+    from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
 
     run = compose_run_config(["model=tiny", "data=markov", f"precision={precision}", "cluster.device=cuda",

@@ -126,7 +126,7 @@ def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tm
             "cluster.num_workers=2", "cluster.min_workers=1", "cluster.max_failures=1", "cluster.resize_interval_s=2",
             "model=tiny", "data=markov", f"train.max_steps={MAX_STEPS}", f"train.global_batch_size={GLOBAL_BATCH}",
             "train.micro_batch_size=2", f"train.seq_len={SEQ_LEN}", "train.eval_every=0", "train.numerics_every=0",
-            "train.checkpoint_every=5", "train.log_every=1", "cluster.slowdown=[8,8]",
+            "train.checkpoint_every=5", "train.log_every=1", "debug.slowdown=[8,8]",
             "tracking.system_metrics=false", "tracking.experiment=elastic", f"hydra.run.dir={run_dir}"]
     log = tmp_path / "driver.log"
     t0 = time.monotonic()

@@ -62,7 +62,7 @@ def test_a_killed_worker_restarts_from_its_checkpoint_within_the_limit(mlflow_se
     trial fails with the reason; with one, Ray restarts the gang from step 3's checkpoint and
     the trial finishes in the same run, every step logged once."""
     exp = "faults_worker"
-    proc = _trainlab(["train", "-m", *TRIAL, "train.max_steps=8", "train.inject_fault=sigkill@5:1",
+    proc = _trainlab(["train", "-m", *TRIAL, "train.max_steps=8", "debug.inject_fault=sigkill@5:1",
                       "cluster.max_failures=0,1", f"tracking.experiment={exp}", f"sweep_name={exp}"],
                      cwd=tmp_path, uri=mlflow_server.uri, ray_tmp=ray_tmp)
     out = proc.stdout + proc.stderr
@@ -103,7 +103,7 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     nothing finished, resumes #0 from its checkpoint into its run, then runs #1."""
     exp = "faults_driver"
     # 3x slower steps: the kill lands mid-trial, after the first checkpoint and before the end
-    args = ["train", "-m", *TRIAL, "train.max_steps=24", "cluster.slowdown=[3,3]", "seed=0,1",
+    args = ["train", "-m", *TRIAL, "train.max_steps=24", "debug.slowdown=[3,3]", "seed=0,1",
             "hydra.launcher.max_concurrent_trials=1",
             f"tracking.experiment={exp}", f"sweep_name={exp}"]
     driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=_env(mlflow_server.uri, ray_tmp),

@@ -14,14 +14,14 @@ import pytest
 pytestmark = [pytest.mark.ray]
 
 # in a fresh interpreter, through the call `trainlab train` makes before any worker starts
-# (launch.trial.plan, which starts the local cluster): Ray is imported only once it is up
+# (launch.plan.plan_gang, which starts the local cluster): Ray is imported only once it is up
 _START = """
 import json, sys
 import psutil
 from trainlab.config import compose_run_config
-from trainlab.launch.trial import plan
+from trainlab.launch.plan import plan_gang
 
-plan(compose_run_config(sys.argv[1:]), "auto")
+plan_gang(compose_run_config(sys.argv[1:]), "auto")
 import ray
 ctx = ray.get_runtime_context()
 info = ray._private.worker.global_worker.node.address_info
@@ -69,7 +69,7 @@ from trainlab.launch.trial import train
 listening, samples = set(), []
 
 def sample(event):
-    if event.get("kind") != "step":
+    if event.kind != "step":
         return
     workers = 0
     for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:

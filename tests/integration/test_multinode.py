@@ -3,7 +3,7 @@ node declaring (logical) H100s and a second node declaring V100s, each by `ray s
 own temp dir. A sweep goes in through the Ray Jobs API (`trainlab submit`); each trial must land
 on the GPU type its precision allows, be tagged with where it ran, and reach MLflow.
 
-Workers compute on CPU (cluster.logical_gpus): the GPUs are Ray resources, which is all that
+Workers compute on CPU (debug.logical_gpus): the GPUs are Ray resources, which is all that
 placement sees.
 """
 
@@ -65,7 +65,7 @@ def test_a_sweep_submitted_through_ray_jobs_lands_by_precision(loopback_cluster,
     env = loopback_cluster.env | {"MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         trainlab_cmd("submit", "--address", loopback_cluster.jobs_url, "-m", "--",
-                     "precision=fp16,fp8_tensorwise", "cluster.logical_gpus=true",
+                     "precision=fp16,fp8_tensorwise", "debug.logical_gpus=true",
                      "model=tiny", "train.max_steps=3", "train.eval_every=0"),
         env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
     out = proc.stdout + proc.stderr
@@ -86,7 +86,7 @@ def test_a_sweep_submitted_through_ray_jobs_lands_by_precision(loopback_cluster,
 def test_a_trial_no_node_can_run_is_refused_at_submission(loopback_cluster, tmp_path):
     proc = subprocess.run(
         trainlab_cmd("train", "cluster=ray", f"cluster.address={loopback_cluster.gcs}",
-                     "cluster.logical_gpus=true", "precision=bf16", "cluster.accelerator_type=V100",
+                     "debug.logical_gpus=true", "precision=bf16", "cluster.accelerator_type=V100",
                      "model=tiny", "tracking=none", f"hydra.run.dir={tmp_path}"),
         env=loopback_cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr

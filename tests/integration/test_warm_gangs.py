@@ -92,14 +92,15 @@ def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, t
     execute_sweep(trials, max_concurrent_trials=1)
     bad, good = trials
     assert bad.status == names.STATUS_FAILED and "vocab_size" in bad.error, bad.error
-    assert good.status == names.STATUS_FINISHED and good.result["steps"] == 3, good.error
+    assert good.status == names.STATUS_FINISHED and good.result.steps == 3, good.error
     assert [bad.gang, good.gang] == ["fresh: no warm gang of its shape (gang 1)", "warm #2 on gang 1"]
     assert _ray_train_runs(tmp_path / "sweep") == 1  # the failure restarted the gang's workers, not the run
 
 
-def test_a_trial_stopped_through_its_handle_ends_with_a_checkpoint_and_the_gang_goes_on(ray_cluster, tmp_path):
-    """The per-trial stop channel (a pruning rule's): trial #0 is asked to stop once it trains;
-    it saves a checkpoint at the step it stops at and reports; #1 then runs on the same gang."""
+def test_a_trial_stopped_alone_ends_pruned_and_the_gang_goes_on(ray_cluster, tmp_path):
+    """The per-trial stop channel (the pruner's): trial #0 is asked to stop once it trains; it
+    ends after its step, `pruned` with the reason, without a checkpoint; #1 then runs on the
+    same gang."""
     common = [*TINY, "tracking=none", "train.checkpoint_every=1000"]
     trials = _trials(tmp_path, [["train.max_steps=100000"], ["train.max_steps=3"]], common=common)
     first = trials[0]
@@ -108,17 +109,17 @@ def test_a_trial_stopped_through_its_handle_ends_with_a_checkpoint_and_the_gang_
         deadline = time.monotonic() + 600
         while first.first_step_at is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        first.handle.stop("test: hopeless")
+        first.stop.stop("test: hopeless")
 
     stopper = threading.Thread(target=stop_when_training, daemon=True)
     stopper.start()
     execute_sweep(trials, max_concurrent_trials=1)
     stopper.join()
-    assert first.handle.reason == "test: hopeless"
-    assert first.status == names.STATUS_PREEMPTED, first.error
-    steps = first.result["steps"]
+    assert first.status == names.STATUS_PRUNED, first.error
+    assert first.pruned_reason == "test: hopeless"
+    steps = first.result.steps
     assert 0 < steps < 100000
-    assert (Path(first.run.output_dir) / "checkpoints" / f"step_{steps:08d}").is_dir()  # saved where it stopped
+    assert not (Path(first.run.output_dir) / "checkpoints" / f"step_{steps:08d}").exists()  # pruned: no save
     assert trials[1].status == names.STATUS_FINISHED and trials[1].gang == "warm #2 on gang 1"
 
 
@@ -136,8 +137,8 @@ def test_the_same_trial_is_bit_identical_on_a_fresh_and_on_a_warm_gang(ray_clust
     assert [t.status for t in trials] == [names.STATUS_FINISHED] * 4, [t.error for t in trials]
     assert [t.gang for t in trials] == ["fresh: no warm gang of its shape (gang 1)", "warm #2 on gang 1",
                                         "warm #3 on gang 1", "warm #4 on gang 1"]
-    fresh, warm = trials[0].result["extra"], trials[3].result["extra"]
+    fresh, warm = trials[0].result.extra, trials[3].result.extra
     for key in (names.TAG_LOSS_CURVE_SHA, names.TAG_PARAMS_SHA):
         assert fresh[key] == warm[key], key
     # the trials between trained something else: the equality is not that of an empty hash
-    assert trials[1].result["extra"][names.TAG_PARAMS_SHA] != fresh[names.TAG_PARAMS_SHA]
+    assert trials[1].result.extra[names.TAG_PARAMS_SHA] != fresh[names.TAG_PARAMS_SHA]

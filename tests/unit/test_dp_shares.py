@@ -143,8 +143,8 @@ def _refusal(overrides: list[str]) -> str:
                                                            "parallel.dp_balance=weighted"]),
     (["parallel.dp_balance=even"], ["parallel.dp_balance='even'", "equal, weighted, accumulate"]),
     (["parallel.dp_balance_warmup=0"], ["parallel.dp_balance_warmup=0"]),
-    (["cluster.slowdown=[1,0.5]"], ["cluster.slowdown=[1.0, 0.5]", ">= 1"]),
-    (["cluster.slowdown=[2]"], ["cluster.slowdown=[2.0]", "cluster.num_workers=2"]),
+    (["debug.slowdown=[1,0.5]"], ["debug.slowdown=[1.0, 0.5]", ">= 1"]),
+    (["debug.slowdown=[2]"], ["debug.slowdown=[2.0]", "cluster.num_workers=2"]),
 ])
 def test_balance_refusals_name_the_field_and_the_fix(overrides, fields):
     msg = _refusal(overrides)
@@ -154,8 +154,8 @@ def test_balance_refusals_name_the_field_and_the_fix(overrides, fields):
 
 def test_balanced_modes_that_fit_pass_and_unused_options_are_warned():
     run = compose_run_config(["parallel=fsdp", "parallel.dp_balance=weighted", "parallel.dp_weights=[2,1]",
-                              "cluster.slowdown=[1,2]"])
-    assert run.parallel.dp_weights == [2.0, 1.0] and run.cluster.slowdown == [1.0, 2.0]
+                              "debug.slowdown=[1,2]"])
+    assert run.parallel.dp_weights == [2.0, 1.0] and run.debug.slowdown == [1.0, 2.0]
     assert compose_run_config([]).parallel.dp_balance == "equal"
     notes = ignored_options(compose_run_config(["parallel.dp_weights=[2,1]"]))
     assert any("parallel.dp_balance=equal" in n for n in notes), notes

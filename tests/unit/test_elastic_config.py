@@ -50,10 +50,10 @@ def test_a_fixed_gang_is_not_held_to_the_elastic_rules(overrides):
 
 def test_an_elastic_config_is_resized_to_the_gang_it_got():
     run = compose_run_config([*ELASTIC, "cluster.num_workers=4", "train.global_batch_size=24",
-                              "cluster.slowdown=[1,2,3,4]"])
+                              "debug.slowdown=[1,2,3,4]"])
     span = (1, 4)
     on3 = fit_to_gang(run, world_size=3)
-    assert on3.cluster.num_workers == 3 and on3.cluster.slowdown == [1.0, 2.0, 3.0]
+    assert on3.cluster.num_workers == 3 and on3.debug.slowdown == [1.0, 2.0, 3.0]
     assert on3.train == run.train and on3.parallel == run.parallel  # the global batch is kept
     assert config_hash(on3) != config_hash(run)  # hence run_trial keeps the hash it was launched with
     assert elastic_metrics(span, on3) == {names.GRAD_ACCUM: 4}  # 24 / (2 x 3)
@@ -70,14 +70,15 @@ def test_how_a_trial_survives_faults_is_not_what_it_trains():
 
 
 def test_ray_is_asked_for_a_range_and_the_run_is_tagged_elastic():
-    from trainlab.launch.ray_trial import Gang
+    from trainlab.config.plan import GangShape
+    from trainlab.launch.plan import scaling
     from trainlab.tracking.runs import trial_tags
 
-    gang = Gang(device="cpu", gpus=False)
     elastic = compose_run_config([*ELASTIC, "cluster.resize_interval_s=5"])
     fixed = compose_run_config([])
-    assert gang.scaling(elastic)["num_workers"] == (1, 2)
-    assert gang.scaling(elastic)["elastic_resize_monitor_interval_s"] == 5.0
-    assert gang.scaling(fixed)["num_workers"] == 2 and "elastic_resize_monitor_interval_s" not in gang.scaling(fixed)
+    asked, asked_fixed = scaling(GangShape.of(elastic, gpus=False)), scaling(GangShape.of(fixed, gpus=False))
+    assert asked["num_workers"] == (1, 2)
+    assert asked["elastic_resize_monitor_interval_s"] == 5.0
+    assert asked_fixed["num_workers"] == 2 and "elastic_resize_monitor_interval_s" not in asked_fixed
     assert trial_tags(elastic)[names.TAG_ELASTIC] == "1-2"
     assert names.TAG_ELASTIC not in trial_tags(fixed)

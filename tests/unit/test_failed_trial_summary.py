@@ -6,6 +6,7 @@ from __future__ import annotations
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.console import console
+from trainlab.events import TrialResult
 from trainlab.launch.trial import TrialOutcome, print_summary
 
 
@@ -36,6 +37,8 @@ def test_a_failed_trial_reports_the_steps_its_workers_recorded(tmp_path):
 
 
 def test_a_trial_that_reported_its_result_keeps_the_results_count(tmp_path):
-    done = TrialOutcome(status=names.STATUS_FINISHED, result={"steps": 5, "tokens_seen": 640}, run_id=None,
-                        tracking_uri=None, last_step=5)
+    result = TrialResult(status=names.STATUS_FINISHED, steps=5, tokens_seen=640, final_loss=2.0, final_val_loss=2.1,
+                         tokens_per_s=100.0, mfu=None, peak_mem_gb=0.1, skipped_steps=0, nonfinite_steps=0,
+                         loss_spikes=0, elapsed_s=1.0)
+    done = TrialOutcome(status=names.STATUS_FINISHED, result=result, run_id=None, tracking_uri=None, last_step=5)
     assert summary_rows(done, tmp_path)["steps"] == "5 (640 tokens)"

@@ -110,7 +110,7 @@ def test_a_value_just_past_each_declared_bound_is_refused_by_the_section(cls, se
     ("tracking.run_name=a/b", ["tracking.run_name='a/b'", "'/'", "tracking.run_name=a-b"]),
     ("precision.init_scale=1e39", ["precision.init_scale=1e+39", "2**127", "fp32"]),
     ("cluster.min_workers=3", ["cluster.min_workers=3", "[0, cluster.num_workers=2]"]),
-    ("cluster.slowdown=[1,nan]", ["cluster.slowdown=[1.0, nan]", "holds nan", "each element of cluster.slowdown"]),
+    ("debug.slowdown=[1,nan]", ["debug.slowdown=[1.0, nan]", "holds nan", "each element of debug.slowdown"]),
 ])
 def test_named_values_are_refused_with_field_value_and_fix(override, says):
     with pytest.raises(ConfigError) as info:

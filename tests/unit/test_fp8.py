@@ -151,7 +151,7 @@ def test_check_keep_hp_refuses_a_glob_that_matches_nothing(tiny_cfg):
 
 @pytest.mark.parametrize(("override", "field", "value"), [
     ("precision.keep_hp=[ouptut]", "precision.keep_hp", "ouptut"),
-    ("train.inject_nan=layers.9.feed_forward@3", "train.inject_nan", "layers.9.feed_forward"),
+    ("debug.inject_nan=layers.9.feed_forward@3", "debug.inject_nan", "layers.9.feed_forward"),
 ])
 def test_preflight_refuses_module_names_the_model_lacks(override, field, value):
     run = compose_run_config(TINY_RUN + [override])
@@ -163,7 +163,7 @@ def test_preflight_refuses_module_names_the_model_lacks(override, field, value):
 def test_preflight_accepts_module_names_the_model_has():
     check_module_names(compose_run_config(TINY_RUN + [
         "precision.keep_hp=[first_block,layers.*.attention.wo]",
-        "train.inject_nan=layers.1.feed_forward@3"]))
+        "debug.inject_nan=layers.1.feed_forward@3"]))
 
 
 def test_engine_refuses_a_keep_hp_typo_without_preflight(dist_info):
@@ -187,9 +187,9 @@ def _train(dist_info, precision: str, *extra: str):
     return trainer, trainer.train(), tracker
 
 
-# native (fp8_impl=auto on CPU: real float8 casts and torch._scaled_mm) for every mode;
+# native (on CPU: real float8 casts and torch._scaled_mm) for every mode;
 # emulated for one torchao recipe and the delayed one (the two code paths of emulate=True)
-TRAINED = [(p, "auto") for p in FP8_PRECISIONS] + [
+TRAINED = [(p, "native") for p in FP8_PRECISIONS] + [
     ("fp8_rowwise_gw_hp", "emulated"), ("fp8_delayed", "emulated")]
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from conftest import free_port
-from trainlab.engine.distributed import close_distributed
+from trainlab.distributed import close_distributed
 from trainlab.precision.fp8_delayed import (
     E4M3,
     E5M2,

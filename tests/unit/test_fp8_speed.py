@@ -75,7 +75,7 @@ def test_an_fp8_trial_without_fp8_layers_warns_and_its_tags_say_why(tmp_path):
     kept, head = tags[names.TAG_HP_LAYERS].split("; ")
     assert kept.startswith("small: layers.0.attention.wq,") and len(kept.split(",")) == 14
     assert head == "output: output"
-    warnings = [e["message"] for e in events if e["kind"] == "warning"]
+    warnings = [e.message for e in events if e.kind == "warning"]
     assert any("runs no FP8 layer" in w and "precision.keep_hp=[output,unaligned]" in w for w in warnings)
     assert tags[names.TAG_COMPILE] == "off"  # auto on CPU
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from trainlab.events import PREEMPT, PRUNE
 from trainlab.launch.gang_queue import WAIT, GangQueue
 
 
@@ -72,10 +73,12 @@ def test_a_stop_reaches_only_its_trial_and_a_withdrawn_trial_never_starts():
         await q.submit("a", {}, 0)
         await q.submit("b", {}, 0)
         await q.next(0.01)
-        q.stop("a", "pruned: worse than the best by 10%")
-        q.stop("a", "interrupted")
-        assert q.stop_reason("a") == "pruned: worse than the best by 10%"  # the first reason stays
-        assert q.stop_reason("b") is None
+        q.stop("a", PRUNE)
+        assert q.stop_kind("a") == PRUNE
+        q.stop("a", PREEMPT)  # a signal after the pruner: stop with a checkpoint
+        q.stop("a", PRUNE)
+        assert q.stop_kind("a") == PREEMPT  # a prune never weakens it
+        assert q.stop_kind("b") == ""
         assert q.withdraw("b") and not q.withdraw("a")  # `a` is in flight already
         await q.finish("a", {"status": "preempted"})
         await q.end()

@@ -63,7 +63,7 @@ def make_grad(trainer, value: float, *, at_step: int) -> None:
 ])
 def test_injected_nan_ends_the_trial_naming_its_module(module, step, dist_info):
     tracker = RecordingTracker()
-    _, trainer = trainer_for([f"train.inject_nan={module}@{step}", "train.max_steps=10"], dist_info, tracker)
+    _, trainer = trainer_for([f"debug.inject_nan={module}@{step}", "train.max_steps=10"], dist_info, tracker)
     snaps = {0: snapshot(trainer.model)}
     trainer.add_hook(lambda tr, s, m: snaps.__setitem__(s, snapshot(tr.model)))
     result = trainer.train()

@@ -119,7 +119,7 @@ def test_nan_injection_hooks_the_copy_on_the_rank_that_holds_it():
     x = torch.randint(0, VOCAB, (1, 8))
     assert torch.isnan(ranks[1][0](ranks[0][0](x))).all()
     assert torch.isfinite(model(x)).all()  # the model the stages were cut from is left alone
-    with pytest.raises(ValueError, match="train.inject_nan"):
+    with pytest.raises(ValueError, match="debug.inject_nan"):
         inject_nan(model, "layers.9.feed_forward", at_step=1, current_step=lambda: 1)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-BENCHES = ("overhead", "sweep", "fp8", "parallel", "determinism", "balance", "checkpoint", "acceptance")
+BENCHES = ("overhead", "sweep", "prune", "fp8", "parallel", "determinism", "balance", "checkpoint",
+           "acceptance")
 
 
 def main(argv: list[str]) -> None:
@@ -20,6 +21,10 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.sweep import main as sweep_main
 
         sweep_main(argv[1:])
+    elif argv[0] == "prune":
+        from trainlab.bench.prune import main as prune_main
+
+        prune_main(argv[1:])
     elif argv[0] == "fp8":
         from trainlab.bench.fp8 import main as fp8_main
 

@@ -40,6 +40,7 @@ import torch
 from trainlab.bench import acceptance_plan as plan_mod
 from trainlab.bench.acceptance_children import Children, child_env, error_line, tail, without
 from trainlab.bench.acceptance_report import format_report, targets
+from trainlab.devices import resolve_device
 
 REPO = Path(__file__).resolve().parents[3]
 PARTS = ("env", "table", "overhead", "tests")
@@ -285,8 +286,7 @@ def main(argv: list[str]) -> int:
         extra_path.append(without(args.without.split(",")))
         runpy.run_path(str(Path(extra_path[0], "sitecustomize.py")))  # here too: env reports them absent
 
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if cuda else "cpu")
+    device = torch.device(resolve_device(args.device, gpus=torch.cuda.is_available()))
     env = environment(device, quick=args.quick)
     print(f"acceptance on {env['device']} x{env['gpus'] or 1}: torch {env['torch']} (CUDA {env['cuda']}), "
           f"torchao {env['torchao']}, hydra {env['hydra']}, ray {env['ray']}, mlflow {env['mlflow']}",

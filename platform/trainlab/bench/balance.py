@@ -5,7 +5,7 @@
     torchrun --nproc-per-node 4 -m trainlab.bench.balance ...   # in a torchrun world instead
 
 Without a torchrun world it spawns --workers processes (gloo, one torch thread each). The last
-worker is an emulated slower device (cluster.slowdown: it sleeps (f - 1) x its measured
+worker is an emulated slower device (debug.slowdown: it sleeps (f - 1) x its measured
 compute before its gradients sync). Every mode trains the same model, seed and tokens in these
 same processes, one after another: equal (parallel.dp_balance=equal, the reference), weighted
 and accumulate with measured weights (parallel.dp_weights empty: equal shares for
@@ -31,7 +31,7 @@ from trainlab import names
 from trainlab.bench.parallel import gather_rows
 from trainlab.config import compose_run_config
 from trainlab.console import print0
-from trainlab.engine.distributed import close_distributed, setup_distributed
+from trainlab.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.tracking import NullTracker
 
@@ -56,7 +56,7 @@ def run_mode(overrides: list[str], mode: str, *, world: int, slowdown: float) ->
     """Train with parallel.dp_balance=`mode` in this process; rank 0's row (other ranks: {})."""
     factors = [1.0] * (world - 1) + [slowdown]
     run = compose_run_config([*overrides, f"parallel.dp_balance={mode}", f"cluster.num_workers={world}",
-                              f"cluster.slowdown=[{','.join(map(str, factors))}]", *FIXED,
+                              f"debug.slowdown=[{','.join(map(str, factors))}]", *FIXED,
                               f"train.numerics_every={max(1, _steps(overrides) // 2)}"])
     dist_info = setup_distributed(run.cluster.device)  # joins the group only the first time
     torch.set_num_threads(run.cluster.cpus_per_worker)

@@ -61,7 +61,7 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
     """Every (round, interval) trial in this process; rank 0's rows (the others' are empty of
     metrics). Checkpoints go under `root` (default: a fresh temporary folder, removed after)."""
     from trainlab.config import compose_run_config
-    from trainlab.engine.distributed import gather_strings, setup_distributed
+    from trainlab.distributed import gather_strings, setup_distributed
     from trainlab.engine.run import run_trial
     from trainlab.models import count_params, resolve_dims
 

@@ -26,7 +26,8 @@ import torch
 
 from trainlab.config import compose_run_config
 from trainlab.console import print0
-from trainlab.engine.distributed import device_name, setup_distributed
+from trainlab.devices import resolve_device
+from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
@@ -118,7 +119,7 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     if args.matmul:
         matmul_crossover([int(s) for s in args.sizes.split(",")],
-                         device="cuda" if torch.cuda.is_available() else "cpu")
+                         device=resolve_device("auto", gpus=torch.cuda.is_available()))
         return
     overrides = ["model=small", "train.max_steps=40", "train.eval_every=0", "tracking=none",
                  *args.overrides]

@@ -36,7 +36,7 @@ from trainlab import names
 from trainlab.config import compose_run_config, parallel_dims
 from trainlab.console import print0
 from trainlab.data import TokenBatches
-from trainlab.engine.distributed import setup_distributed
+from trainlab.distributed import setup_distributed
 from trainlab.engine.run import build_trainer, seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainlab import names
 from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
 from trainlab.console import print0
-from trainlab.engine.distributed import close_distributed, device_name, setup_distributed
+from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.telemetry.memory import memory_source
 from trainlab.tracking import NullTracker

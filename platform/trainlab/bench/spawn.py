@@ -17,7 +17,7 @@ from typing import Callable
 def _worker(rank: int, world: int, port: int, fn: Callable, kwargs: dict, queue) -> None:
     import torch
 
-    from trainlab.engine.distributed import close_distributed
+    from trainlab.distributed import close_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))

@@ -37,7 +37,7 @@ class ModeResult:
 
     @property
     def train_s(self) -> list[float]:
-        return [t.result["elapsed_s"] for t in self.trials if t.result]
+        return [t.result.elapsed_s for t in self.trials if t.result]
 
     def latencies(self, *, warm: bool) -> list[float]:
         """Start latencies of the trials that ran after another on their gang (warm) or that
@@ -47,7 +47,7 @@ class ModeResult:
 
     def overheads(self, *, warm: bool) -> list[float]:
         """Per trial, its wall time (request to its run closed) minus its training time."""
-        return [t.ended_at - t.submitted_at - t.result["elapsed_s"] for t in self.trials
+        return [t.ended_at - t.submitted_at - t.result.elapsed_s for t in self.trials
                 if t.result and t.gang.startswith("warm") == warm]
 
     @property

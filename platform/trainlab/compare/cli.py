@@ -68,6 +68,11 @@ def _print_result(result) -> None:
                 f"at step {t.diverged_step}" if t.diverged_step is not None else "")
             what = f"{t.label} seed {t.seed or '?'} ({t.run_id}) {why}"
             console.print(f"[red]{t.status}:[/] {escape(what)}")
+        elif t.status == names.STATUS_PRUNED:  # a result, not a failure: where and why it stopped
+            what = f"{t.label} seed {t.seed or '?'} ({t.run_id})" + (
+                f" at step {t.pruned_step}" if t.pruned_step is not None else "") + (
+                f": {t.pruned_reason}" if t.pruned_reason else "")
+            console.print(f"[cyan]pruned:[/] {escape(what)}")
     console.print(f"outputs: {result.out_dir}", markup=False)
     console.print(f"report: {result.report}", markup=False)
     if result.logged_to_run:

@@ -29,14 +29,17 @@ def _img(path: Path) -> str:
 
 
 def _trials_table(trials: Sequence[Trial]) -> str:
-    """Per-trial status with the error of failed ones, so a failure is explained on the page."""
+    """Per-trial status with the error of failed ones and the reason of pruned ones, so an early
+    end is explained on the page."""
     rows = []
     for t in trials:
-        err = t.error.strip().splitlines()[-1][:300] if t.error.strip() else ""
-        step = "" if t.diverged_step is None else str(t.diverged_step)
+        err = t.error.strip().splitlines()[-1][:300] if t.error.strip() else t.pruned_reason
+        stopped = t.diverged_step if t.diverged_step is not None else t.pruned_step
+        step = "" if stopped is None else str(stopped)
         cells = (t.label, t.seed, t.status, step, t.run_id, err)
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("config", "seed", "status", "diverged step", "run id", "error"))
+    head = "".join(f"<th>{h}</th>" for h in ("config", "seed", "status", "stopped at step", "run id",
+                                             "error / why pruned"))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 

@@ -144,6 +144,7 @@ def read_trial(client, run) -> Trial:
         run_id=run.info.run_id, label=label, status=_status(run), seed=tags.get(names.TAG_SEED, ""),
         precision=precision, run_name=run.info.run_name or "",
         diverged_step=_int_or_none(tags.get(names.TAG_DIVERGED_STEP)), error=tags.get(names.TAG_ERROR, ""),
+        pruned_step=_int_or_none(tags.get(names.TAG_PRUNED_STEP)), pruned_reason=tags.get(names.TAG_PRUNED_REASON, ""),
         attempt_key=tags.get(names.TAG_CONFIG_HASH) or tags.get(names.TAG_OVERRIDES) or run.info.run_id,
         device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
         world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,

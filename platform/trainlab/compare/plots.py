@@ -48,7 +48,7 @@ def _no_data(ax, what: str) -> None:
 
 def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, ylabel: str,
                    title: str, path: Path, target: float | None = None) -> Path:
-    """Mean over finished seeds with a min–max band; diverged trials as thin dotted lines."""
+    """Mean over finished seeds with a min–max band; diverged and pruned trials as thin dotted lines."""
     fig, ax = _figure()
     colors, groups, drawn = _colors(summary), _by_label(trials), False
     key = names.by_tokens(metric)
@@ -65,9 +65,10 @@ def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, yl
             drawn = True
         for t in ts:
             pts = curves.finite_points(t.series(key))
-            if t.status == names.STATUS_DIVERGED and pts:
+            if t.status in (names.STATUS_DIVERGED, names.STATUS_PRUNED) and pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[r.label], marker="x",
-                        markevery=[len(pts) - 1], linestyle=":", linewidth=1, label=f"{r.label} seed {t.seed or '?'} (diverged)")
+                        markevery=[len(pts) - 1], linestyle=":", linewidth=1,
+                        label=f"{r.label} seed {t.seed or '?'} ({t.status})")
                 drawn = True
     if target is not None and drawn:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")

@@ -25,6 +25,8 @@ class Trial:
     run_name: str = ""
     diverged_step: int | None = None
     error: str = ""
+    pruned_step: int | None = None  # status pruned: names.TAG_PRUNED_STEP, the last step it trained
+    pruned_reason: str = ""  # names.TAG_PRUNED_REASON: why hydra.launcher.prune stopped it
     # which job this run is an attempt of (config hash): a sweep rerun retries failed jobs
     # under the same parent, and only the latest attempt counts
     attempt_key: str = ""
@@ -72,6 +74,7 @@ class ConfigRow:
     n_diverged: int
     n_failed: int
     n_running: int
+    n_pruned: int = 0  # stopped early by hydra.launcher.prune (a result, not a failure)
     tokens_per_s_mean: float | None = None
     tokens_per_s_std: float | None = None
     tokens_per_s_per_device: float | None = None  # each trial's tokens/s / its world size, mean
@@ -91,6 +94,7 @@ class ConfigRow:
     nonfinite_steps: int | None = None
     loss_spikes: int | None = None
     diverged_steps: tuple[int, ...] = ()
+    pruned_steps: tuple[int, ...] = ()  # where its pruned trials stopped
     max_grad_norm: float | None = None
     max_underflow: float | None = None  # largest sampled underflow fraction of any cast
     max_overflow: float | None = None  # largest sampled saturated/overflowed fraction
@@ -98,7 +102,7 @@ class ConfigRow:
 
     @property
     def has_numbers(self) -> bool:
-        """False for configurations where every trial failed, diverged or is still running."""
+        """False for configurations where every trial failed, diverged, was pruned or is still running."""
         return self.n_finished > 0
 
 

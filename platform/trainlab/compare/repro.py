@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from trainlab import names
 from trainlab.compare import curves
 from trainlab.compare.records import Trial
+from trainlab.config.moved import upgraded
 
 SAME_MATH_KEYS = (
     "cluster.",  # the device set: device type, worker count, placement, accelerator type
@@ -40,7 +41,8 @@ SAME_MATH_KEYS = (
     "train.log_every", "train.eval_every", "train.numerics_every", "train.spike_factor",
     "train.stop_on_nonfinite",  # what is observed, not what is trained
     "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
-    "train.inject_fault",  # resumes are exact
+    "debug.inject_fault",  # resumes are exact
+    "debug.slowdown", "debug.logical_gpus",  # emulated devices: the same sums, slower or placed elsewhere
 )
 """Config keys that do not change a run's math. An entry ending in '.' is a prefix; any other
 is an exact key. Not here, on purpose: parallel.comm_dtype and parallel.powersgd_rank (they
@@ -54,7 +56,8 @@ def same_math(key: str) -> bool:
 
 def math_key(trial: Trial) -> str:
     """12 hex of the config keys that change the math: equal keys, runs that should match."""
-    kept = sorted((k, v) for k, v in trial.params.items() if not same_math(k))
+    # runs logged before a key moved or a value went compare under today's names
+    kept = sorted((k, v) for k, v in upgraded(trial.params).items() if not same_math(k))
     return hashlib.sha256(repr(kept).encode()).hexdigest()[:12]
 
 

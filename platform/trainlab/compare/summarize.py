@@ -15,14 +15,17 @@ Definitions (also printed in summary.md and report.html):
   is <= the target loss (first evaluation that reached it, not interpolated); the row shows
   the mean over the trials that reached it and how many did.
 - stability: final cumulative skipped / non-finite / loss-spike counters summed over every
-  trial; divergence steps (names.TAG_DIVERGED_STEP) of diverged trials; max finite grad norm;
+  trial; divergence steps (names.TAG_DIVERGED_STEP) of diverged trials and the steps pruned
+  trials stopped at (names.TAG_PRUNED_STEP); max finite grad norm;
   the largest sampled underflow and overflow fraction of any low-precision cast.
 - reproducibility: runs that should match (same config up to layout and device set) and
   whether they do; see compare.repro.
-- verdict: baseline; failed (every trial failed); diverged (any trial diverged); degraded
-  (Δ val loss at equal tokens above `tolerance` x the baseline's final val loss); ok.
+- verdict: baseline; failed (every trial failed); diverged (any trial diverged); pruned (every
+  trial was stopped early by hydra.launcher.prune); degraded (Δ val loss at equal tokens above
+  `tolerance` x the baseline's final val loss); ok.
 
-Numbers come from finished trials only; stability columns from every trial.
+Numbers come from finished trials only (a pruned trial stopped before its end: its last val loss
+is at fewer tokens); stability columns from every trial.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
     """Everything about one configuration that does not depend on the baseline."""
     done = [t for t in trials if t.status == names.STATUS_FINISHED]
     count = {s: sum(t.status == s for t in trials) for s in (
-        names.STATUS_FINISHED, names.STATUS_DIVERGED, names.STATUS_FAILED)}
+        names.STATUS_FINISHED, names.STATUS_DIVERGED, names.STATUS_FAILED, names.STATUS_PRUNED)}
     tps = curves.mean_std(_values(done, lambda t: curves.median_after_first(t.series(names.TOKENS_PER_S))))
     per_device = curves.mean_std(_values([t for t in done if t.world_size], lambda t: _div(
         curves.median_after_first(t.series(names.TOKENS_PER_S)), t.world_size)))
@@ -105,6 +108,7 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
         n_finished=count[names.STATUS_FINISHED],
         n_diverged=count[names.STATUS_DIVERGED],
         n_failed=count[names.STATUS_FAILED],
+        n_pruned=count[names.STATUS_PRUNED],
         n_running=len(trials) - sum(count.values()),
         tokens_per_s_mean=tps[0], tokens_per_s_std=tps[1], tokens_per_s_per_device=per_device[0],
         hardware=" | ".join(dict.fromkeys(t.device_types for t in trials if t.device_types)),
@@ -116,6 +120,8 @@ def _base_row(label: str, trials: Sequence[Trial]) -> ConfigRow:
         nonfinite_steps=_final_counter(trials, names.NONFINITE_STEPS),
         loss_spikes=_final_counter(trials, names.LOSS_SPIKES),
         diverged_steps=tuple(sorted(t.diverged_step for t in trials if t.diverged_step is not None)),
+        pruned_steps=tuple(sorted(t.pruned_step for t in trials
+                                  if t.status == names.STATUS_PRUNED and t.pruned_step is not None)),
         max_grad_norm=max(grads) if grads else None,
         max_underflow=max(under) if under else None,
         max_overflow=max(over) if over else None,
@@ -142,6 +148,8 @@ def verdict(row: ConfigRow, *, base_val_loss: float | None, tolerance: float) ->
         return "failed"
     if row.n_diverged:
         return "diverged"
+    if row.n_trials and row.n_pruned == row.n_trials:
+        return "pruned"
     if row.delta_val_loss is None or base_val_loss is None:
         return "-"
     return "degraded" if row.delta_val_loss > tolerance * base_val_loss else "ok"

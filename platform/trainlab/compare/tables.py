@@ -44,7 +44,8 @@ def _pct(x: float | None) -> str:
 
 def status_text(r: ConfigRow) -> str:
     parts = [f"{n} {what}" for n, what in ((r.n_finished, "finished"), (r.n_diverged, "diverged"),
-                                            (r.n_failed, "failed"), (r.n_running, "running")) if n]
+                                            (r.n_pruned, "pruned"), (r.n_failed, "failed"),
+                                            (r.n_running, "running")) if n]
     return ", ".join(parts) or "no trials"
 
 
@@ -73,6 +74,7 @@ COLUMNS: tuple[tuple[str, Callable[[ConfigRow], str]], ...] = (
     ("non-finite", lambda r: _num(r.nonfinite_steps, "d")),
     ("spikes", lambda r: _num(r.loss_spikes, "d")),
     ("diverged at", lambda r: ", ".join(map(str, r.diverged_steps)) or NA),
+    ("pruned at", lambda r: ", ".join(map(str, r.pruned_steps)) or NA),
     ("max |g|", lambda r: _num(r.max_grad_norm, ".3g")),
     ("underflow", lambda r: _pct(r.max_underflow)),
     ("overflow", lambda r: _pct(r.max_overflow)),
@@ -88,9 +90,11 @@ DEFINITIONS = (
     "curve linearly interpolated at this configuration's mean final tokens seen (negative = better).",
     "to target: tokens seen at the first evaluation where val loss <= target, mean over the trials "
     "that reached it (reached/measured).",
-    "diverged at: the steps where diverged trials stopped; max |g|: largest finite grad norm.",
+    "diverged at: the steps where diverged trials stopped; pruned at: the steps where trials that "
+    "hydra.launcher.prune stopped early ended (why: the trials' list); max |g|: largest finite grad norm.",
     "skipped / non-finite / spikes: final cumulative counters summed over trials.",
-    "verdict: diverged if any trial diverged; degraded if Δ val exceeds the tolerance "
+    "verdict: diverged if any trial diverged; pruned if every trial was pruned; degraded if Δ val exceeds "
+    "the tolerance "
     "(default 1 % of the baseline's val loss); ok otherwise.",
     "underflow / overflow: largest sampled fraction of values a low-precision cast turned "
     "into zero / saturated, over every layer, tensor and trial (num/max/*).",
@@ -171,6 +175,7 @@ def write_csv(summary: Summary, path: Path) -> Path:
         for r in summary.rows:
             row = asdict(r)
             row["diverged_steps"] = " ".join(map(str, r.diverged_steps))
+            row["pruned_steps"] = " ".join(map(str, r.pruned_steps))
             row["target_loss"] = summary.target_loss
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return path

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trainlab.config.moved import moved_key_message
 from trainlab.config.schema import RunConfig, register_configs
 from trainlab.config.validate import check_run
 
@@ -25,7 +26,7 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                "cluster.host",
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
-               "train.inject_fault",
+               "debug.inject_fault",  # a rerun without the fault resumes the faulted run's checkpoint
                "cluster.max_failures", "cluster.min_workers", "cluster.resize_interval_s")
 
 
@@ -74,6 +75,10 @@ def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
 
 def schema_at(dotted: str) -> type | None:
     """The dataclass of a config section by dotted path ('' = RunConfig); None if not a section."""
+    if dotted == "hydra.launcher":  # trainlab's launcher (its keys: hydra.launcher.prune, ...)
+        from hydra_plugins.trainlab_launcher.ray_launcher import TrainlabRayLauncherConf
+
+        return TrainlabRayLauncherConf
     schema: Any = RunConfig
     for part in [p for p in dotted.split(".") if p]:
         f = {f.name: f for f in dataclasses.fields(schema)}.get(part)
@@ -84,7 +89,10 @@ def schema_at(dotted: str) -> type | None:
 
 
 def unknown_key_message(key: str, value: Any) -> str:
-    """`key` is no setting: say which section lacks it and the nearest key it has."""
+    """`key` is no setting: the key it moved to, or which section lacks it and the nearest key it has."""
+    moved = moved_key_message(key, value)
+    if moved is not None:
+        return moved
     section, _, name = key.rpartition(".")
     schema = schema_at(section)
     if schema is None:

@@ -97,7 +97,7 @@ def known_keys(name: str) -> list[str]:
     top = [f.name for f in dataclasses.fields(RunConfig) if f.name == name]
     if top:
         return top
-    return [f"{g}.{name}" for g in GROUPS
+    return [f"{g}.{name}" for g in (*GROUPS, "debug")  # debug: a section, not a group of options
             if name in {f.name for f in dataclasses.fields(schema_at(g))}]
 
 

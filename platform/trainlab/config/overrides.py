@@ -71,6 +71,8 @@ def check_overrides(args: Sequence[str]) -> None:
     if not multirun:  # the run's own config, checked now: a refusal leaves no Hydra run folder behind
         _check_values(composed[-1])
     for cfg in composed:
+        _check_launcher(cfg)
+    for cfg in composed:
         try:  # last: Hydra makes this folder before the app runs (a traceback if it cannot)
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:
@@ -91,6 +93,19 @@ def _check_values(cfg: Any) -> None:
     except OmegaConfBaseException:
         return
     to_run_config(cfg)
+
+
+def _check_launcher(cfg: Any) -> None:
+    """hydra.launcher's own values (trainlab's launcher: hydra.launcher.prune and its knobs)."""
+    from trainlab.config.prune import prune_config
+
+    launcher = cfg.hydra.get("launcher")
+    if launcher is None:
+        return
+    try:
+        prune_config(launcher)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:

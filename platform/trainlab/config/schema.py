@@ -13,7 +13,6 @@ string means "unset / default".
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from trainlab.config.bounds import bounded, check_fields, text
+from trainlab.config.debug import DebugConfig
+from trainlab.config.moved import removed_value_message
 
 # the precision modes and their families come from their specifications (precision.spec)
 from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
@@ -45,7 +46,7 @@ COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
-FP8_IMPLS = ("auto", "emulated", "native")
+FP8_IMPLS = ("native", "emulated")
 # Ranges every field keeps are declared next to it (config.bounds); a few shared ones:
 SEED_MAX, SEED_WHY = 2**32 - 1, "Python's and numpy's global seeds are 32-bit"
 WAIT_MAX_S, WAIT_WHY = 86_400.0, "seconds, a day at most: the OS cannot time a longer wait"
@@ -279,10 +280,10 @@ class PrecisionConfig:
     """fp16 dynamic scaling: multiply the scale by this after a non-finite gradient."""
     growth_interval: int = bounded(2000, gt=0)
     """fp16 dynamic scaling: clean steps before the scale grows."""
-    fp8_impl: str = "auto"
-    """fp8 modes: native (real float8 casts and scaled matmuls; needs SM 8.9+ on a GPU, runs
-    slowly on CPU), emulated (the same casts, matmuls in high precision: any GPU),
-    auto = native where the device can, else refused with a message."""
+    fp8_impl: str = "native"
+    """fp8 modes: native (real float8 casts and scaled matmuls; needs SM 8.9+ on a GPU, refused
+    with a message on an older one; runs slowly on CPU) or emulated (the same casts, matmuls in
+    high precision: any GPU)."""
     tf32: bool = False
     """fp32 only, on CUDA GPUs of SM 8.0+: run fp32 matmuls on TF32 tensor cores (10-bit
     mantissa inputs, fp32 accumulation). Off by default, so fp32 means fp32; MFU is measured
@@ -318,6 +319,9 @@ class PrecisionConfig:
         check_fields(self, section="precision")
         _one_of("precision", "name", self.name, PRECISIONS)
         _one_of("precision", "fp16_impl", self.fp16_impl, FP16_IMPLS)
+        gone = removed_value_message("precision.fp8_impl", self.fp8_impl)
+        if gone:
+            raise ValueError(gone)
         _one_of("precision", "fp8_impl", self.fp8_impl, FP8_IMPLS)
         _one_of("precision", "hp_dtype", self.hp_dtype, HP_DTYPES)
         _one_of("precision", "loss_scale", self.loss_scale, ("dynamic", "none"))
@@ -436,13 +440,6 @@ class TrainConfig:
     CUBLAS_WORKSPACE_CONFIG=:4096:8) and, with DDP, a fixed rank-order sum of the gradients
     instead of the backend's all-reduce. FSDP / tensor / pipeline collectives keep the
     backend's order (a warning says so). Costs throughput: see `trainlab bench determinism`."""
-    inject_nan: str = ""
-    """Fault injection for testing the stability telemetry: 'MODULE@STEP' makes the output of
-    the module named MODULE (e.g. layers.1.feed_forward) NaN on optimizer step STEP."""
-    inject_fault: str = ""
-    """Fault injection for testing recovery: 'SIGNAL@STEP[:RANK]' sends SIGTERM or SIGKILL to the
-    process of global rank RANK (default 0) after optimizer step STEP, e.g. sigkill@5:1. Only
-    on a trial's first attempt: a trial restarted from a checkpoint is not hit again."""
     checkpoint_every: int = bounded(100, ge=0, note="0 = only on SIGTERM")
     """Save a checkpoint (engine.checkpoint) every N optimizer steps; 0 = only on SIGTERM."""
     checkpoint_keep: int = bounded(2, gt=0)
@@ -467,30 +464,6 @@ class TrainConfig:
             raise ValueError("train.on_divergence=rollback with train.rollback_lr_factor=1 and no "
                              "train.rollback_precision would retry the same computation; lower the "
                              "factor (e.g. 0.5) or name a higher precision (e.g. train.rollback_precision=fp32)")
-        if self.inject_fault and self.fault_injection is None:
-            raise ValueError(f"train.inject_fault={self.inject_fault!r} is not SIGNAL@STEP[:RANK] with SIGNAL "
-                             "sigterm or sigkill; write e.g. train.inject_fault=sigkill@5:1")
-        if self.inject_nan and self.nan_injection is None:
-            raise ValueError(
-                f"train.inject_nan={self.inject_nan!r} is not MODULE@STEP; write e.g. "
-                "train.inject_nan=layers.1.feed_forward@5"
-            )
-
-    @property
-    def fault_injection(self) -> tuple[str, int, int] | None:
-        """train.inject_fault as (signal name, optimizer step, global rank); None when unset or malformed."""
-        m = re.fullmatch(r"(sigterm|sigkill)@(\d+)(?::(\d+))?", self.inject_fault.strip().lower())
-        if m is None or int(m.group(2)) < 1:
-            return None
-        return m.group(1), int(m.group(2)), int(m.group(3) or 0)
-
-    @property
-    def nan_injection(self) -> tuple[str, int] | None:
-        """train.inject_nan as (module name, optimizer step); None when unset or malformed."""
-        module, _, step = self.inject_nan.rpartition("@")
-        if not module or not step.isdigit() or int(step) < 1:
-            return None
-        return module, int(step)
 
 
 @dataclass
@@ -523,11 +496,6 @@ class ClusterConfig:
     placement: str = "same_type"
     """How a gang may use a mixed cluster: same_type (every worker on one GPU type), pack (any
     eligible types, few nodes), spread (any eligible types, many nodes)."""
-    logical_gpus: bool = False
-    """Each worker reserves one of the cluster's GPUs (and is placed by its type) but computes
-    on CPU: for rehearsing placement on a cluster of logical GPUs (`ray start --num-gpus N
-    --resources '{"accelerator_type:H100": 1}'`) on machines without GPUs. Needs cluster.device
-    cpu or auto."""
     max_failures: int = bounded(0, ge=0, note="0 = a failure ends the trial")
     """Worker failures (a process killed, a node lost) Ray Train survives per trial by
     restarting the gang from the last checkpoint; past it the trial ends failed."""
@@ -543,26 +511,14 @@ class ClusterConfig:
     """Elastic only: how often, in seconds, a running gang below num_workers asks whether it can
     grow back (Ray Train's elastic_resize_monitor_interval_s, whose default 60 this keeps). A
     grow-back restarts the gang from its last checkpoint, so the steps since it run again."""
-    slowdown: list[float] = bounded(default_factory=list, ge=1,
-                                    why="how many times slower a worker runs; 1 = full speed")
-    """Emulate slower devices (testing and benchmarks): one factor >= 1 per worker (global
-    rank); a rank with factor f spends f x its measured forward+backward time per micro-batch,
-    the extra (f - 1) asleep before its gradients are synchronized, counted as compute.
-    Empty = every worker at its own speed."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="cluster")
         _one_of("cluster", "device", self.device, DEVICES)
         _one_of("cluster", "placement", self.placement, PLACEMENTS)
-        if self.logical_gpus and self.device == "cuda":
-            raise ValueError("cluster.logical_gpus=true computes on CPU but cluster.device=cuda; "
-                             "set cluster.device=cpu (or auto), or drop cluster.logical_gpus")
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")
-        if self.slowdown and len(self.slowdown) != self.num_workers:
-            raise ValueError(f"cluster.slowdown={list(self.slowdown)} has {len(self.slowdown)} factors for "
-                             f"cluster.num_workers={self.num_workers}; give one per worker or [] for none")
 
 
 @dataclass
@@ -606,6 +562,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    """Test and benchmark instruments (faults to inject, devices to emulate): config.debug."""
     seed: int = bounded(0, ge=0, le=SEED_MAX, why=SEED_WHY)
     """Seed of model init and data order."""
     sweep_name: str = text("", max_bytes=200, why="it names the sweep's parent run")

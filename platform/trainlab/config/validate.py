@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from trainlab.config.bounds import check_fields
+from trainlab.config.debug import check_debug
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
 from trainlab.precision.spec import ROLLBACK_PRECISIONS, SPECS, spec_of
 
@@ -393,6 +394,7 @@ def check_run(run: RunConfig) -> None:
     check_parallel(run)
     check_balance(run)
     check_rollback(run)
+    check_debug(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "

@@ -160,6 +160,21 @@ class DpBalancer:
             out[names.rank_metric(r, names.RANK_DP_WEIGHT)] = float(w)
         return out
 
+    def state_dict(self) -> dict:
+        """Plain values: the weights the shares follow (None: equal so far), the measuring
+        windows left and this rank's sums in the current one."""
+        return {"weights": self.weights, "windows": [list(w) for w in self._windows], "fixed": self.fixed,
+                "sequences": self._sequences, "compute_s": self._compute_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from `state`: a resumed trial keeps the shares it measured (its windows are
+        behind it) instead of falling back to equal ones."""
+        self._windows = [tuple(w) for w in state["windows"]]
+        self.fixed = bool(state["fixed"])
+        self._sequences, self._compute_s = int(state["sequences"]), float(state["compute_s"])
+        if state["weights"] is not None and list(state["weights"]) != self.weights:
+            self._apply([float(w) for w in state["weights"]])
+
     def _apply(self, weights: list[float]) -> None:
         b = self.batches
         if len(weights) != b.dp_size:

@@ -1,15 +1,17 @@
 """Trial checkpoints: save every N steps (and on SIGTERM), resume exactly where a run stopped.
 
-One checkpoint is one folder, ``<root>/step_00000100/``:
+One checkpoint is one folder, ``<root>/step_00000100/``, holding what Trainer.state_dict()
+returns (the trainer says what its state is; this module says where each part goes):
 
 - the model and optimizer through torch.distributed.checkpoint (DCP): every rank writes its
   own shards in parallel (FSDP and tensor-parallel DTensors are saved sharded, DDP replicas
   once), under the model's parameter names;
   pipeline stages are keyed by their pipeline rank, since each rank holds different ones;
-- ``rank_<r>.pt`` per rank: what is small and rank-local (LR schedule, loss scaler, data
-  position, RNG states, the loop's counters and loss curve, a ZeRO-1 optimizer shard), saved
-  as tensors and plain values only, so it loads with ``torch.load(weights_only=True)``;
-- ``trainlab.json`` (the manifest): step, world size, layout, the config's hash and fields, and
+- ``rank_<r>.pt`` per rank: the state's `local` part, small and rank-local (LR schedule, loss
+  scaler, data position, RNG states, the loop's counters and loss curve, a ZeRO-1 optimizer
+  shard), tensors and plain values only, so it loads with ``torch.load(weights_only=True)``;
+- ``trainlab.json`` (the manifest): step, world size, layout, precision and rollback (read
+  before a trainer is built: they choose its precision), the config's hash and fields, and
   every file's size and SHA-256 (engine/integrity.py), written last.
 
 Atomic: everything is written into ``step_XXXXXXXX.tmp/``; once every rank has finished
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import time
@@ -33,17 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from trainlab import names
 from trainlab.config import config_hash
@@ -128,7 +122,7 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------------------
     def save(self, trainer: Trainer) -> dict[str, float]:
-        """Write a checkpoint of `trainer` at its current step (a collective); returns the
+        """Write a checkpoint of `trainer`'s state_dict() at its current step (a collective); returns the
         metrics ckpt/save_s, ckpt/size_mb and ckpt/checksum_s, the same on every rank.
         A rank that fails to write (a full disk) fails the save on every rank, together: the
         partial folder is removed and each raises CheckpointWriteError."""
@@ -138,11 +132,14 @@ class Checkpointer:
         together = _Together(self, tmp, trainer.step)
         together(lambda: tmp.mkdir(parents=True, exist_ok=True) if self.rank == 0 else None)
 
+        state = trainer.state_dict()
+        local = state.pop("local")
+
         def write() -> None:
-            dcp.save(self._sharded_state(trainer), checkpoint_id=str(tmp))
-            local = tmp / f"rank_{self.rank}.pt"
-            torch.save(rank_state(trainer), local)
-            _fsync(local)
+            dcp.save(self._keyed(state), checkpoint_id=str(tmp))
+            path = tmp / f"rank_{self.rank}.pt"
+            torch.save(local, path)
+            _fsync(path)
 
         together(write)  # every rank's shards and rank file are on disk
         t_sum = time.perf_counter()
@@ -157,9 +154,9 @@ class Checkpointer:
         def finish() -> None:
             if self.rank != 0:
                 return
-            meta = {"version": FORMAT_VERSION, "step": trainer.step, "tokens_seen": trainer.tokens_seen,
+            meta = {"version": FORMAT_VERSION, "step": local["step"], "tokens_seen": local["tokens_seen"],
                     "world_size": self.world_size, "parallel": trainer.run.parallel.name,
-                    "precision": trainer.run.precision.name, "rollback": trainer.rollback.as_state(),
+                    "precision": local["precision"], "rollback": local["rollback"],
                     "layout_bound": not elastic_layout(trainer.run),
                     "config_hash": self.config_hash, "config": self.config, "time": time.time(),
                     "files": files}
@@ -175,35 +172,32 @@ class Checkpointer:
         return {names.CKPT_SAVE_S: time.perf_counter() - t0, names.CKPT_SIZE_MB: size / 2**20,
                 names.CKPT_CHECKSUM_S: checksum_s}
 
-    def _sharded_state(self, trainer: Trainer) -> dict:
-        state = {"model": get_model_state_dict(trainer.model)}
-        if not _zero1(trainer.optimizer):
-            state["optim"] = get_optimizer_state_dict(trainer.model, trainer.optimizer)
-        return {self.shard_key: state} if self.shard_key else state
+    def _keyed(self, sharded: dict) -> dict:
+        """The sharded state as DCP holds it: pipeline ranks under their stages' key."""
+        return {self.shard_key: sharded} if self.shard_key else sharded
 
     # -- load ------------------------------------------------------------------------------
     def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
-        """Put `trainer` back in the state it had at `ckpt` (a collective)."""
+        """Put `trainer` back in the state it had at `ckpt` (its load_state_dict; a collective)."""
         from trainlab.engine.resume import check_checkpoint
 
         meta = check_checkpoint(ckpt.path, world_size=self.world_size)
-        state = self._sharded_state(trainer)
+        state = trainer.state_dict()  # DCP loads into its tensors, in place
+        del state["local"]
         try:
-            dcp.load(state, checkpoint_id=str(ckpt.path))
+            dcp.load(self._keyed(state), checkpoint_id=str(ckpt.path))
         except (Exception, CheckpointException) as e:  # DCP's own errors are long and wrapped per rank
             raise CheckpointError(f"checkpoint {ckpt.path} could not be loaded into this model "
                                   f"({_reason(e)}); it was written "
                                   "for another model or layout; resume with that config or train.resume=never") from e
-        inner = state[self.shard_key] if self.shard_key else state
-        set_model_state_dict(trainer.model, inner["model"])
-        if "optim" in inner:
-            set_optimizer_state_dict(trainer.model, trainer.optimizer, inner["optim"])
-        local = ckpt.path / f"rank_{self.rank}.pt"
-        if not local.is_file():  # elastic: more ranks than wrote it; rank 0's holds the shared state
-            local = ckpt.path / "rank_0.pt"
-        # a rollback to a higher precision starts its loss scaler (or fp8 scales) afresh
-        same_recipe = meta.get("precision", trainer.run.precision.name) == trainer.run.precision.name
-        load_rank_state(trainer, torch.load(local, weights_only=True, map_location="cpu"), recipe=same_recipe)
+        path = ckpt.path / f"rank_{self.rank}.pt"
+        if not path.is_file():  # elastic: more ranks than wrote it; rank 0's holds the shared state
+            path = ckpt.path / "rank_0.pt"
+        local = torch.load(path, weights_only=True, map_location="cpu")
+        # rank files written before the trainer's own state_dict lack these; the manifest has them
+        local.setdefault("precision", meta.get("precision", trainer.run.precision.name))
+        local.setdefault("rollback", meta.get("rollback"))
+        trainer.load_state_dict({**state, "local": local})
 
 
 class _Together:
@@ -215,7 +209,7 @@ class _Together:
         self.ckpt, self.tmp, self.step = ckpt, tmp, step
 
     def __call__(self, fn: Callable[[], str | None]) -> list[str]:
-        from trainlab.engine.distributed import gather_strings
+        from trainlab.distributed import gather_strings
 
         try:
             said = "ok:" + (fn() or "")
@@ -265,71 +259,6 @@ def elastic_layout(run) -> bool:
     on the number of workers, so a run may resume on fewer or more of them."""
     p = run.parallel
     return p.tp == 1 and p.pp == 1 and p.data_parallel == "ddp"
-
-
-def rank_state(trainer: Trainer) -> dict:
-    """This rank's small state as tensors and plain values (loads with weights_only=True)."""
-    np_state = np.random.get_state()
-    state = {
-        "step": trainer.step,
-        "tokens_seen": trainer.tokens_seen,
-        "losses": list(trainer.losses),
-        "counters": vars(trainer.counters).copy(),
-        "spikes": vars(trainer.spikes).copy(),
-        "grad_norms": list(trainer.grad_norms.norms),
-        "step_rates": list(trainer._step_rates),
-        "scheduler": trainer.scheduler.state_dict(),
-        "recipe": trainer.recipe.state_dict(),
-        "batches": trainer.batches.state_dict(),
-        "rng": {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-            "python": _python_rng(),
-        },
-    }
-    if _zero1(trainer.optimizer):  # each rank's shard of a ZeRO-1 optimizer: same layout only
-        state["zero1_optim"] = trainer.optimizer.optim.state_dict()
-        # the wrapper's own groups carry the scheduled lr (copied into the shard's at each step)
-        state["zero1_lrs"] = [g["lr"] for g in trainer.optimizer.param_groups]
-    return state
-
-
-def load_rank_state(trainer: Trainer, state: dict, *, recipe: bool = True) -> None:
-    trainer.step = int(state["step"])
-    trainer.tokens_seen = int(state["tokens_seen"])
-    trainer.losses[:] = state["losses"]
-    vars(trainer.counters).update(state["counters"])
-    vars(trainer.spikes).update(state["spikes"])
-    trainer.grad_norms.norms[:] = state["grad_norms"]
-    trainer._step_rates[:] = state["step_rates"]
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    if recipe:
-        trainer.recipe.load_state_dict(state["recipe"])
-    trainer.batches.load_state_dict(state["batches"])
-    if "zero1_optim" in state:
-        trainer.optimizer.optim.load_state_dict(state["zero1_optim"])
-        for group, lr in zip(trainer.optimizer.param_groups, state["zero1_lrs"]):
-            group["lr"] = lr
-    rng = state["rng"]  # last: loading the optimizer may have drawn random numbers
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"]:
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    kind, keys, *rest = rng["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
-    version, internal, gauss = rng["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _python_rng() -> list:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
-
-
-def _zero1(optimizer) -> bool:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return isinstance(optimizer, ZeroRedundancyOptimizer)
 
 
 def _barrier() -> None:

@@ -21,7 +21,7 @@ from trainlab.config.validate import elastic_range
 
 def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
     """`run` as it runs on `world_size` workers: an elastic trial resized to them (num_workers,
-    and cluster.slowdown cut to their factors); any other run unchanged, so that a gang of
+    and debug.slowdown cut to their factors); any other run unchanged, so that a gang of
     the wrong size still fails the world-size check in build_trainer."""
     span = elastic_range(run)
     if span is None or world_size == run.cluster.num_workers:
@@ -31,9 +31,9 @@ def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
         raise ValueError(
             f"the process group has {world_size} workers, outside the range cluster.min_workers={lo} to "
             f"cluster.num_workers={hi} this elastic trial may run on; start {lo} to {hi} workers")
-    c = run.cluster
-    cluster = dataclasses.replace(c, num_workers=world_size, slowdown=list(c.slowdown[:world_size]))
-    return dataclasses.replace(run, cluster=cluster)
+    cluster = dataclasses.replace(run.cluster, num_workers=world_size)
+    debug = dataclasses.replace(run.debug, slowdown=list(run.debug.slowdown[:world_size]))
+    return dataclasses.replace(run, cluster=cluster, debug=debug)
 
 
 def elastic_metrics(span: tuple[int, int] | None, run: RunConfig) -> dict[str, float]:

@@ -11,6 +11,10 @@ bench between its loops, ends the process), instead of setting a flag nobody rea
 A launcher whose workers cannot take signals (Ray) asks from outside instead: it calls
 listen_outside() in each worker before the trainer is built, which arms the vote there too,
 and stop_from_outside() (from any thread) when the driver was interrupted.
+
+The request says why (the vote carries it): PREEMPT (SIGTERM, the driver interrupted) stops
+after a checkpoint, to resume; PRUNE (the sweep's pruner gave the trial up) stops at once,
+nothing to resume. Asked both ways, PREEMPT wins: the trial must be resumable.
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ import threading
 import torch
 import torch.distributed as dist
 
+from trainlab.events import PREEMPT, PRUNE
+
+_KINDS = ("", PRUNE, PREEMPT)
+"""Why the ranks stop, weakest first: the vote's all-reduce (MAX) of the index picks the strongest."""
+
 _outside = threading.Event()
 """Set by stop_from_outside(): every armed Preemption of this process votes to stop."""
+_outside_kind = PREEMPT
+"""Why _outside was set."""
 _listening = False
 
 
@@ -34,9 +45,31 @@ def listen_outside() -> None:
     _outside.clear()
 
 
-def stop_from_outside() -> None:
-    """Ask this process's trainer to stop after its current step, with a checkpoint."""
+def stop_from_outside(kind: str = PREEMPT) -> None:
+    """Ask this process's trainer to stop after its current step: PREEMPT with a checkpoint
+    (status preempted), PRUNE without (status pruned); a PRUNE never weakens a PREEMPT."""
+    global _outside_kind
+    assert kind in _KINDS[1:], kind
+    if not _outside.is_set() or _KINDS.index(kind) > _KINDS.index(_outside_kind):
+        _outside_kind = kind
     _outside.set()
+
+
+def outside_state() -> tuple[bool, bool]:
+    """(armed by listen_outside, a stop asked from outside and not yet cleared), for a warm gang
+    to put back after each trial (engine.isolation): a stop meant for one trial must not stop
+    the next."""
+    return _listening, _outside.is_set()
+
+
+def restore_outside(state: tuple[bool, bool]) -> None:
+    """Back to an `outside_state()`."""
+    global _listening
+    _listening = state[0]
+    if state[1]:
+        _outside.set()
+    else:
+        _outside.clear()
 
 
 class Preemption:
@@ -51,21 +84,21 @@ class Preemption:
     def _on_sigterm(self, signum, frame) -> None:
         self._asked = True
 
-    def requested(self) -> bool:
-        """Whether any rank got SIGTERM or a stop_from_outside() (a collective when armed: every
-        rank calls it per step)."""
+    def requested(self) -> str:
+        """Why the ranks stop after this step: PREEMPT (any rank got SIGTERM or a PREEMPT from
+        outside), PRUNE, or "" to go on (a collective when armed: every rank calls it per step)."""
         if not self.armed:
-            return False
-        asked = self._asked or _outside.is_set()
+            return ""
+        asked = PREEMPT if self._asked else _outside_kind if _outside.is_set() else ""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return asked
         # a host flag on a gloo group: reading a flag all-reduced by NCCL would wait for the
         # GPU's whole queue every step (the first call makes the group, on every rank at once)
         if self._group is None and "gloo" not in dist.get_backend():
             self._group = dist.new_group(backend="gloo")
-        flag = torch.tensor([float(asked)])
+        flag = torch.tensor([float(_KINDS.index(asked))])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(flag.item())
+        return _KINDS[int(flag.item())]
 
     def close(self) -> None:
         """Give SIGTERM back to whatever handled it before."""

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from trainlab.config.moved import upgraded
 from trainlab.engine import integrity
 from trainlab.engine.checkpoint import (
     _STEP_DIR,
@@ -104,7 +105,8 @@ def _check_same_trial(path: Path, meta: dict, *, auto: bool, expect_hash: str | 
     """Refuse another trial's checkpoint, naming the fields that differ (checkpoint vs trial)."""
     saved = meta.get("config")
     if isinstance(saved, dict) and expect_config is not None:
-        diffs = integrity.config_differences(saved, expect_config)
+        # fields a checkpoint written before a key moved (or a value went) recorded, as they are now
+        diffs = integrity.config_differences(upgraded(saved), expect_config)
         if not diffs:
             return
         said, fix = integrity.describe_differences(diffs)
@@ -206,7 +208,7 @@ def agreed_resume(resume: str, root: Path, *, expect_hash: str | None, expect_co
     same checkpoint or raises the same CheckpointError."""
     import torch.distributed as dist
 
-    from trainlab.engine.distributed import gather_strings
+    from trainlab.distributed import gather_strings
 
     kwargs = {"expect_hash": expect_hash, "expect_config": expect_config, "warn": warn}
     if not dist.is_initialized() or dist.get_world_size() == 1:

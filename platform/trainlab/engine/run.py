@@ -1,7 +1,8 @@
-"""One worker's whole trial: build everything from a RunConfig, train, report.
+"""One worker's whole trial: execute a TrialPlan (config.plan), train, report.
 
-Called identically by a Ray Train worker and by a torchrun process. No Ray, no MLflow:
-the caller hands in a tracker factory and a progress callback.
+Called identically by a Ray Train worker (with the plan its driver made) and by a torchrun
+process (which plans for itself, as it has no driver: plan_here). No Ray, no MLflow: the
+caller hands in a tracker factory and a progress callback, which receives typed events.
 """
 
 from __future__ import annotations
@@ -20,27 +21,16 @@ import torch
 import torch.nn.functional as F
 
 from trainlab import names
-from trainlab.config import RunConfig, config_hash, parallel_dims
-from trainlab.config.load import hashed_config
+from trainlab.config import RunConfig, parallel_dims
+from trainlab.config.plan import TrialPlan
 from trainlab.config.validate import (
     compile_unit,
-    elastic_range,
     pp_microbatches,
     pp_virtual_stages,
     unordered_reductions,
 )
 from trainlab.data import TokenBatches, build_corpus, val_batches
-from trainlab.engine.balance import DpBalancer
-from trainlab.engine.checkpoint import (
-    Checkpoint,
-    Checkpointer,
-    checkpoint_root,
-    complete_checkpoints,
-    discard_after,
-    rollback_of,
-)
-from trainlab.engine.determinism import set_deterministic
-from trainlab.engine.distributed import (
+from trainlab.distributed import (
     DistInfo,
     backend_for,
     device_name,
@@ -48,11 +38,33 @@ from trainlab.engine.distributed import (
     process_group_backend,
     setup_distributed,
 )
+from trainlab.engine.balance import DpBalancer
+from trainlab.engine.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    complete_checkpoints,
+    discard_after,
+    rollback_of,
+)
+from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
+from trainlab.engine.local_plan import plan_here
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
-from trainlab.engine.rollback import Rollback, attempt_config, rolls_back, scale_lr
+from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
-from trainlab.engine.trainer import Trainer, TrialResult
+from trainlab.engine.trainer import Trainer
+from trainlab.events import (
+    RESIZED,
+    RESUMED,
+    ROLLBACK,
+    WARNING,
+    Notice,
+    Progress,
+    ProgressEvent,
+    StepDone,
+    TrialResult,
+    TrialStarted,
+)
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
@@ -68,7 +80,6 @@ from trainlab.tracking import NullTracker, Tracker
 TrackerFactory = Callable[[DistInfo, bool], Tracker]
 """(dist_info, resumed) -> rank 0's tracker; `resumed`: the trial goes on from a checkpoint in
 the same run, so steps it replays must not be logged twice."""
-Progress = Callable[[dict], None]
 
 
 def seed_everything(seed: int) -> None:
@@ -78,9 +89,11 @@ def seed_everything(seed: int) -> None:
 
 
 def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None,
-                  inject: bool = True) -> Trainer:
-    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer.
-    `inject`: arm train.inject_nan (a rollback's retry runs without it, as with inject_fault)."""
+                  checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
+                  restarts: int = 0) -> Trainer:
+    """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
+    for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
+    attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
     dims = parallel_dims(run)
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
@@ -139,9 +152,9 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
                       throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
-                      balancer=balancer)
-    if t.nan_injection is not None and inject:
-        module, step = t.nan_injection
+                      balancer=balancer, checkpointer=checkpointer, rollback=rollback, restarts=restarts)
+    if run.debug.nan_injection is not None and not trainer.rollback.count:
+        module, step = run.debug.nan_injection
         inject_nan(model, module, at_step=step, current_step=lambda: trainer.step + 1)
     return trainer
 
@@ -165,22 +178,26 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
+def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | None = None,
               progress: Progress | None = None, local_rank: int | None = None,
               where: tuple[str, str] | None = None) -> TrialResult:
-    """Set up the process group, train, close the tracker; returns the same result on every rank.
+    """Set up the process group, execute the plan, close the tracker; returns the same result on
+    every rank. A RunConfig (no driver planned it) is planned here first (plan_here).
 
     `where` is this worker's (node, device type) as the launcher knows it (Ray's node id and
     accelerator type); by default the host name and the device name.
     """
+    if isinstance(plan, RunConfig):
+        plan = plan_here(plan)
+    run = plan.run
     set_deterministic(run.train.deterministic)  # before CUDA starts: cuBLAS reads its workspace env once
-    dist_info = setup_distributed(run.cluster.device, local_rank=local_rank)
+    dist_info = setup_distributed(plan.device, local_rank=local_rank)
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
-    root = checkpoint_root(run)
-    trial_hash = config_hash(run)  # the trial's identity in its checkpoints, whatever it changes at run time
-    trial_config = hashed_config(run)  # its fields, so that a resume can name those that differ
-    elastic = elastic_range(run)  # as launched: Ray may have started the gang smaller
+    root = Path(plan.paths.checkpoint_root)
+    trial_hash = plan.config_hash  # the trial's identity in its checkpoints, whatever it changes at run time
+    trial_config = dict(plan.hashed_fields)  # its fields, so that a resume can name those that differ
+    elastic = plan.gang.elastic  # as launched: Ray may have started the gang smaller
     run = fit_to_gang(run, world_size=dist_info.world_size)
     resume_from = agreed_resume(run, root, trial_hash, trial_config=trial_config,
                                 warn=_warner(progress) if dist_info.is_rank0 else None)
@@ -190,9 +207,9 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
     try:
         attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
                           first=resume_from, trial_config=trial_config)
-        trainer = attempt.start(resume_from, rollback_of(resume_from))
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
-        trainer.restarts = restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
+        restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
+        trainer = attempt.start(resume_from, rollback_of(resume_from), restarts=restarts)
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
                              **elastic_metrics(elastic, run)}, step=trainer.step)
         if resumed:
@@ -214,21 +231,21 @@ def run_trial(run: RunConfig, *, tracker_factory: TrackerFactory | None = None,
         })
         plan = trainer.recipe.plan
         if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
-            warn({"kind": "warning", "message": (
+            warn(Notice(WARNING, (
                 f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(plan.hp)} "
                 f"linears in high precision (tag {names.TAG_HP_LAYERS}), so this is not an FP8 trial; this "
                 "model's linears are too small for this recipe's FP8 matmuls to pay (keep_hp 'small'): "
-                "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")})
+                "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")))
         for note in unordered_reductions(run) if dist_info.is_rank0 else ():
-            warn({"kind": "warning", "message": note})
+            warn(Notice(WARNING, note))
         if not trainer.throughput.peak.flops_per_s and dist_info.is_rank0:
-            warn({"kind": "warning", "message": f"no MFU for this run ({trainer.throughput.peak.source})"})
+            warn(Notice(WARNING, f"no MFU for this run ({trainer.throughput.peak.source})"))
         if resumed and dist_info.is_rank0:
-            warn({"kind": "resumed", "message": f"resumed from {resume_from.path} at step {trainer.step} "
-                                                f"(restart {restarts}) on {dist_info.world_size} workers"})
+            warn(Notice(RESUMED, f"resumed from {resume_from.path} at step {trainer.step} "
+                                 f"(restart {restarts}) on {dist_info.world_size} workers"))
         resized = shrunk_note(elastic, run)
         if resized and dist_info.is_rank0:
-            warn({"kind": "resized", "message": resized})
+            warn(Notice(RESIZED, resized))
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
@@ -255,19 +272,19 @@ class Attempt:
         """The checkpoint the trial started from (None: step 0)."""
         self.root, self.trial_hash, self.progress = root, trial_hash, progress
 
-    def start(self, ckpt: Checkpoint | None, rollback: Rollback) -> Trainer:
-        """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`."""
+    def start(self, ckpt: Checkpoint | None, rollback: Rollback, *, restarts: int) -> Trainer:
+        """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
+        `restarts`: the trial's restarts from a checkpoint so far."""
         run, dist_info = attempt_config(self.run, rollback), self.dist_info
-        trainer = build_trainer(run, dist_info, tracker=self.tracker, inject=not rollback.count)
         dims = parallel_dims(run)
-        trainer.checkpointer = Checkpointer(
+        checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
             config_hash=self.trial_hash, config=self.trial_config,
             shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
+        trainer = build_trainer(run, dist_info, tracker=self.tracker, checkpointer=checkpointer,
+                                rollback=rollback, restarts=restarts)
         if ckpt is not None:
-            trainer.checkpointer.load(trainer, ckpt)
-        scale_lr(trainer, loaded=rollback_of(ckpt).lr_scale, wanted=rollback.lr_scale)
-        trainer.rollback = rollback
+            checkpointer.load(trainer, ckpt)
         return trainer
 
     def train(self, trainer: Trainer, *, warn: Progress | None) -> tuple[Trainer, TrialResult]:
@@ -283,10 +300,10 @@ class Attempt:
             del trainer  # the diverged model and optimizer are freed before the retry's are built
             trainer = self.roll_back(rollback, restarts=restarts, diverged_at=result.steps)
             if warn is not None:
-                warn({"kind": "rollback", "message": (
+                warn(Notice(ROLLBACK, (
                     f"diverged at step {result.steps}: rolled back to step {trainer.step}, retry "
                     f"{trainer.rollback.count} of {self.run.train.max_rollbacks} "
-                    f"({trainer.rollback.history.split('; ')[-1]})")})
+                    f"({trainer.rollback.history.split('; ')[-1]})")))
             self.announce(trainer)
             result = trainer.train()
         result.rollbacks = trainer.rollback.count
@@ -308,8 +325,7 @@ class Attempt:
         gc.collect()
         if self.dist_info.device.type == "cuda":
             torch.cuda.empty_cache()
-        trainer = self.start(ckpt, rollback)
-        trainer.restarts = restarts
+        trainer = self.start(ckpt, rollback, restarts=restarts)
         self.tracker.log_metrics({names.ROLLBACKS: rollback.count}, step=trainer.step)
         self.tracker.set_tags({names.TAG_ROLLBACKS: rollback.history})
         return trainer
@@ -324,11 +340,11 @@ class Attempt:
         tracker.log_metrics(refs, step=0)
         trainer.add_hook(lambda tr, step, m: tracker.log_metrics(refs, step=step) if names.VAL_LOSS in m else None)
         if self.progress is not None and self.dist_info.is_rank0:
-            start = {"kind": "start", "max_steps": run.train.max_steps, "step": trainer.step,
-                     "unigram_entropy": corpus.unigram_entropy, "true_entropy": corpus.true_entropy,
-                     "device": device_name(self.dist_info.device), "world_size": self.dist_info.world_size}
-            self.progress(start)
-            trainer.add_hook(_progress_hook(self.progress), every=run.train.log_every)
+            self.progress(TrialStarted(step=trainer.step, max_steps=run.train.max_steps,
+                                       device=device_name(self.dist_info.device),
+                                       world_size=self.dist_info.world_size,
+                                       unigram_entropy=corpus.unigram_entropy, true_entropy=corpus.true_entropy))
+            trainer.add_hook(_progress_hook(self.progress))  # log steps and validations (the pruner's)
 
 
 def agreed_resume(run: RunConfig, root: Path, trial_hash: str, *, trial_config: dict | None = None,
@@ -343,7 +359,7 @@ def agreed_resume(run: RunConfig, root: Path, trial_hash: str, *, trial_config: 
 def _warner(progress: Progress | None) -> Callable[[str], None]:
     """A warning to the driver's console (a progress event), or printed under torchrun alone."""
     send = progress if progress is not None else _print_event
-    return lambda message: send({"kind": "warning", "message": message})
+    return lambda message: send(Notice(WARNING, message))
 
 
 def agreed_checkpoint(found: Checkpoint | None) -> Checkpoint | None:
@@ -385,15 +401,18 @@ def _layer_tags(recipe) -> dict[str, str]:
     return tags
 
 
-def _print_event(event: dict) -> None:
-    print(f"{event['kind']}: {event['message']}", flush=True)
+def _print_event(event: ProgressEvent) -> None:
+    if isinstance(event, Notice):
+        print(f"{event.kind}: {event.message}", flush=True)
 
 
 def _progress_hook(progress: Progress):
+    """A step event at every step that logged its metrics (train.log_every, the last, a divergence)
+    or validated: a sweep's pruner compares val losses at equal `tokens`, whatever log_every is."""
     def hook(trainer: Trainer, step: int, metrics: dict) -> None:
-        event = {"kind": "step", "step": step, "max_steps": trainer.run.train.max_steps,
-                 "loss": metrics.get(names.LOSS), "tokens_per_s": metrics.get(names.TOKENS_PER_S)}
-        if names.VAL_LOSS in metrics:
-            event["val_loss"] = metrics[names.VAL_LOSS]
-        progress(event)
+        if names.LOSS not in metrics and names.VAL_LOSS not in metrics:
+            return
+        progress(StepDone(step=step, max_steps=trainer.run.train.max_steps, loss=metrics.get(names.LOSS),
+                          tokens_per_s=metrics.get(names.TOKENS_PER_S), val_loss=metrics.get(names.VAL_LOSS),
+                          tokens=trainer.tokens_seen))
     return hook

@@ -1,4 +1,4 @@
-"""cluster.slowdown: make this rank an emulated slower device (tests and benchmarks on CPU).
+"""debug.slowdown: make this rank an emulated slower device (tests and benchmarks on CPU).
 
 A rank with factor f spends f times its measured forward+backward compute on each micro-batch:
 the extra (f - 1) x is slept. Where the sleep goes matters. A slow device is slow *before*
@@ -31,7 +31,7 @@ class Slowdown:
 
     def __init__(self, factor: float, *, timer: RankTimer) -> None:
         if not factor >= 1.0:
-            raise ValueError(f"cluster.slowdown factor {factor!r} must be >= 1 (1 = full speed)")
+            raise ValueError(f"debug.slowdown factor {factor!r} must be >= 1 (1 = full speed)")
         self.factor = factor
         self.timer = timer
         self._recent: collections.deque[float] = collections.deque(maxlen=8)  # seconds per sequence

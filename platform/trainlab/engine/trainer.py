@@ -10,7 +10,7 @@ train.numerics_every steps one step is sampled: the casts of every low-precision
 SwiGLU outliers, the update-to-weight ratio and the grad-norm percentiles.
 
 Unequal data-parallel shares (parallel.dp_balance, engine.balance) weight each micro-batch's
-loss by its share of the global batch; cluster.slowdown (engine.slowdown) emulates slow ranks.
+loss by its share of the global batch; debug.slowdown (engine.slowdown) emulates slow ranks.
 
 The Trainer knows nothing of Ray or MLflow: it logs through a Tracker and calls hooks.
 """
@@ -22,8 +22,8 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +33,20 @@ from torch.distributed.tensor import DTensor
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.balance import DpBalancer, loss_weight
-from trainlab.engine.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
-from trainlab.engine.preemption import Preemption
-from trainlab.engine.rollback import Rollback
+from trainlab.engine.preemption import PREEMPT, Preemption
+from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown
+from trainlab.engine.state import (
+    load_sharded_state,
+    load_zero1_state,
+    rng_state,
+    set_rng_state,
+    sharded_state,
+    zero1_state,
+)
+from trainlab.events import TrialResult
 from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.precision import PrecisionRecipe
@@ -57,6 +66,9 @@ from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metr
 from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
 from trainlab.tracking import NullTracker, Tracker
+
+if TYPE_CHECKING:
+    from trainlab.engine.checkpoint import Checkpointer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Hook = Callable[["Trainer", int, dict], None]
@@ -80,40 +92,13 @@ class StepResult:
         return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
 
 
-@dataclass
-class TrialResult:
-    """What a finished (or stopped) trial reports back; identical on every rank."""
-
-    status: str
-    steps: int
-    tokens_seen: int
-    final_loss: float
-    final_val_loss: float
-    tokens_per_s: float
-    """Median over steps after the first (which pays for warm-up)."""
-    mfu: float | None
-    """Median MFU against the peak of the mode's high-precision compute (bf16 for fp8 modes)."""
-    peak_mem_gb: float
-    """Peak memory since the end of the first step (that step's own when it was the only one)."""
-    skipped_steps: int
-    nonfinite_steps: int
-    loss_spikes: int
-    elapsed_s: float
-    diverged_step: int | None = None
-    first_nonfinite: str = ""
-    loss_scale: float | None = None
-    mfu_fp8: float | None = None
-    """fp8 modes on a GPU with a known FP8 peak: median MFU against that peak."""
-    rollbacks: int = 0
-    """train.on_divergence=rollback: the divergences the trial rolled back from."""
-    extra: dict = field(default_factory=dict)
-
-
 class Trainer:
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  recipe: PrecisionRecipe, batches, val: list[Batch], run: RunConfig,
                  dist_info: DistInfo, throughput: Throughput, tracker: Tracker | None = None,
-                 corpus: Corpus | None = None, pipeline=None, balancer: DpBalancer | None = None):
+                 corpus: Corpus | None = None, pipeline=None, balancer: DpBalancer | None = None,
+                 checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
+                 restarts: int = 0):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.recipe, self.batches, self.val = recipe, batches, val
         self.run, self.dist = run, dist_info
@@ -145,17 +130,20 @@ class Trainer:
         self.grad_norms = GradNormWindow()
         self.rank_timer = RankTimer(dist_info.device)
         self.rank_timer.watch(model)  # after parallelize: the wait after the last gradient is communication
-        self.checkpointer = None
-        """engine.checkpoint.Checkpointer: saves every train.checkpoint_every steps and on SIGTERM."""
+        self.checkpointer = checkpointer
+        """engine.checkpoint.Checkpointer: saves every train.checkpoint_every steps and on SIGTERM
+        (None: no checkpoints)."""
         self.preemption = Preemption()
-        self.restarts = 0
+        self.restarts = restarts
         """How many times this trial restarted from a checkpoint before this attempt."""
-        self.rollback = Rollback()
+        self.rollback = rollback if rollback is not None else Rollback()
         """train.on_divergence=rollback: the retries so far and the learning-rate scale and
-        precision this attempt runs with."""
-        factor = run.cluster.slowdown[dist_info.rank] if run.cluster.slowdown else 1.0
+        precision this attempt runs with (the caller built the model in that precision)."""
+        # the optimizer and schedule were built at the configured learning rate
+        scale_lr(self, loaded=1.0, wanted=self.rollback.lr_scale)
+        factor = run.debug.slowdown[dist_info.rank] if run.debug.slowdown else 1.0
         self.slowdown = Slowdown(factor, timer=self.rank_timer) if factor > 1.0 else None
-        """cluster.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
+        """debug.slowdown above 1 on this rank: the emulated slower device (reads rank_timer's clock)."""
 
     def is_sample_step(self, step: int) -> bool:
         """Numerics are sampled on the first step and every train.numerics_every-th."""
@@ -374,12 +362,12 @@ class Trainer:
                 status = names.STATUS_DIVERGED
                 break
             self._inject_fault()
-            preempted = self.preemption.requested()
-            if self.checkpointer is not None and (preempted or self._checkpoint_due()):
+            stop = self.preemption.requested()  # preempted: resumes from a checkpoint; pruned: never
+            if self.checkpointer is not None and (stop == PREEMPT or self._checkpoint_due()):
                 self.tracker.sync()  # the metrics up to here outlive any crash after the checkpoint
                 self.tracker.log_metrics(self.checkpointer.save(self), step=self.step)
-            if preempted:
-                status = names.STATUS_PREEMPTED
+            if stop == PREEMPT or (stop and self.step < t.max_steps):  # a prune that came late: it finished
+                status = names.STATUS_PREEMPTED if stop == PREEMPT else names.STATUS_PRUNED
                 break
             if self.step == self._warmup_step:  # from here sys/peak_mem_gb is the steady state
                 reset_peak_memory(self.dist.device)
@@ -402,12 +390,69 @@ class Trainer:
         )
 
     def _inject_fault(self) -> None:
-        """train.inject_fault: signal this rank's own process at the chosen step (first attempt only)."""
-        fault = self.run.train.fault_injection
+        """debug.inject_fault: signal this rank's own process at the chosen step (first attempt only)."""
+        fault = self.run.debug.fault_injection
         if fault is None or self.restarts or fault[1:] != (self.step, self.dist.rank):
             return
         os.kill(os.getpid(), {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[fault[0]])
         time.sleep(0.1)  # let the handler run before the step's preemption vote
+
+    # -- its state: what a checkpoint holds (engine.checkpoint writes and reads it) ------------
+    def state_dict(self) -> dict:
+        """This rank's whole state as tensors and plain values: `model` and `optim` as
+        torch.distributed.checkpoint saves them (each rank its shards; no `optim` with ZeRO-1),
+        and `local`, the rest of this rank's own: the loop's step, tokens seen, loss curve and
+        throughput history, the stability and numerics monitors, the LR schedule, the recipe's
+        loss scaler or FP8 scales, the data position, a ZeRO-1 shard, the RNG states, and the
+        precision and rollback this attempt runs with."""
+        local = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "losses": list(self.losses),
+            "counters": asdict(self.counters),
+            "spikes": asdict(self.spikes),
+            "grad_norms": list(self.grad_norms.norms),
+            "step_rates": list(self._step_rates),
+            "mfus": list(self._mfus),
+            "mfus_fp8": list(self._mfus_fp8),
+            "scheduler": self.scheduler.state_dict(),
+            "recipe": self.recipe.state_dict(),
+            "batches": self.batches.state_dict(),
+            **({"balancer": self.balancer.state_dict()} if self.balancer is not None else {}),
+            "precision": self.run.precision.name,
+            "rollback": self.rollback.as_state(),
+            **zero1_state(self.optimizer),
+            "rng": rng_state(),
+        }
+        return {**sharded_state(self.model, self.optimizer), "local": local}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back to `state` (a state_dict, e.g. a checkpoint's). The loss scaler and FP8 scales
+        of another precision (a rollback's retry in a higher one) are left as built: they start
+        afresh. The optimizer and schedule come at the learning-rate scale of the rollback they
+        were saved in, and are brought to this attempt's."""
+        load_sharded_state(self.model, self.optimizer, state)
+        local = state["local"]
+        self.step = int(local["step"])
+        self.tokens_seen = int(local["tokens_seen"])
+        self.losses[:] = local["losses"]
+        vars(self.counters).update(local["counters"])
+        vars(self.spikes).update(local["spikes"])
+        self.grad_norms.norms[:] = local["grad_norms"]
+        self._step_rates[:] = local["step_rates"]
+        # absent from checkpoints older than the trainer's own state_dict: MFU is then the
+        # median of the steps run since
+        self._mfus[:] = local.get("mfus", [])
+        self._mfus_fp8[:] = local.get("mfus_fp8", [])
+        self.scheduler.load_state_dict(local["scheduler"])
+        if local["precision"] == self.run.precision.name:
+            self.recipe.load_state_dict(local["recipe"])
+        self.batches.load_state_dict(local["batches"])
+        if self.balancer is not None and "balancer" in local:
+            self.balancer.load_state_dict(local["balancer"])
+        load_zero1_state(self.optimizer, local)
+        scale_lr(self, loaded=Rollback.from_state(local["rollback"]).lr_scale, wanted=self.rollback.lr_scale)
+        set_rng_state(local["rng"])  # last: loading the optimizer may have drawn random numbers
 
     def _checkpoint_due(self) -> bool:
         every = self.run.train.checkpoint_every

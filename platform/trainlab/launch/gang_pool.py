@@ -26,16 +26,17 @@ import itertools
 import json
 import threading
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
 from trainlab.config import RunConfig
-from trainlab.config.validate import elastic_range
+from trainlab.config.plan import TrialPlan
 from trainlab.engine.isolation import fresh_gang_reason
+from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
-from trainlab.launch.interrupt import GangStop, TrialHandle
-from trainlab.launch.ray_trial import Gang
+from trainlab.launch.interrupt import GangStop, StopRequest
+from trainlab.launch.plan import scaling
+from trainlab.tracking.trial_tracking import TrackingTarget
 
 TAKE_TIMEOUT_S = 0.5
 """How long one wait for a trial's events lasts before the driver looks at its interrupt."""
@@ -46,27 +47,27 @@ class TrialFailed(RuntimeError):
     or Ray's reason when the worker died."""
 
 
-def shape_key(run: RunConfig, gang: Gang) -> str:
+def shape_key(plan: TrialPlan) -> str:
     """What a gang's workers are: trials with the same key can share a gang."""
-    return json.dumps({"device": gang.device, "scaling": gang.scaling(run)}, sort_keys=True, default=str)
+    return json.dumps({"device": plan.device, "scaling": scaling(plan.gang)}, sort_keys=True, default=str)
 
 
 class WarmGang:
     """One warm gang: its queue actor and its Ray Train run (fit() in a thread)."""
 
-    def __init__(self, *, number: int, run: RunConfig, gang: Gang, key: str, budget: int, storage_path: str):
+    def __init__(self, *, number: int, plan: TrialPlan, key: str, budget: int, storage_path: str):
         import ray
         from ray.train import FailureConfig, ScalingConfig
         from ray.train import RunConfig as RayRunConfig
         from ray.train.torch import TorchTrainer
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from trainlab.engine.distributed import backend_for
+        from trainlab.distributed import backend_for
         from trainlab.launch.gang_queue import failure_callback, start_queue
         from trainlab.launch.gang_worker import gang_loop
         from trainlab.launch.rendezvous import BoundTorchConfig
 
-        self.number, self.key, self.device = number, key, gang.device
+        self.number, self.key, self.device = number, key, plan.device
         self.ran: list[RunConfig] = []
         """The trials this gang took, in order (engine.isolation decides who may follow)."""
         self._seq = itertools.count(1)
@@ -76,12 +77,11 @@ class WarmGang:
         # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.queue = start_queue(scheduling_strategy=here)
-        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
         self._trainer = TorchTrainer(
             gang_loop,
-            train_loop_config={"queue": self.queue, "device": gang.device},
-            torch_config=BoundTorchConfig(backend=backend_for(gang.device)),
-            scaling_config=ScalingConfig(**gang.scaling(run)),
+            train_loop_config={"queue": self.queue, "device": plan.device},
+            torch_config=BoundTorchConfig(backend=backend_for(plan.device)),
+            scaling_config=ScalingConfig(**scaling(plan.gang)),
             run_config=RayRunConfig(name=f"gang{number}", storage_path=storage_path,
                                     failure_config=FailureConfig(max_failures=budget),
                                     callbacks=[failure_callback(self.queue)]),
@@ -99,45 +99,38 @@ class WarmGang:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def run(self, run: RunConfig, *, gang: Gang, storage_path: str, name: str, mlflow_run: dict | None,
-            on_event, handle: TrialHandle | None = None) -> dict | None:
-        """launch.trial.train's runner: the trial on this gang; rank 0's result dict, None when
-        let go at an interrupt. Raises TrialFailed, or the Ray Train run's error."""
+    def run(self, plan: TrialPlan, *, name: str, tracking: TrackingTarget,
+            on_event: Callable[[ProgressEvent], None], stop: StopRequest | None = None) -> TrialResult | None:
+        """launch.trial.train's runner (run_on_ray's signature): the trial on this gang; rank 0's
+        result, None when let go at an interrupt. Raises TrialFailed, or the Ray Train run's error."""
         import ray
         from ray.exceptions import GetTimeoutError
 
         from trainlab.launch.ray_trial import run_on_ray
 
-        if shape_key(run, gang) != self.key:  # planned otherwise than the pool saw it: a gang of its own
-            return run_on_ray(run, gang=gang, storage_path=storage_path, name=name, mlflow_run=mlflow_run,
-                              on_event=on_event, handle=handle)
+        if shape_key(plan) != self.key:  # planned otherwise than the pool saw it: a gang of its own
+            return run_on_ray(plan, name=name, tracking=tracking, on_event=on_event, stop=stop)
         key = f"{self.number}.{next(self._seq)}"
-        run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
-        payload = {"config": asdict(run), "mlflow": mlflow_run, "output_dir": run.output_dir}
-        ray.get(self.queue.submit.remote(key, payload, run.cluster.max_failures))
-        stop = GangStop(None, ask=lambda: self.queue.stop.remote(key, "interrupted"))
-        if handle is not None:
-            handle.bind(lambda reason: self.queue.stop.remote(key, reason))
-        try:
-            while not stop.give_up():
-                ended = not self.alive  # looked at before the take: an outcome sent before the end is in it
-                try:
-                    events, outcome = ray.get(self.queue.take.remote(key, TAKE_TIMEOUT_S),
-                                              timeout=60 * TAKE_TIMEOUT_S)
-                except GetTimeoutError:  # a busy machine: ask again
-                    continue
-                for event in events:
-                    stop.saw(event)
-                    on_event(event)
-                if outcome is not None:
-                    if "error" in outcome:
-                        raise TrialFailed(outcome["error"])
-                    return outcome["result"]
-                if ended:
-                    raise self._error or RuntimeError("the gang ended without reporting a result")
-        finally:
-            if handle is not None:
-                handle.bind(None)
+        payload = {"plan": plan, "tracking": tracking}
+        ray.get(self.queue.submit.remote(key, payload, plan.run.cluster.max_failures))
+        # a signal on the driver (PREEMPT) or the pruner's request (PRUNE), through the queue
+        stop = GangStop(None, request=stop, ask=lambda kind: self.queue.stop.remote(key, kind))
+        while not stop.give_up():
+            ended = not self.alive  # looked at before the take: an outcome sent before the end is in it
+            try:
+                events, outcome = ray.get(self.queue.take.remote(key, TAKE_TIMEOUT_S),
+                                          timeout=60 * TAKE_TIMEOUT_S)
+            except GetTimeoutError:  # a busy machine: ask again
+                continue
+            for event in events:
+                stop.saw(event)
+                on_event(event)
+            if outcome is not None:
+                if "error" in outcome:
+                    raise TrialFailed(outcome["error"])
+                return outcome["result"]
+            if ended:
+                raise self._error or RuntimeError("the gang ended without reporting a result")
         self.queue.withdraw.remote(key)  # let go before a worker took it: it must not start later
         self.abandoned = True
         return None
@@ -159,7 +152,7 @@ class WarmGang:
 
 @dataclasses.dataclass(frozen=True)
 class _Planned:
-    gang: Gang
+    plan: TrialPlan
     key: str
     """shape_key: trials of the same key may share a gang."""
     solo: str
@@ -173,9 +166,8 @@ RunOne = Callable[..., None]
 class GangPool:
     """K slots, each running trials on at most one warm gang at a time (see the module docstring)."""
 
-    def __init__(self, trials: Sequence, *, gangs: dict[int, Gang], slots: int, run_one: RunOne,
-                 storage_path: str):
-        """`gangs`: each trial's gang as planned on the driver (by trial index)."""
+    def __init__(self, trials: Sequence, *, slots: int, run_one: RunOne, storage_path: str):
+        """`trials`: each with its plan (t.plan), made on the driver before the first starts."""
         self._pending = list(trials)
         self._slots = max(1, min(slots, len(self._pending)))
         self._run_one = run_one
@@ -183,7 +175,7 @@ class GangPool:
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
         self.gangs: list[WarmGang] = []
-        self._planned = {t.idx: _plan(t.run, gangs[t.idx]) for t in self._pending}
+        self._planned = {t.idx: _plan(t.plan) for t in self._pending}
         keys = [p.key for p in self._planned.values()]
         # restarts a gang may need: every trial of its shape failing each of its attempts
         self._budget = {k: sum(t.run.cluster.max_failures + 1 for t in self._pending
@@ -259,19 +251,19 @@ class GangPool:
         return t, "no warm gang of its shape"
 
     def _start(self, trial, planned: _Planned) -> WarmGang:
-        gang = WarmGang(number=next(self._numbers), run=trial.run, gang=planned.gang, key=planned.key,
+        gang = WarmGang(number=next(self._numbers), plan=planned.plan, key=planned.key,
                         budget=self._budget[planned.key], storage_path=self._storage_path)
         with self._lock:
             self.gangs.append(gang)
         return gang
 
 
-def _plan(run: RunConfig, gang: Gang) -> _Planned:
+def _plan(plan: TrialPlan) -> _Planned:
     solo = ""
-    if elastic_range(run):
-        solo = (f"elastic (cluster.min_workers={run.cluster.min_workers}): a resize restarts Ray Train's "
+    if plan.gang.elastic:
+        solo = (f"elastic (cluster.min_workers={plan.run.cluster.min_workers}): a resize restarts Ray Train's "
                 "worker group at another size")
-    return _Planned(gang=gang, key=shape_key(run, gang), solo=solo)
+    return _Planned(plan=plan, key=shape_key(plan), solo=solo)
 
 
 def storage_path_of(trials: Sequence) -> str:

@@ -19,6 +19,8 @@ import asyncio
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
+from trainlab.events import PREEMPT
+
 WAIT = "wait"
 """What `next` answers when no trial came within its timeout: ask again."""
 REPORT_GRACE_S = 5.0
@@ -84,9 +86,11 @@ class GangQueue:
                 return True
         return False
 
-    def stop(self, key: str, reason: str) -> None:
-        """Ask the trial to stop after its current step, with a checkpoint (the first reason stays)."""
-        self._stops.setdefault(key, reason)
+    def stop(self, key: str, kind: str) -> None:
+        """Ask the trial to stop after its current step: PREEMPT (with a checkpoint) or PRUNE
+        (without); a PRUNE never weakens a PREEMPT."""
+        if self._stops.get(key) != PREEMPT:
+            self._stops[key] = kind
 
     async def take(self, key: str, timeout: float) -> tuple[list[dict], dict | None]:
         """(the trial's events since the last take, its outcome or None), waiting up to
@@ -157,8 +161,9 @@ class GangQueue:
         if self._in_flight is not None and self._in_flight.key == key:
             self._in_flight.errors.append(error)
 
-    def stop_reason(self, key: str) -> str | None:
-        return self._stops.get(key)
+    def stop_kind(self, key: str) -> str:
+        """"" (not asked), PRUNE or PREEMPT: what rank 0's poll (interrupt.follow_stop_flag) reads."""
+        return self._stops.get(key, "")
 
 
 def start_queue(**actor_options):

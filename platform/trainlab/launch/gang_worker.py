@@ -14,8 +14,6 @@ cluster.max_failures). Before raising, the worker reports its error to the queue
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import traceback
 
 NEXT_TIMEOUT_S = 10.0
@@ -48,36 +46,36 @@ def gang_loop(config: dict) -> None:
             _report(queue, ticket["key"], f"{type(e).__name__}: {e}", rank=ctx.get_world_rank())
             raise
         if rank0:
-            ray.get(queue.finish.remote(ticket["key"], dataclasses.asdict(result)))
+            ray.get(queue.finish.remote(ticket["key"], result))
         state.after_trial()
 
 
 def _run_one(ticket: dict, *, queue, rank0: bool, local_rank: int):
     """One trial on this worker, as ray_trial._worker runs the trial of a gang of its own."""
-    from trainlab.config import from_dict
     from trainlab.engine.preemption import listen_outside
     from trainlab.engine.run import run_trial
+    from trainlab.launch.interrupt import follow_stop_flag
     from trainlab.launch.ray_trial import _tracker_factory, _where
     from trainlab.tracking.mlflow_tracker import prestart_writer
 
     payload, key = ticket["payload"], ticket["key"]
-    run = from_dict(payload["config"])
-    make_tracker = _tracker_factory(payload)
+    plan, target = payload["plan"], payload["tracking"]  # as the driver resolved it: executed, not re-checked
+    make_tracker = _tracker_factory(plan, target)
 
     def tracker_factory(dist_info, resumed: bool = False):
         tracker = make_tracker(dist_info, resumed)
-        if payload.get("mlflow"):  # the next trial's writer imports MLflow while this one trains
-            prestart_writer(tracking_uri=payload["mlflow"]["tracking_uri"])
+        if target.run is not None:  # the next trial's writer imports MLflow while this one trains
+            prestart_writer(tracking_uri=target.run.tracking_uri)
         return tracker
 
-    def progress(event: dict) -> None:
+    def progress(event) -> None:
         queue.put_event.remote(key, event)  # not waited for: a slow driver never stops training
 
     listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
-    polling = follow_trial_stop(queue, key) if rank0 else None
+    polling = follow_stop_flag(None, ask=lambda: queue.stop_kind.remote(key)) if rank0 else None
     try:
-        return run_trial(run, tracker_factory=tracker_factory, local_rank=local_rank,
-                         progress=progress if rank0 else None, where=_where(run))
+        return run_trial(plan, tracker_factory=tracker_factory, local_rank=local_rank,
+                         progress=progress if rank0 else None, where=_where(plan))
     finally:
         if polling is not None:
             polling.set()
@@ -107,7 +105,7 @@ def _share(ticket: dict | None) -> dict | None:
 
 def _pin_device(device: str, local_rank: int) -> None:
     """On GPUs, this worker's device before the first broadcast (NCCL sends objects through the
-    current device), as engine.distributed.setup_distributed picks it."""
+    current device), as trainlab.distributed.setup_distributed picks it."""
     if device == "cuda":
         import torch
 
@@ -121,31 +119,3 @@ def _report(queue, key: str, error: str, *, rank: int) -> None:
         ray.get(queue.failed.remote(key, f"{error} (rank {rank})"), timeout=REPORT_TIMEOUT_S)
     except Exception:  # the driver is gone: Ray Train's own error is all there is
         traceback.print_exc()
-
-
-def follow_trial_stop(queue, key: str) -> threading.Event:
-    """Rank 0: poll the queue for a stop request of trial `key` and stop this process's
-    trainer when one comes (engine.preemption: every rank then stops after the same step,
-    with a checkpoint); set the returned event to end the polling."""
-    import ray
-    from ray.exceptions import GetTimeoutError
-
-    from trainlab.engine.preemption import stop_from_outside
-    from trainlab.launch.interrupt import POLL_S
-
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.wait(POLL_S):
-            try:
-                reason = ray.get(queue.stop_reason.remote(key), timeout=10 * POLL_S)
-            except GetTimeoutError:  # a busy machine: ask again
-                continue
-            except Exception:  # the driver (and its queue) is gone: Ray ends this worker too
-                return
-            if reason is not None and not done.is_set():
-                stop_from_outside()
-                return
-
-    threading.Thread(target=poll, name="trainlab-trial-stop", daemon=True).start()
-    return done

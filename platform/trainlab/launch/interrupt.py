@@ -10,6 +10,10 @@ then where the trial resumes. Either way the same command resumes the trial (lau
 finds it by its config hash). The command exits 128 + the signal's number after Ray's
 processes it started have ended (release_cluster).
 
+The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.prune): the
+pruner calls the trial's StopRequest.stop(reason), the gang loop raises the flag as PRUNE, and
+the gang ends the trial after its step as `pruned`, without a checkpoint (engine.preemption).
+
 The handlers are taken before a trial's checks and Ray's start (a signal then ends the
 command before any run is opened) and given back when its trials end; before that (Hydra
 composing the config) Ctrl-C is Python's KeyboardInterrupt, which the CLI turns into one line
@@ -24,6 +28,8 @@ import sys
 import threading
 import time
 from typing import Iterator
+
+from trainlab.events import START, STEP, ProgressEvent
 
 STOP_GRACE_S = 120.0
 """After the first signal, how long the driver waits for the gangs to save and stop before it
@@ -121,51 +127,82 @@ def interruptible() -> Iterator[DriverInterrupt]:
 
 
 # -- one trial's gang -----------------------------------------------------------------------
+class StopRequest:
+    """The driver's request to stop one running trial early, with why (the sweep's pruner
+    calls stop(); the trial's gang loop forwards it to the gang's flag as a PRUNE). Thread-safe:
+    the pruner decides in one trial's event thread, the gang loop reads in another."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason = ""
+        """Why the trial was stopped, for its pruned_reason tag ("" until stop())."""
+
+    def stop(self, reason: str) -> None:
+        """Ask once; the first reason is the one recorded."""
+        with self._lock:
+            self.reason = self.reason or reason or "stopped by the sweep"
+
+
 def stop_flag(**actor_options):
-    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core)."""
+    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core).
+    It holds why: "" (not raised), PRUNE, or PREEMPT; PREEMPT is never weakened to PRUNE."""
     import ray
+
+    from trainlab.engine.preemption import PREEMPT, PRUNE
 
     @ray.remote(num_cpus=0)
     class StopFlag:
         def __init__(self) -> None:
-            self.raised = False
+            self.kind = ""
 
-        def raise_(self) -> None:
-            self.raised = True
+        def raise_(self, kind: str = PREEMPT) -> None:
+            if self.kind != PREEMPT:
+                self.kind = kind if kind in (PREEMPT, PRUNE) else PREEMPT
 
-        def get(self) -> bool:
-            return self.raised
+        def get(self) -> str:
+            return self.kind
 
     return StopFlag.options(**actor_options).remote()
 
 
 class GangStop:
-    """The driver's side of stopping one trial's gang, checked between progress events."""
+    """The driver's side of stopping one trial's gang, checked between progress events: a
+    signal on the driver (PREEMPT) or the trial's StopRequest (PRUNE)."""
 
-    def __init__(self, flag, interrupt: DriverInterrupt | None = None, *, ask=None) -> None:
+    def __init__(self, flag, interrupt: DriverInterrupt | None = None, request: StopRequest | None = None,
+                 *, ask=None) -> None:
         self.flag = flag
-        self._ask = ask or (lambda: flag.raise_.remote())
-        """Asks the gang to stop (a warm gang's trial is asked through its queue)."""
+        self._ask = ask or (lambda kind: flag.raise_.remote(kind))
+        """ask(kind): ask the gang to stop its trial for PREEMPT or PRUNE (a warm gang's trial is
+        asked through its queue)."""
         self.interrupt = interrupt or current()
+        self.request = request
         self.training = False
         """The gang reported its start: it has a step's state worth a checkpoint."""
         self.asked_at: float | None = None
+        self.pruning = False
+        """The request was forwarded to the gang's flag."""
         self.abandoned = False
         """The driver stopped waiting for the gang; Ray's shutdown ends it."""
 
-    def saw(self, event: dict) -> None:
-        if event.get("kind") in ("start", "step"):
+    def saw(self, event: ProgressEvent) -> None:
+        if event.kind in (START, STEP):
             self.training = True
 
     def give_up(self) -> bool:
         """Whether to stop waiting for the gang now (asking it to stop on the first look)."""
+        from trainlab.engine.preemption import PREEMPT, PRUNE
+
+        if self.request is not None and self.request.reason and not self.pruning:
+            self.pruning = True  # the gang stops after its step, ends its trial `pruned`, no checkpoint
+            self._ask(PRUNE)
         it = self.interrupt
         if it.signum is None:
             return False
         if self.asked_at is None:
             it.announce()
             self.asked_at = time.monotonic()
-            self._ask()
+            self._ask(PREEMPT)
             if not self.training:  # waiting for workers or building: nothing to save
                 self.abandoned = True
                 return True
@@ -174,53 +211,31 @@ class GangStop:
         return self.abandoned
 
 
-class TrialHandle:
-    """The driver's way to stop ONE running trial with a reason (a pruning rule, say), whatever
-    runs it: its own gang (the StopFlag) or a warm gang (its queue). The trial stops after its
-    current step, with a checkpoint, and reports its result; a warm gang then takes the next."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._send = None
-        self.reason: str | None = None
-        """The first reason asked (None: never asked)."""
-
-    def bind(self, send) -> None:
-        """The runner's `send(reason)` while the trial runs (None once it ended); a stop asked
-        before the trial started is sent as soon as it can be."""
-        with self._lock:
-            self._send = send
-            if send is not None and self.reason is not None:
-                send(self.reason)
-
-    def stop(self, reason: str) -> None:
-        with self._lock:
-            if self.reason is None:
-                self.reason = reason
-            if self._send is not None:
-                self._send(self.reason)
-
-
-def follow_stop_flag(flag) -> threading.Event:
-    """In a worker: poll the driver's flag and stop this process's trainer when it is raised;
-    set the returned event to end the polling."""
+def follow_stop_flag(flag, ask=None) -> threading.Event:
+    """In a worker: poll the driver's flag and stop this process's trainer when it is raised,
+    for the flag's reason (engine.preemption: PREEMPT or PRUNE); set the returned event to end
+    the polling. `ask()` (instead of flag.get) returns the ObjectRef of the kind: a warm gang's
+    trial is asked through its queue."""
     import ray
     from ray.exceptions import GetTimeoutError
 
-    from trainlab.engine.preemption import stop_from_outside
+    from trainlab.engine.preemption import PREEMPT, stop_from_outside
 
     done = threading.Event()
 
     def poll() -> None:
+        seen = ""
         while not done.wait(POLL_S):
             try:
-                raised = ray.get(flag.get.remote(), timeout=10 * POLL_S)
+                kind = ray.get(ask() if ask else flag.get.remote(), timeout=10 * POLL_S)
             except GetTimeoutError:  # a busy machine: ask again
                 continue
             except Exception:  # the driver (and its actor) is gone: Ray ends this worker too
                 return
-            if raised:
-                stop_from_outside()
+            if kind and kind != seen:  # PRUNE, or PREEMPT (also after a PRUNE: a signal came since)
+                seen = kind
+                stop_from_outside(kind)
+            if kind == PREEMPT:
                 return
 
     threading.Thread(target=poll, name="trainlab-stop-flag", daemon=True).start()

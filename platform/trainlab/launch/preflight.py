@@ -20,6 +20,7 @@ from trainlab.console import console
 from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
+from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.precision import check_precision_supported
@@ -41,16 +42,21 @@ def ray_address_file() -> Path:
     return Path(base) / "ray" / "ray_current_cluster"
 
 
-def preflight(run: RunConfig, *, tracking_uri: str | None) -> str:
-    """Run every environment check; returns the resolved device ('cpu' or 'cuda')."""
+def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True) -> str:
+    """Run every environment check; returns the resolved device ('cpu' or 'cuda'; 'auto' for
+    a joined cluster, resolved against its resources once connected: launch.plan).
+    `services=False`: the cluster and the tracking store were checked (check_sweep_services)."""
     try:
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
         check_data(run)
         check_module_names(run)
-        check_layout(run)
-        check_cluster(run)
         device = check_device(run)
-        if tracking_uri is not None:
+        check_layout(run)
+        if device != "auto":
+            check_comm_backend(run, device)
+        if services:
+            check_cluster(run)
+        if tracking_uri is not None and services:
             field = tracking_field(run.tracking.uri)
             check_tracking_uri(tracking_uri, setting=field)
             check_sqlite_uri(tracking_uri, field=field, elsewhere=STORE_ELSEWHERE)
@@ -116,9 +122,9 @@ def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None
 
 
 def check_module_names(run: RunConfig) -> None:
-    """Names that refer to the model's modules (precision.keep_hp globs, train.inject_nan)
+    """Names that refer to the model's modules (precision.keep_hp globs, debug.inject_nan)
     must exist in it: built on the meta device, so no memory and no time."""
-    if not run.train.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
+    if not run.debug.inject_nan and run.precision.keep_hp == PrecisionConfig().keep_hp:
         return
     from trainlab.models import build_model
     from trainlab.precision.policy import check_keep_hp
@@ -127,8 +133,8 @@ def check_module_names(run: RunConfig) -> None:
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
     check_keep_hp(model, run.precision.keep_hp)
-    if run.train.nan_injection is not None:
-        injection_target(model, run.train.nan_injection[0])
+    if run.debug.nan_injection is not None:
+        injection_target(model, run.debug.nan_injection[0])
 
 
 def check_layout(run: RunConfig) -> None:
@@ -140,11 +146,17 @@ def check_layout(run: RunConfig) -> None:
         from trainlab.parallel.tp import check_tp
 
         check_tp(resolve_dims(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256), p.tp)
+
+
+def check_comm_backend(run: RunConfig, device: str) -> None:
+    """The gradient communication of parallel.comm_dtype / powersgd_rank runs on the backend
+    of the trial's resolved `device` (the bf16 compression hook needs NCCL)."""
+    p = run.parallel
     if p.comm_dtype != "fp32" or p.powersgd_rank:
-        from trainlab.engine.distributed import backend_for, resolve_device
+        from trainlab.distributed import backend_for
         from trainlab.parallel.comm import check_comm
 
-        check_comm(p.comm_dtype, p.powersgd_rank, backend_for(resolve_device(run.cluster.device)))
+        check_comm(p.comm_dtype, p.powersgd_rank, backend_for(device))
 
 
 def check_device(run: RunConfig) -> str:
@@ -157,7 +169,7 @@ def check_device(run: RunConfig) -> str:
     has_cuda = torch.cuda.is_available()
     if want == "auto" and not local:
         return "auto"  # resolved against the cluster's resources once connected
-    device = ("cuda" if has_cuda else "cpu") if want == "auto" else want
+    device = resolve_device(want, gpus=has_cuda, logical_gpus=run.debug.logical_gpus)
     if device == "cuda" and local and not has_cuda:
         raise ValueError("cluster.device=cuda but this machine has no CUDA GPU visible to torch; "
                          "use cluster.device=cpu (or auto)")

@@ -8,16 +8,18 @@ renders them while `fit()` runs in a thread.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue as std_queue
 import threading
-from dataclasses import asdict, dataclass
+from typing import Callable
 
 from trainlab.config import RunConfig
-from trainlab.config.validate import elastic_range
-from trainlab.launch.interrupt import GangStop, TrialHandle, follow_stop_flag, rearm, stop_flag
-from trainlab.launch.placement import Placement, accelerator_type, gpu_pools, place, scaling_options
+from trainlab.config.plan import TrialPlan
+from trainlab.events import ProgressEvent, TrialFinished, TrialResult
+from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, rearm, stop_flag
+from trainlab.launch.placement import accelerator_type
+from trainlab.launch.plan import scaling
+from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 
 _RAY_TRAIN_ENV = {
     # Ray Train's health checks poll every 2 s by default; a trial's end is noticed sooner
@@ -78,62 +80,19 @@ def connect(run: RunConfig) -> None:
                       f"trainlab could keep its services on loopback: they listen on {node_ip} too")
 
 
-@dataclass(frozen=True)
-class Gang:
-    """How a trial's workers are asked of Ray, decided on the driver before any worker starts."""
-
-    device: str
-    """What the engine computes on: cpu or cuda."""
-    gpus: bool
-    """Each worker reserves one GPU (real, or logical with cluster.logical_gpus)."""
-    placement: Placement | None = None
-    """The GPU types the gang may use (None without GPUs)."""
-    all_types: tuple[str, ...] = ()
-    """Every GPU type of the cluster: a placement that may use all of them needs no selector."""
-
-    def scaling(self, run: RunConfig) -> dict:
-        """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
-        resources = {"CPU": run.cluster.cpus_per_worker, **({"GPU": 1} if self.gpus else {})}
-        span = elastic_range(run)
-        options = {"num_workers": span or run.cluster.num_workers, "use_gpu": self.gpus,
-                   "resources_per_worker": resources, "placement_strategy": "PACK"}
-        if span:
-            options["elastic_resize_monitor_interval_s"] = run.cluster.resize_interval_s
-        if self.placement is not None:
-            options |= scaling_options(self.placement, all_types=self.all_types)
-        return options
-
-
-def plan_gang(run: RunConfig, device: str) -> Gang:
-    """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
-    trial to the GPU types that can run it; PlacementError (with each type's reason) if none."""
-    connect(run)  # first: Ray must not be imported before it keeps a local cluster on loopback
-    import ray
-
-    if device == "auto":
-        device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 and not run.cluster.logical_gpus else "cpu"
-    gpus = device == "cuda" or run.cluster.logical_gpus
-    if not gpus:
-        return Gang(device=device, gpus=False)
-    pools = gpu_pools(ray.nodes())
-    return Gang(device=device, gpus=True, placement=place(run, pools),
-                all_types=tuple(p.type for p in pools))
-
-
 def _worker(payload: dict) -> None:
     """Runs in every Ray Train worker (its process group is already initialised)."""
     import ray.train
 
-    from trainlab.config import from_dict
     from trainlab.engine.preemption import listen_outside
     from trainlab.engine.run import run_trial
 
     ctx = ray.train.get_context()
-    run = from_dict(payload["config"])
+    plan: TrialPlan = payload["plan"]  # as the driver resolved it: nothing here validates or decides it again
     events = payload["events"]
     rank0 = ctx.get_world_rank() == 0
 
-    def progress(event: dict) -> None:
+    def progress(event: ProgressEvent) -> None:
         try:
             events.put_nowait(event)
         except Exception:  # a full or gone queue must never stop training
@@ -142,21 +101,21 @@ def _worker(payload: dict) -> None:
     listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
     polling = follow_stop_flag(payload["stop"]) if rank0 else None
     try:
-        result = run_trial(run, tracker_factory=_tracker_factory(payload), local_rank=ctx.get_local_rank(),
-                           progress=progress if rank0 else None, where=_where(run))
+        result = run_trial(plan, tracker_factory=_tracker_factory(plan, payload["tracking"]),
+                           local_rank=ctx.get_local_rank(), progress=progress if rank0 else None, where=_where(plan))
     finally:
         if polling is not None:
             polling.set()
     if rank0:
-        events.put({"kind": "result", "result": dataclasses.asdict(result)})
+        events.put(TrialFinished(result))
 
 
-def _where(run: RunConfig) -> tuple[str, str] | None:
+def _where(plan: TrialPlan) -> tuple[str, str] | None:
     """(Ray node id, the node's accelerator type) for a worker holding a GPU; None (host and
     device name) otherwise."""
     import ray
 
-    if run.cluster.device != "cuda" and not run.cluster.logical_gpus:
+    if not plan.gang.gpus:
         return None
     node_id = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():
@@ -165,37 +124,26 @@ def _where(run: RunConfig) -> tuple[str, str] | None:
     return None
 
 
-def _tracker_factory(payload: dict):
-    mlflow_run = payload.get("mlflow")
-
+def _tracker_factory(plan: TrialPlan, target: TrackingTarget):
     def factory(dist_info, resumed: bool = False):
-        if mlflow_run:
-            from trainlab.tracking.mlflow_tracker import MlflowTracker
-
-            # the driver's tracker options, its spill file included (its close uses the same one).
-            # Every attempt Ray Train starts logs into the one run the driver opened, and one started
-            # again before a first checkpoint was complete replays steps 1.. from scratch: each drops
-            # the steps the run already has (on the first attempt, none), resumed or not
-            options = dict(mlflow_run)
-            # the server's credentials, as MLflow's client (in the writer this starts) reads them
-            os.environ.update(options.pop("credentials", None) or {})
-            return MlflowTracker(**options, resume=True)
-        from trainlab.tracking import JsonlTracker
-
-        return JsonlTracker(os.path.join(payload["output_dir"], "metrics.jsonl"))
+        # Every attempt Ray Train starts logs into the one run the driver opened, and one started
+        # again before a first checkpoint was complete replays steps 1.. from scratch: each drops
+        # the steps the run already has (on the first attempt, none), resumed or not
+        return rank0_tracker(plan, target)
     return factory
 
 
-def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
-               mlflow_run: dict | None, on_event, handle: TrialHandle | None = None) -> dict | None:
-    """Run one trial as a Ray Train gang of its own; returns rank 0's result dict (None if it
-    never came). A sweep's trials share warm gangs instead (launch.gang_pool).
+def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
+               on_event: Callable[[ProgressEvent], None], stop: StopRequest | None = None) -> TrialResult | None:
+    """Run one trial as a Ray Train gang of its own; returns rank 0's result (None if it never
+    came). A sweep's trials share warm gangs instead (launch.gang_pool).
 
     Raises the Ray Train error if a worker failed. Interrupted (launch.interrupt), the gang
-    stops after a checkpoint (rank 0's result says `preempted`), or is let go (None).
-    `handle` stops this one trial (its rank 0 polls the same flag).
+    stops after a checkpoint (rank 0's result says `preempted`), or is let go (None); stopped
+    through `stop` (the sweep's pruner), it ends after its step without one (`pruned`).
     """
-    connect(run)  # before Ray is imported (see plan_gang)
+    run = plan.run
+    connect(run)  # before Ray is imported (see launch.plan.plan_gang)
     import ray
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -204,24 +152,20 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from trainlab.engine.distributed import backend_for
+    from trainlab.distributed import backend_for
     from trainlab.launch.rendezvous import BoundTorchConfig
 
-    run = dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=gang.device))
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
-    stop = GangStop(stop_flag(scheduling_strategy=here))
-    if handle is not None:
-        handle.bind(lambda reason: stop.flag.raise_.remote())
-    payload = {"config": asdict(run), "events": events, "mlflow": mlflow_run,
-               "output_dir": run.output_dir, "stop": stop.flag}
+    stop = GangStop(stop_flag(scheduling_strategy=here), request=stop)  # signals, and the pruner's request
+    payload = {"plan": plan, "events": events, "tracking": tracking, "stop": stop.flag}
     trainer = TorchTrainer(
         _worker,
         train_loop_config=payload,
-        torch_config=BoundTorchConfig(backend=backend_for(gang.device)),  # listens on the node's IP only
-        scaling_config=ScalingConfig(**gang.scaling(run)),
-        run_config=RayRunConfig(name=name, storage_path=storage_path,
+        torch_config=BoundTorchConfig(backend=backend_for(plan.device)),  # listens on the node's IP only
+        scaling_config=ScalingConfig(**scaling(plan.gang)),
+        run_config=RayRunConfig(name=name, storage_path=plan.paths.ray_storage,
                                 failure_config=FailureConfig(max_failures=run.cluster.max_failures)),
     )
     outcome: dict = {}
@@ -242,13 +186,11 @@ def run_on_ray(run: RunConfig, *, gang: Gang, storage_path: str, name: str,
             if not thread.is_alive() and events.empty():
                 break
             continue
-        if event.get("kind") == "result":
-            result = event["result"]
+        if isinstance(event, TrialFinished):
+            result = event.result
         else:
             stop.saw(event)
             on_event(event)
-    if handle is not None:
-        handle.bind(None)
     if stop.abandoned:  # the driver's release of the cluster ends the gang
         return result
     thread.join()

@@ -6,7 +6,8 @@
 3. skip jobs whose config already finished under that parent (unless rerun);
 4. run the rest as Ray trials, at most `max_concurrent_trials` at once; Ray Train's placement
    groups queue a trial until its whole gang fits; one trial's failure never stops another;
-5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure).
+5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure,
+   as is a trial that hydra.launcher.prune stopped early: launch.prune).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
+from trainlab.config.plan import TrialPlan
+from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
+from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
-from trainlab.launch.interrupt import TrialHandle
 from trainlab.redact import redact, redact_files
 
 
@@ -43,19 +46,24 @@ class Trial:
     label: str = ""
     status: str = "pending"
     run_id: str | None = None
-    result: dict | None = None
+    plan: TrialPlan | None = None
+    """As the driver resolved it before the first trial started (launch.plan)."""
+    result: TrialResult | None = None
     error: str = ""
     skipped: bool = False
     resumed: bool = False
     """Stopped before its end in an earlier run of the sweep: goes on from its checkpoints."""
+    pruned_reason: str = ""
+    """Status pruned: why hydra.launcher.prune stopped it."""
     submitted_at: float = 0.0
     first_step_at: float | None = None
     ended_at: float = 0.0
     extra: dict = field(default_factory=dict)
     gang: str = ""
     """Which gang ran it (tag `gang`): 'warm #3 on gang 1' or 'fresh: <why> (gang 2)'."""
-    handle: TrialHandle | None = None
-    """While it runs: stop(reason) stops this trial alone (its gang then takes the next)."""
+    stop: interrupt.StopRequest = field(default_factory=interrupt.StopRequest)
+    """stop(reason) ends this trial alone after its step, `pruned` (the sweep's pruner; its gang
+    then takes the next)."""
 
     @property
     def start_latency_s(self) -> float | None:
@@ -116,16 +124,20 @@ def _max_concurrent(trials: list[Trial], requested: int, *, gpus: bool) -> int:
     return max(1, fits)
 
 
-def _refuse_unplaceable(todo: list[Trial]) -> dict:
-    """Route every trial before the first starts: those no GPU type of the cluster can run are
-    reported now, with the reason, and marked failed; returns the gang of each of the rest
-    (ray_trial.Gang), by trial index."""
-    from trainlab.launch.trial import plan
+def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> list[Trial]:
+    """Plan every trial before the first starts (launch.plan, once per trial: checks, resume,
+    device, the GPU types it may use): those that cannot run (no GPU type of the cluster can,
+    a checkpoint is damaged, ...) are reported now, with the reason, and marked failed; the
+    rest go on, each with its plan."""
+    from trainlab.launch.plan import plan_launch
 
-    placeable = {}
+    placeable = []
     for t in todo:
-        try:
-            placeable[t.idx] = plan(t.run, t.run.cluster.device)
+        start = time.perf_counter()
+        try:  # the sweep checked its cluster and store once (check_sweep_services)
+            t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False)
+            t.extra["plan_s"] = time.perf_counter() - start  # before its request: timed apart
+            placeable.append(t)
         except ConfigError as e:
             t.status, t.error = names.STATUS_FAILED, f"refused at submission: {e}"
             console.print(f"[red]#{t.idx} {t.label}: {t.error}[/]")
@@ -133,17 +145,24 @@ def _refuse_unplaceable(todo: list[Trial]) -> dict:
 
 
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
-              max_concurrent_trials: int = 0, rerun: bool = False, reuse_gangs: bool = True) -> list[JobReturn]:
+              max_concurrent_trials: int = 0, rerun: bool = False,
+              prune: PruneConfig | None = None, reuse_gangs: bool = True) -> list[JobReturn]:
     from trainlab.launch.preflight import check_sweep_services
 
     redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
     try:
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
+        try:
+            keys = varied_keys([t.overrides for t in trials])
+            check_prunable(prune or PruneConfig(), [t.run for t in trials],
+                           [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun,
+    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun, prune=prune,
                             reuse_gangs=reuse_gangs, sweeper_params=OmegaConf.to_container(
                                 config.hydra.sweeper.get("params") or OmegaConf.create()))
     _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
@@ -152,7 +171,7 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         interrupt.release_cluster()
         sys.exit(128 + outcome.interrupted)
     for t in trials:
-        t.job_return.return_value = (t.result or {}).get("final_val_loss", t.extra.get("val_loss"))
+        t.job_return.return_value = t.result.final_val_loss if t.result else t.extra.get("val_loss")
     failed = [t for t in trials if t.status == names.STATUS_FAILED]
     if failed:
         console.print(f"[red]{len(failed)} of {len(trials)} trials failed[/]")
@@ -172,8 +191,10 @@ class SweepOutcome:
 
 
 def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun: bool = False,
-                  sweeper_params: dict | None = None, reuse_gangs: bool = True) -> SweepOutcome:
+                  sweeper_params: dict | None = None, prune: PruneConfig | None = None,
+                  reuse_gangs: bool = True) -> SweepOutcome:
     """Everything after composition: parent run, skipping, running, reporting. No Hydra here.
+    `prune`: hydra.launcher.prune's rule (checked against the trials by check_prunable).
     `reuse_gangs`: trials of the same gang shape share warm gangs (launch.gang_pool); False
     gives each trial a gang of its own."""
     keys = varied_keys([t.overrides for t in trials])
@@ -207,6 +228,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                 t.skipped, t.run_id, t.status = True, prior.info.run_id, prior.data.tags[names.TAG_STATUS]
                 t.extra["val_loss"] = prior.data.metrics.get(names.VAL_LOSS)
                 t.extra["tokens_per_s"] = prior.data.metrics.get(names.TOKENS_PER_S)
+                t.pruned_reason = prior.data.tags.get(names.TAG_PRUNED_REASON, "")
             elif config_hash(t.run) in cut and t.run.train.resume == "auto":
                 # stopped before its end: go on from its checkpoints, in the run it started
                 t.run = dataclasses.replace(t.run, train=dataclasses.replace(
@@ -223,12 +245,13 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     if resumed:
         console.print(f"{len(resumed)} unfinished trials resume from their checkpoints: "
                       + ", ".join(f"#{t.idx} {t.label}" for t in resumed))
+    pruner = _pruner(prune, trials, todo)
     sweep_t0 = time.perf_counter()
     limit = 0
     with interrupt.interruptible() as stop:  # Ctrl-C / SIGTERM: each running trial stops after a checkpoint
         if todo:
             limit = _run_trials(todo, parent_id=parent_id, sweep_name=sweep_name, keys=keys,
-                                max_concurrent=max_concurrent_trials, reuse_gangs=reuse_gangs)
+                                max_concurrent=max_concurrent_trials, pruner=pruner, reuse_gangs=reuse_gangs)
     wall = time.perf_counter() - sweep_t0
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
@@ -246,47 +269,70 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
     """sweep_timing.json in the multirun folder: how long trials waited, trained and took."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = [{"idx": t.idx, "overrides": t.overrides, "status": t.status, "skipped": t.skipped,
-             "gang": t.gang, "start_latency_s": t.start_latency_s, "train_s": (t.result or {}).get("elapsed_s"),
+             "gang": t.gang, "plan_s": t.extra.get("plan_s"), "start_latency_s": t.start_latency_s,
+             "train_s": t.result.elapsed_s if t.result else None,
              "wall_s": (t.ended_at - t.submitted_at) if t.submitted_at else None} for t in trials]
     (sweep_dir / "sweep_timing.json").write_text(json.dumps(
         {"wall_s": outcome.wall_s, "concurrency": outcome.concurrency, "trials": rows}, indent=2))
 
 
+def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
+    """hydra.launcher.prune's rule over the trials to run (None: prune=none), announced."""
+    from trainlab.launch.prune import Pruner, fmt_tokens
+
+    for note in prune.ignored() if prune is not None else ():
+        console.print(f"[yellow]warning:[/] {note}")
+    if prune is None or not prune.enabled or not todo:
+        return None
+    runs = [t.run for t in trials]
+    pruner = Pruner(prune, grace=grace_tokens(prune, runs), longest=max(map(max_tokens, runs)),
+                    labels={t.idx: f"#{t.idx} {t.label}" for t in todo})
+    how = (f"rungs at {', '.join(map(fmt_tokens, pruner.rungs))} tokens, each keeping the best "
+           f"1/{prune.prune_reduction_factor:g}" if prune.prune == "asha" else
+           f"worse than the best trial by more than {100 * prune.prune_margin:g}% at equal tokens, "
+           f"after {fmt_tokens(pruner.grace)} tokens")
+    console.print(f"pruning ({prune.prune}): {how}")
+    return pruner
+
+
 def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int,
-                reuse_gangs: bool = True) -> int:
-    from trainlab.launch.ray_trial import connect, run_on_ray
+                pruner=None, reuse_gangs: bool = True) -> int:
+    from trainlab.launch.ray_trial import connect
     from trainlab.launch.trial import train
 
     # one cluster for every trial, sized for the largest gang
     biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
     connect(biggest.run)
-    placed = _refuse_unplaceable(todo)
-    todo = [t for t in todo if t.idx in placed]
+    todo = _refuse_unplaceable(todo, parent_id=parent_id)
     if not todo:
         return 0
-    limit = _max_concurrent(todo, max_concurrent, gpus=any(
-        t.run.cluster.device != "cpu" or t.run.cluster.logical_gpus for t in todo))
+    limit = _max_concurrent(todo, max_concurrent, gpus=any(t.plan.gang.gpus for t in todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
+    requests = {t.idx: t.stop for t in todo}
+    labels = {t.idx: f"#{t.idx} {_pick(t.overrides, keys)}" for t in todo}
 
     def one(t: Trial, *, runner=None, gang_tag: str = "") -> None:
         """The trial from its driver's checks to its summary line; `runner` runs it on a warm
         gang (launch.gang_pool), None on a gang of its own."""
-        name = f"#{t.idx} {_pick(t.overrides, keys)}"
+        name = labels[t.idx]
 
-        def on_event(event: dict) -> None:
-            if event.get("kind") == "step":
+        def on_event(event: ProgressEvent) -> None:
+            if isinstance(event, StepDone):
                 if t.first_step_at is None:
                     t.first_step_at = time.perf_counter()
-                progress.step(name, event["step"], event["max_steps"])
-            elif event.get("kind") in ("resumed", "resized", "rollback"):  # the trial went on from a checkpoint
-                progress.note(name, event["message"])
+                progress.step(name, event.step, event.max_steps)
+                for idx, why in (pruner.saw(t.idx, event) if pruner is not None else {}).items():
+                    requests[idx].stop(why)  # this trial, or (margin) one that ran ahead of it
+                    progress.note(labels[idx], f"pruned: {why}")
+            elif isinstance(event, Notice) and event.kind != WARNING:  # the trial went on from a checkpoint
+                progress.note(name, event.message)
 
         if interrupt.current().signum:  # interrupted before its turn: left for the rerun
             t.error = "not started: the sweep was interrupted"
             return
         t.submitted_at = time.perf_counter()
-        t.gang, t.handle = gang_tag, TrialHandle()
+        t.gang = gang_tag
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name, names.TAG_GANG: gang_tag,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
         # one tag per swept key, but the precision tag stays the trial's mode (precision.spec): a
@@ -294,16 +340,20 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         tags.update({k: v for k, v in map(_key_value, t.overrides)
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})
         try:
-            outcome = train(t.run, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
-                            on_event=on_event, runner=functools.partial(runner or run_on_ray, handle=t.handle))
+            outcome = train(t.plan, parent_run_id=parent_id, extra_tags=tags, show_progress=False,
+                            on_event=on_event, stop=requests[t.idx], runner=runner)
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
+            t.pruned_reason = outcome.pruned_reason
         except Exception as e:  # anything unexpected: this trial failed, the others go on
             t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
+        if pruner is not None:
+            pruner.ended(t.idx)
         t.ended_at = time.perf_counter()
-        r = t.result or {}
+        r = t.result
         progress.finished(name, f"[{progress.done + 1}/{len(todo)}] {name}: "
-                                f"{_status_markup(t.status, r)}  val {fmt(r.get('final_val_loss'), '.4f')}  "
-                                f"{fmt(r.get('tokens_per_s'), ',.0f')} tok/s  "
+                                f"{_status_markup(t.status, r, t.pruned_reason)}  "
+                                f"val {fmt(r and r.final_val_loss, '.4f')}  "
+                                f"{fmt(r and r.tokens_per_s, ',.0f')} tok/s  "
                                 f"{t.ended_at - t.submitted_at:.0f}s"
                                 # as it is: gloo's "[/path/pair.cc:537]" is no rich markup
                                 + (f"  {escape(redact(t.error[:200]))}" if t.error else ""))
@@ -312,7 +362,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         if reuse_gangs:
             from trainlab.launch.gang_pool import GangPool, storage_path_of
 
-            GangPool(todo, gangs=placed, slots=limit, run_one=one, storage_path=storage_path_of(todo)).run()
+            GangPool(todo, slots=limit, run_one=one, storage_path=storage_path_of(todo)).run()
             for t in todo:
                 if not t.submitted_at:  # interrupted before its turn: left for the rerun
                     t.error = "not started: the sweep was interrupted"
@@ -324,9 +374,10 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     return limit
 
 
-def _status_markup(status: str, result: dict | None = None) -> str:
-    color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow"}.get(status, "red")
-    return f"[{color}]{status_text(status, result)}[/]"
+def _status_markup(status: str, result: TrialResult | None = None, pruned_reason: str = "") -> str:
+    color = {names.STATUS_FINISHED: "green", names.STATUS_DIVERGED: "yellow",
+             names.STATUS_PRUNED: "cyan"}.get(status, "red")
+    return f"[{color}]{escape(status_text(status, result, pruned_reason=pruned_reason))}[/]"
 
 
 def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Trial]) -> str:
@@ -339,16 +390,20 @@ def _report(trials: list[Trial], *, keys: list[str], wall_s: float, ran: list[Tr
         table.add_column(h)
     rows = []
     for t in trials:
-        r = t.result or {}
+        r = t.result
         row = [str(t.idx), _pick(t.overrides, keys),
-               t.status + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
-               + (f" (rolled back {r['rollbacks']}x)" if r.get("rollbacks") else ""),
-               fmt(r.get("final_val_loss", t.extra.get("val_loss")), ".4f"),
-               fmt(r.get("tokens_per_s", t.extra.get("tokens_per_s")), ",.0f"),
-               fmt(t.start_latency_s, ".1f"), fmt(r.get("elapsed_s"), ".1f"), t.run_id or "-"]
+               t.status + (f" at step {r.steps}" if t.status == names.STATUS_PRUNED and r else "")
+               + (" (skipped: done before)" if t.skipped else " (resumed)" if t.resumed else "")
+               + (f" (rolled back {r.rollbacks}x)" if r and r.rollbacks else ""),
+               fmt(r.final_val_loss if r else t.extra.get("val_loss"), ".4f"),
+               fmt(r.tokens_per_s if r else t.extra.get("tokens_per_s"), ",.0f"),
+               fmt(t.start_latency_s, ".1f"), fmt(r and r.elapsed_s, ".1f"), t.run_id or "-"]
         rows.append(row)
         table.add_row(*row[:2], _status_markup(t.status) + row[2][len(t.status):], *row[3:])
     console.print(table)
+    for t in trials:
+        if t.status == names.STATUS_PRUNED and t.pruned_reason:  # a person wants to know why
+            console.print(f"#{t.idx} {escape(_pick(t.overrides, keys))} pruned: {escape(t.pruned_reason)}")
     if ran:
         console.print(f"sweep wall time {wall_s:.1f}s for {len(ran)} trials")
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -1,8 +1,7 @@
-"""The driver's view of one trial: check, open the MLflow run, run the gang, close, summarise."""
+"""The driver's view of one trial: plan it (launch.plan), open its MLflow run, run the gang, close, summarise."""
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,34 +10,23 @@ from typing import Callable
 from rich.markup import escape
 
 from trainlab import names
-from trainlab.config import ConfigError, RunConfig
-from trainlab.config.load import hashed_config
+from trainlab.config import RunConfig
+from trainlab.config.plan import TrialPlan
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
-from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
-from trainlab.engine.resume import resolve_resume, verify_here
+from trainlab.events import ProgressEvent, TrialResult, step_of
 from trainlab.launch import interrupt
-from trainlab.launch.paths import resolve_paths
-from trainlab.launch.preflight import preflight
+from trainlab.launch.plan import plan_launch
 from trainlab.redact import redact
-from trainlab.tracking.resume import open_or_resume_trial_run, unfinished_trial
-from trainlab.tracking.runs import (
-    TrialRun,
-    close_trial_run,
-    closing_tags,
-    default_run_name,
-    resolve_tracking_uri,
-    tracker_options,
-    trial_tags,
-    ui_command,
-)
+from trainlab.tracking.runs import TrialRun, default_run_name, ui_command
 from trainlab.tracking.store_uri import credentials_env
+from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
 
 
 @dataclass
 class TrialOutcome:
     status: str
-    result: dict | None
-    """Rank 0's TrialResult as a dict (None when the trial failed before reporting)."""
+    result: TrialResult | None
+    """Rank 0's result (None when the trial failed before reporting)."""
     run_id: str | None
     tracking_uri: str | None
     error: str = ""
@@ -46,49 +34,36 @@ class TrialOutcome:
     """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
     last_step: int | None = None
     """The last step the workers reported (what the tracker recorded), also when they failed."""
+    pruned_reason: str = ""
+    """Status pruned: why the sweep's pruner stopped it (its StopRequest's reason)."""
 
 
-def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
-          show_progress: bool = True, on_event: Callable[[dict], None] | None = None,
-          runner: Callable[..., dict | None] | None = None) -> TrialOutcome:
+def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
+          show_progress: bool = True, on_event: Callable[[ProgressEvent], None] | None = None,
+          stop: interrupt.StopRequest | None = None,
+          runner: Callable[..., TrialResult | None] | None = None) -> TrialOutcome:
     """Run one trial on Ray (local cluster unless cluster.address is set) and record it.
-
+    A RunConfig is planned first (launch.plan.plan_launch: ConfigError before anything
+    starts); a TrialPlan (a sweep plans every trial before the first starts) runs as it is.
+    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason).
     `runner` runs the planned trial and returns rank 0's result (run_on_ray's signature and
     contract); by default a Ray Train gang of its own (run_on_ray), in a sweep a warm gang
     (launch.gang_pool)."""
-    run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
-    uses_mlflow = run.tracking.name == "mlflow"
-    uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
-    device = preflight(run, tracking_uri=uri)  # raises ConfigError before anything starts
-    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
-    root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
-    run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
-    # the workers' config: cluster.device as resolved here ('auto' on a remote cluster matches any)
-    fields = hashed_config(dataclasses.replace(run, cluster=dataclasses.replace(run.cluster, device=device)))
-    try:  # every file read back against its digest at save; another config's checkpoint refused
-        resuming = resolve_resume(run.train.resume, root, expect_config=fields, verify=verify_here,
-                                  warn=lambda m: console.print(f"[yellow]warning:[/] {m}")) is not None
-    except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
-        raise ConfigError(str(e)) from None
-    gang = plan(run, device)
+    plan = run if isinstance(run, TrialPlan) else plan_launch(run, parent_run_id=parent_run_id)
+    run, uri, root = plan.run, plan.tracking_uri, Path(plan.paths.checkpoint_root)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
         return interrupt.before_start(uri)
-    out_dir = Path(run.output_dir or ".").resolve()
+    out_dir = Path(plan.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     trial: TrialRun | None = None
-    if uses_mlflow:
-        trial, _ = open_or_resume_trial_run(run, tracking_uri=uri, tags={**trial_tags(run), **(extra_tags or {})},
-                                            root=root, resuming=resuming, parent_run_id=parent_run_id)
-    if found is not None and show_progress:
-        console.print(f"resuming trial {default_run_name(run)} from step {found.step} of its run {trial.run_id} "
-                      f"(checkpoint {found.root}); train.resume=never starts over", soft_wrap=True)
-    options = tracker_options(run)  # its spill file is the writer's and this close's, for an outage
-    spill = options["spill_path"]
-    mlflow_payload = None if trial is None else {
-        "run_id": trial.run_id, "tracking_uri": trial.tracking_uri, **options,
-        "credentials": credentials_env(),  # a worker on another node lacks this driver's environment
-    }
+    if uri is not None:
+        trial = open_trial(plan, resuming=plan.resuming, tags=extra_tags, parent_run_id=parent_run_id)
+    if plan.continues_run and show_progress:
+        console.print(f"resuming trial {default_run_name(run)} from step {plan.resume_step} of its run "
+                      f"{trial.run_id} (checkpoint {root}); train.resume=never starts over",
+                      soft_wrap=True)
+    target = TrackingTarget(trial, credentials=credentials_env() if trial else {})
 
     from trainlab.launch.ray_trial import run_on_ray
 
@@ -96,9 +71,9 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     last_step: list[int] = []
 
-    def events(event: dict) -> None:
-        if event.get("kind") in ("start", "step") and isinstance(event.get("step"), int):
-            last_step[:] = [event["step"]]
+    def events(event: ProgressEvent) -> None:
+        if step_of(event) is not None:
+            last_step[:] = [step_of(event)]
         if progress is not None:
             progress(event)
         if on_event is not None:
@@ -106,9 +81,9 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
 
     result, error = None, ""
     try:
-        result = (runner or run_on_ray)(run, gang=gang, storage_path=str(out_dir / "ray"),
-                                        name=default_run_name(run), mlflow_run=mlflow_payload, on_event=events)
-        status = result["status"] if result else names.STATUS_FAILED
+        result = (runner or run_on_ray)(plan, name=default_run_name(run), tracking=target, on_event=events,
+                                        stop=stop)
+        status = result.status if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED
         elif result is None:
@@ -121,46 +96,39 @@ def train(run: RunConfig, *, parent_run_id: str | None = None, extra_tags: dict 
         if progress is not None:
             progress.close()
 
-    if trial is not None:
-        close_trial_run(trial, status=status, tags=closing_tags(result, error), spill=spill)
+    pruned_reason = stop.reason if stop is not None and status == names.STATUS_PRUNED else ""
+    close_trial(plan, trial, status=status, result=result, error=error, pruned_reason=pruned_reason)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
-                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None)
+                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None,
+                           pruned_reason=pruned_reason)
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:
         outcome.interrupted = interrupt.current().signum
     if show_progress:
         print_summary(run, outcome, out_dir)
         if outcome.interrupted:
-            interrupt.say_stopped(run, step=(result or {}).get("steps", outcome.last_step or 0), root=root,
+            interrupt.say_stopped(run, step=result.steps if result else outcome.last_step or 0, root=root,
                                   tracked=trial is not None, at_once=result is None)
     return outcome
 
 
-def plan(run: RunConfig, device: str):
-    """The trial's gang on the cluster (see ray_trial.plan_gang); a trial no GPU type can run
-    is a ConfigError at submission, with each type's reason, instead of a gang pending forever."""
-    from trainlab.launch.placement import PlacementError
-    from trainlab.launch.ray_trial import plan_gang
-
-    try:
-        return plan_gang(run, device)
-    except PlacementError as e:
-        raise ConfigError(str(e)) from None
-
-
 def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
-    r = outcome.result or {}
-    extra = r.get("extra", {})
+    r = outcome.result
+    extra = r.extra if r else {}
+
+    def value(name: str):  # of the result, None without one
+        return getattr(r, name) if r else None
+
     rows = {
         # the error as it is (torch's "[enforce fail at ...]" is no rich markup), credentials masked
         "status": status_text(outcome.status, r) + (f" ({escape(redact(outcome.error))})" if outcome.error else ""),
-        "steps": (f"{r['steps']} ({r.get('tokens_seen', 0):,} tokens)" if "steps" in r
+        "steps": (f"{r.steps} ({r.tokens_seen:,} tokens)" if r
                   else f"{outcome.last_step or 0} (the last the workers reported)"),
-        "train loss": fmt(r.get("final_loss"), ".4f"),
-        "val loss": fmt(r.get("final_val_loss"), ".4f"),
+        "train loss": fmt(value("final_loss"), ".4f"),
+        "val loss": fmt(value("final_val_loss"), ".4f"),
         "unigram entropy": fmt(extra.get("unigram_entropy"), ".4f"),
-        "tokens/s": fmt(r.get("tokens_per_s"), ",.0f"),
-        "MFU": fmt(r.get("mfu"), ".2%"),
-        "skipped / non-finite steps": f"{r.get('skipped_steps', '-')} / {r.get('nonfinite_steps', '-')}",
+        "tokens/s": fmt(value("tokens_per_s"), ",.0f"),
+        "MFU": fmt(value("mfu"), ".2%"),
+        "skipped / non-finite steps": f"{r.skipped_steps} / {r.nonfinite_steps}" if r else "- / -",
         "output dir": str(out_dir),
     }
     if extra.get("true_entropy"):

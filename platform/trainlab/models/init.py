@@ -100,7 +100,10 @@ def _roots(model: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
     if isinstance(model, nn.ModuleList) or not isinstance(model, nn.Module):
         return [r for m in model for r in _roots(m)]
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        # not `a or b`: bool() of torch.compile's wrapper calls len() of the model, which raises
+        inner = getattr(model, "module", None)
+        if inner is None:
+            inner = getattr(model, "_orig_mod", None)
         if not isinstance(inner, nn.Module):
             return [model]
         model = inner

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainlab.config.schema import ParallelConfig
 from trainlab.config.validate import ParallelDims
-from trainlab.engine.distributed import backend_for
+from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 from trainlab.parallel.fsdp import apply_zero1
 
@@ -158,7 +158,10 @@ def _dp_group(mesh: DeviceMesh | None, dims: ParallelDims) -> dist.ProcessGroup 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside DDP / torch.compile wrappers (its names have no prefixes)."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        # not `a or b`: bool() of torch.compile's wrapper calls len() of the model, which raises
+        inner = getattr(model, "module", None)
+        if inner is None:
+            inner = getattr(model, "_orig_mod", None)
         if not isinstance(inner, nn.Module):
             return model
         model = inner

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainlab.engine.distributed import gather_strings
+from trainlab.distributed import gather_strings
 from trainlab.telemetry.sharded import full
 
 WRAPPER_SEGMENTS = ("module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")

@@ -68,11 +68,11 @@ class NonFiniteMonitor:
 
 
 def injection_target(model: nn.Module, module_name: str) -> nn.Module:
-    """The module train.inject_nan names; ValueError naming the field and some real names."""
+    """The module debug.inject_nan names; ValueError naming the field and some real names."""
     modules = modules_by_name(model)
     if module_name not in modules:
         known = [n for n in modules if n and n.count(".") <= 2]
-        raise ValueError(f"train.inject_nan names module {module_name!r}, which the model does not "
+        raise ValueError(f"debug.inject_nan names module {module_name!r}, which the model does not "
                          f"have; pick one of {', '.join(known[:12])}, ...")
     return modules[module_name]
 

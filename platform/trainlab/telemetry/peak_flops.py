@@ -77,8 +77,11 @@ def cpu_probe_peak(compute_dtype: str, *, size: int = 512, seconds: float = 0.3)
 
 
 def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    # its own generator: the trial's seeded global RNG must not depend on whether this process
+    # probed already (a warm gang's later trials take the probe from _probed_once's cache)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(dtype)
+    b = torch.randn(size, size, generator=gen).to(dtype)
     torch.mm(a, b)  # warm up the kernel selection
     best = 0.0
     deadline = time.perf_counter() + seconds

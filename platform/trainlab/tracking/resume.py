@@ -102,8 +102,7 @@ def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTri
                                max_results=100, order_by=["attributes.start_time DESC"])
     for r in found:
         tags = r.data.tags
-        if names.TAG_PARENT_RUN_ID in tags or tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED,
-                                                                              names.STATUS_DIVERGED):
+        if names.TAG_PARENT_RUN_ID in tags or tags.get(names.TAG_STATUS) in names.DONE_STATUSES:
             continue
         root = Path(tags.get(names.TAG_CHECKPOINT_DIR, ""))
         ckpt = latest_checkpoint(root) if root.is_absolute() else None

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.config.validate import elastic_range
+from trainlab.events import TrialResult
 from trainlab.precision.spec import spec_of
 from trainlab.redact import redact
 from trainlab.tracking.store_uri import use_tracking_store
@@ -136,14 +137,18 @@ def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, s
     return trial, tracker
 
 
-def closing_tags(result: dict | None, error: str) -> dict[str, str]:
-    """The tags a trial's end adds: the error, or where and on what it diverged."""
+def closing_tags(result: TrialResult | None, error: str, *, pruned_reason: str = "") -> dict[str, str]:
+    """The tags a trial's end adds: the error, where and on what it diverged, or where and why
+    the sweep's pruner stopped it."""
     tags = {}
     if error:
         tags[names.TAG_ERROR] = error
-    if result and result.get("diverged_step") is not None:
-        tags[names.TAG_DIVERGED_STEP] = result["diverged_step"]
-        tags[names.TAG_FIRST_NONFINITE] = result["first_nonfinite"]
+    if result is not None and result.diverged_step is not None:
+        tags[names.TAG_DIVERGED_STEP] = result.diverged_step
+        tags[names.TAG_FIRST_NONFINITE] = result.first_nonfinite
+    if result is not None and result.status == names.STATUS_PRUNED:
+        tags[names.TAG_PRUNED_STEP] = result.steps
+        tags[names.TAG_PRUNED_REASON] = pruned_reason or "stopped by the sweep's pruner"
     return tags
 
 
@@ -154,7 +159,7 @@ def mlflow_status(status: str) -> str:
 
 def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None = None,
                     spill: str | None = None) -> None:
-    """Set the status tag (finished / diverged / failed) and end the run in MLflow's terms.
+    """Set the status tag (finished / diverged / pruned / failed) and end the run in MLflow's terms.
 
     With `spill` (the trial's spill file): if the tracking server is unreachable, the status
     goes to the end of that file instead (delivered by `trainlab import-spill`), and if the

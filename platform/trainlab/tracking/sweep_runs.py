@@ -60,10 +60,10 @@ def _children(tracking_uri: str, parent_run_id: str) -> list:
 
 
 def done_children(*, tracking_uri: str, parent_run_id: str) -> dict[str, object]:
-    """Children that need no rerun (finished or diverged), by config hash."""
+    """Children that need no rerun (finished, diverged or pruned: names.DONE_STATUSES), by config hash."""
     done = {}
     for r in _children(tracking_uri, parent_run_id):
-        if r.data.tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED, names.STATUS_DIVERGED):
+        if r.data.tags.get(names.TAG_STATUS) in names.DONE_STATUSES:
             done.setdefault(r.data.tags.get(names.TAG_CONFIG_HASH, ""), r)
     return done
 
@@ -77,7 +77,7 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
     found = {}
     for r in _children(tracking_uri, parent_run_id):
         tags = r.data.tags
-        if tags.get(names.TAG_STATUS) in (names.STATUS_FINISHED, names.STATUS_DIVERGED):
+        if tags.get(names.TAG_STATUS) in names.DONE_STATUSES:
             continue
         root = tags.get(names.TAG_CHECKPOINT_DIR)
         if root and latest_checkpoint(Path(root)) is not None:

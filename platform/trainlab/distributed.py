@@ -1,4 +1,9 @@
-"""Process-group setup that works the same under Ray Train, torchrun, or a single process."""
+"""Process-group setup that works the same under Ray Train, torchrun, or a single process,
+and the few collectives the layers share (mean over ranks, gathering strings).
+
+It depends on torch (and trainlab.devices, which imports nothing) and sits below every layer
+that uses it (parallel, telemetry, the engine, the launcher, benches): layers only call downward.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from trainlab.devices import resolve_device
 
 
 @dataclass(frozen=True)
@@ -19,13 +26,6 @@ class DistInfo:
     @property
     def is_rank0(self) -> bool:
         return self.rank == 0
-
-
-def resolve_device(preference: str) -> str:
-    """'auto' -> 'cuda' when this process sees a GPU, else 'cpu'."""
-    if preference == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return preference
 
 
 def backend_for(device: str) -> str:
@@ -41,7 +41,7 @@ def setup_distributed(device: str, *, local_rank: int | None = None) -> DistInfo
     so that a 1-GPU torchrun run goes through NCCL as a multi-GPU one does; otherwise one
     process without a group.
     """
-    device = resolve_device(device)
+    device = resolve_device(device, gpus=torch.cuda.is_available())  # a trial's plan resolved it already
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     if not dist.is_initialized() and (torchrun or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         dist.init_process_group(backend=backend_for(device))
@@ -122,15 +122,16 @@ def close_distributed(*, barrier: bool = True) -> None:
         return
     if barrier:
         dist.barrier()  # no rank tears down a group another rank is still using
-    _clear_dtensor_caches()
+    clear_dtensor_caches()
     dist.destroy_process_group()
     gc.collect()
 
 
-def _clear_dtensor_caches() -> None:
+def clear_dtensor_caches() -> None:
     """Empty every cache of torch.distributed.tensor that may hold a DeviceMesh: the C++ and
     Python sharding-propagation caches, the redistribute planners, and each functools cache of
-    its modules (MeshTopoInfo.build_from_mesh among them)."""
+    its modules (MeshTopoInfo.build_from_mesh among them). Before a group goes: at the end
+    (close_distributed) and between the trials of a warm gang (engine.isolation)."""
     import sys
 
     try:  # private torch API (2.13): without it a group may outlive the run

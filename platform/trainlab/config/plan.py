@@ -1,0 +1,133 @@
+"""A trial planned once: what the driver decides before any worker starts, typed and frozen.
+
+    plan = plan_trial(run, device="cpu", checkpoint_root="/abs/out/checkpoints")
+    plan.device, plan.dims, plan.grad_accum_steps, plan.gang, plan.paths.checkpoint_root, ...
+
+The Ray driver (launch.plan.plan_launch) resolves it from a validated RunConfig and the
+cluster it joined; a process with no driver (torchrun, a test, a benchmark) resolves it
+itself the same way (engine.run.plan_here). Workers execute it: they never rebuild the config
+from a dict, validate it again or decide its device, paths or identity. What a worker still
+decides is what only it can see: the checkpoint it starts from when Ray Train restarts its gang
+(newer than the one the driver found), the gang it was given (an elastic trial runs on fewer
+workers) and a rollback's precision.
+
+Here, below every other layer, so that the engine can read it without importing launch/.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from trainlab import names
+from trainlab.config.load import config_hash, hashed_config
+from trainlab.config.schema import RunConfig
+from trainlab.config.validate import (
+    ParallelDims,
+    elastic_range,
+    grad_accum_steps,
+    parallel_dims,
+    pp_microbatches,
+    pp_virtual_stages,
+)
+from trainlab.precision.spec import PrecisionSpec, spec_of
+
+METRICS_FILE = "metrics.jsonl"
+"""tracking=none: rank 0's metrics, one JSON line each, in the trial's output folder."""
+
+
+@dataclass(frozen=True)
+class GangShape:
+    """What a trial's gang asks of Ray: its workers, their resources and where they may go."""
+
+    num_workers: int
+    cpus_per_worker: int
+    gpus: bool
+    """Each worker reserves one GPU (real, or logical with debug.logical_gpus)."""
+    accelerator_types: tuple[str, ...] = ()
+    """The GPU types the gang may use (launch.placement.place); empty without GPUs."""
+    strategy: str = "PACK"
+    """Ray placement-group strategy: PACK or SPREAD."""
+    all_types: tuple[str, ...] = ()
+    """Every GPU type of the cluster: a placement that may use all of them needs no selector."""
+    elastic: tuple[int, int] | None = None
+    """(fewest, most) workers of an elastic trial; None for a fixed gang."""
+    resize_interval_s: float = 60.0
+
+    @classmethod
+    def of(cls, run: RunConfig, *, gpus: bool) -> GangShape:
+        """The gang of `run` with no placement among GPU types (torchrun, a CPU trial)."""
+        c = run.cluster
+        return cls(num_workers=c.num_workers, cpus_per_worker=c.cpus_per_worker, gpus=gpus,
+                   elastic=elastic_range(run), resize_interval_s=c.resize_interval_s)
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """Every file and folder of the trial, absolute (workers run in folders of Ray's choosing)."""
+
+    output_dir: str
+    checkpoint_root: str
+    """Where its checkpoints go and a resume looks (train.checkpoint_dir as chosen)."""
+    ray_storage: str
+    """Ray Train's storage_path for the trial's gang."""
+    spill: str
+    """MLflow records held while the tracking server is unreachable."""
+    metrics: str
+    """tracking=none: rank 0's JSONL metrics."""
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """Everything a trial needs, decided once. Read it; never change its `run`."""
+
+    run: RunConfig
+    """The validated config as composed, paths absolute and train.checkpoint_dir the chosen
+    root; cluster.device stays as the user gave it (the trial's identity): read `device`."""
+    device: str
+    """cpu or cuda: what every worker computes on (devices.resolve_device)."""
+    dims: ParallelDims
+    """The parallel degrees of the full gang."""
+    grad_accum_steps: int
+    """Micro-batches per rank per optimizer step on the full gang."""
+    pp_microbatches: int
+    """Pipeline micro-batches per step (1 without a pipeline)."""
+    pp_virtual_stages: int
+    precision: PrecisionSpec
+    gang: GangShape
+    paths: TrialPaths
+    config_hash: str
+    """The trial's identity: tagged on its run, written into its checkpoints, the key by which
+    a sweep skips it or goes on with it. Of `run`, so equal under torchrun and Ray."""
+    hashed_fields: Mapping[str, Any]
+    """The fields config_hash covers; a checkpoint records them, a resume names those that differ."""
+    tracking_uri: str | None = None
+    """The MLflow store every process uses (None with tracking=none)."""
+    resume_from: str = ""
+    """The checkpoint the driver found for train.resume ('' = the trial starts at step 0)."""
+    resume_step: int = 0
+    continues_run: str = ""
+    """The MLflow run of this trial that stopped before its end and goes on here ('' = none)."""
+
+    @property
+    def resuming(self) -> bool:
+        return bool(self.resume_from)
+
+
+def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangShape | None = None,
+               tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
+               continues_run: str = "") -> TrialPlan:
+    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root and resume
+    the caller decided; derives the rest from the config, once."""
+    assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
+    dims = parallel_dims(run)
+    out = os.path.abspath(run.output_dir or ".")
+    paths = TrialPaths(output_dir=out, checkpoint_root=str(checkpoint_root), ray_storage=os.path.join(out, "ray"),
+                       spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
+    return TrialPlan(
+        run=run, device=device, dims=dims, grad_accum_steps=grad_accum_steps(run),
+        pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1, pp_virtual_stages=pp_virtual_stages(run),
+        precision=spec_of(run.precision.name), gang=gang or GangShape.of(run, gpus=device == "cuda"),
+        paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=tracking_uri,
+        resume_from=resume_from, resume_step=resume_step, continues_run=continues_run)

@@ -1,0 +1,25 @@
+"""The plan of a trial that has no driver (torchrun, a test, a benchmark): made in-process.
+
+Under Ray the driver plans each trial (launch.plan) and its workers execute that plan; a
+process started by torchrun, or a caller that hands the engine a RunConfig, makes the same
+plan here, deciding what the driver would: cluster.device against this machine's GPUs and
+the checkpoint folder the config names. The resume is decided by the ranks together when
+they start (engine.resume.agreed_resume), as every start of a Ray gang does too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainlab.config import RunConfig
+from trainlab.config.plan import TrialPlan, plan_trial
+from trainlab.devices import resolve_device
+from trainlab.engine.checkpoint import checkpoint_root
+
+
+def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
+    """`run` (validated) planned in this process; every rank of one machine makes the same plan.
+    `tracking_uri`: the MLflow store rank 0 opens the trial's run in (None: no run)."""
+    device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
+                            logical_gpus=run.debug.logical_gpus)
+    return plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri)

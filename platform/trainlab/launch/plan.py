@@ -1,0 +1,93 @@
+"""The driver plans a trial once, before any of its workers starts (config.plan.TrialPlan).
+
+    plan = plan_launch(run)            # ConfigError (field, value, fix) if it cannot run
+    train(plan)                        # launch.trial: the MLflow run, the gang, the summary
+
+In order, each decided once: every path absolute; the environment checks (launch.preflight)
+and, for a local cluster, cluster.device; the checkpoint folder (a stopped single trial found
+again goes on in its own) and the checkpoint train.resume starts from, read back against its
+digests; then, joining Ray, cluster.device=auto of a joined cluster and the GPU types the gang
+may use (launch.placement). A sweep plans each trial this way before the first one starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainlab.config import ConfigError, RunConfig
+from trainlab.config.load import hashed_config
+from trainlab.config.plan import GangShape, TrialPlan, plan_trial
+from trainlab.console import console
+from trainlab.devices import resolve_device
+from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
+from trainlab.engine.resume import resolve_resume, verify_here
+from trainlab.launch.paths import resolve_paths
+from trainlab.launch.placement import Placement, PlacementError, gpu_pools, place, scaling_options
+from trainlab.launch.preflight import check_comm_backend, preflight
+from trainlab.tracking.resume import unfinished_trial
+from trainlab.tracking.runs import resolve_tracking_uri
+
+
+def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True) -> TrialPlan:
+    """The trial's plan, or ConfigError before anything of it starts. `parent_run_id`: the
+    sweep's run (its trials are found again by the sweep, not one by one); `services=False`:
+    the sweep checked its cluster and store once already (preflight.check_sweep_services)."""
+    run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
+    uses_mlflow = run.tracking.name == "mlflow"
+    uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
+    device = preflight(run, tracking_uri=uri, services=services)  # 'auto' is left for a joined cluster
+    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
+    root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
+    try:  # every file read back against its digest at save; another config's checkpoint refused
+        start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
+                               warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+    except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
+        raise ConfigError(str(e)) from None
+    decided = device
+    device, gang = plan_gang(run, device)
+    if decided == "auto":  # what preflight could not check before the cluster said what it has
+        try:
+            check_comm_backend(run, device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
+                      resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
+                      continues_run=found.run_id if found else "")
+
+
+def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
+    """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
+    trial to the GPU types that can run it: (device, gang). ConfigError, with each type's
+    reason, for a trial no GPU type can run, instead of a gang pending forever."""
+    from trainlab.launch.ray_trial import connect
+
+    connect(run)  # first: Ray must not be imported before it keeps a local cluster on loopback
+    import ray
+
+    device = resolve_device(device, gpus=ray.cluster_resources().get("GPU", 0) > 0,
+                            logical_gpus=run.debug.logical_gpus)
+    gpus = device == "cuda" or run.debug.logical_gpus
+    gang = GangShape.of(run, gpus=gpus)
+    if not gpus:
+        return device, gang
+    pools = gpu_pools(ray.nodes())
+    try:
+        placement = place(run, pools)
+    except PlacementError as e:
+        raise ConfigError(str(e)) from None
+    return device, dataclasses.replace(gang, accelerator_types=placement.types, strategy=placement.strategy,
+                                       all_types=tuple(p.type for p in pools))
+
+
+def scaling(gang: GangShape) -> dict:
+    """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
+    resources = {"CPU": gang.cpus_per_worker, **({"GPU": 1} if gang.gpus else {})}
+    options = {"num_workers": gang.elastic or gang.num_workers, "use_gpu": gang.gpus,
+               "resources_per_worker": resources, "placement_strategy": "PACK"}
+    if gang.elastic:
+        options["elastic_resize_monitor_interval_s"] = gang.resize_interval_s
+    if gang.accelerator_types:
+        options |= scaling_options(Placement(types=gang.accelerator_types, strategy=gang.strategy),
+                                   all_types=gang.all_types)
+    return options
