@@ -100,10 +100,23 @@ class GangQueue:
         return events, self._outcomes.get(key)
 
     async def gang_failed(self, error: str, *, died: bool = False) -> None:
-        """Ray Train's reason for the latest failure of the gang's worker group (its controller);
-        `died`: a worker was lost (not an error it raised)."""
+        """Ray Train's reason for the latest failure of the gang's worker group (its controller,
+        before it restarts the group); `died`: a worker was lost (not an error it raised). A
+        trial in flight that has used its max_failures is failed now: its driver need not wait
+        for the restarted gang."""
         self._gang_error, self._worker_died = error, died
+        t = self._in_flight
+        if t is not None and t.failures + 1 > t.max_failures:
+            self._fail_in_flight()
         await self._notify()
+
+    def _fail_in_flight(self) -> None:
+        """Fail the trial in flight with the error a worker raised; where one died, with Ray's
+        reason (the survivors' errors, a peer's connection reset, are only its consequence)."""
+        t = self._in_flight
+        error = self._gang_error if self._worker_died or not t.errors else t.errors[0]
+        self._outcomes[t.key] = {"error": error or "the gang's workers restarted"}
+        self._in_flight, self._gang_error, self._worker_died = None, "", False
 
     # -- the gang's workers --------------------------------------------------------------
     async def next(self, timeout: float) -> dict | str | None:
@@ -120,17 +133,15 @@ class GangQueue:
                 t.errors.clear()
                 self._gang_error, self._worker_died = "", False
                 return {"key": t.key, "payload": t.payload, "attempt": t.failures}
-            if not self._gang_error:  # sent before the restart began: here unless the controller is slow
-                await self._wait(lambda: bool(self._gang_error), REPORT_GRACE_S)
-            # the error a worker raised; where one died, Ray's reason (the survivors' errors,
-            # a peer's connection reset, are only its consequence)
-            error = self._gang_error if self._worker_died or not t.errors else t.errors[0]
-            self._outcomes[t.key] = {"error": error or "the gang's workers restarted"}
-            self._in_flight, self._gang_error, self._worker_died = None, "", False
+            # Ray's reason came before the restart unless its callback failed: wait a little for it
+            await self._wait(lambda t=t: bool(self._gang_error) or self._in_flight is not t, REPORT_GRACE_S)
+            if self._in_flight is t:
+                self._fail_in_flight()
             await self._notify()
         await self._wait(lambda: bool(self._pending) or self._ended, timeout)
         if self._pending:
             t = self._in_flight = self._pending.popleft()
+            self._gang_error, self._worker_died = "", False  # a failure between trials is not this one's
             return {"key": t.key, "payload": t.payload, "attempt": 0}
         return None if self._ended else WAIT
 
