@@ -54,27 +54,28 @@ def _run_one(ticket: dict, *, queue, rank0: bool, local_rank: int):
     """One trial on this worker, as ray_trial._worker runs the trial of a gang of its own."""
     from trainlab.engine.preemption import listen_outside
     from trainlab.engine.run import run_trial
+    from trainlab.events import STEP
     from trainlab.launch.interrupt import follow_stop_flag
     from trainlab.launch.ray_trial import _tracker_factory, _where
     from trainlab.tracking.mlflow_tracker import prestart_writer
 
     payload, key = ticket["payload"], ticket["key"]
     plan, target = payload["plan"], payload["tracking"]  # as the driver resolved it: executed, not re-checked
-    make_tracker = _tracker_factory(plan, target)
-
-    def tracker_factory(dist_info, resumed: bool = False):
-        tracker = make_tracker(dist_info, resumed)
-        if target.run is not None:  # the next trial's writer imports MLflow while this one trains
-            prestart_writer(tracking_uri=target.run.tracking_uri)
-        return tracker
+    spare_due = target.run is not None  # the next trial's MLflow writer, not started yet
 
     def progress(event) -> None:
+        nonlocal spare_due
         queue.put_event.remote(key, event)  # not waited for: a slow driver never stops training
+        if spare_due and event.kind == STEP:
+            # the next trial's writer imports MLflow while this one trains; started after this
+            # one's first logged step, so that it never takes the CPU from this trial's start
+            spare_due = False
+            prestart_writer(tracking_uri=target.run.tracking_uri)
 
     listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
     polling = follow_stop_flag(None, ask=lambda: queue.stop_kind.remote(key)) if rank0 else None
     try:
-        return run_trial(plan, tracker_factory=tracker_factory, local_rank=local_rank,
+        return run_trial(plan, tracker_factory=_tracker_factory(plan, target), local_rank=local_rank,
                          progress=progress if rank0 else None, where=_where(plan))
     finally:
         if polling is not None:
