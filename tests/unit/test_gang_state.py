@@ -28,9 +28,12 @@ def state(monkeypatch):
     """The process as a gang finds it; put back (and CUBLAS_WORKSPACE_CONFIG unset) afterwards
     whatever a failing test left."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    state = GangState.capture()
-    yield state
-    state.after_trial()
+    # torch's default, as a fresh worker has it: an earlier test in this process may have compiled
+    # per block (parallel.compile turns it off) and left it so
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
+        state = GangState.capture()
+        yield state
+        state.after_trial()
 
 
 def test_the_switches_a_trial_sets_are_put_back(state):
