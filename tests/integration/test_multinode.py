@@ -29,18 +29,21 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 
 def _ray_start(env: dict, temp_dir: str, *args: str, gpu_type: str) -> None:
-    subprocess.run(
+    proc = subprocess.run(
         # --node-ip-address: on loopback, else Ray picks the machine's routable address
         [RAY, "start", "--temp-dir", temp_dir, "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "2",
          "--resources", json.dumps({f"accelerator_type:{gpu_type}": 1}),
          "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats", *args],
-        env=env, check=True, capture_output=True, timeout=120)
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"ray start {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
 def loopback_cluster():
     """Head (2 x H100) + node (2 x V100) on 127.0.0.1, with token auth as Ray 2.60 heads use."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
+    # a user's shell: no RAY_* left by this pytest process's own cluster (its single-node switch
+    # would make the second `ray start` refuse to join)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     # short paths: Ray's Unix sockets live under the temp dir
     dirs = [tempfile.mkdtemp(prefix="tlh", dir="/tmp"), tempfile.mkdtemp(prefix="tln", dir="/tmp")]
