@@ -279,3 +279,31 @@ def read_only_dir(path: Path):
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(path)], capture_output=True)
         path.chmod(0o700)
+
+
+# Chromium as this machine's probe starts it headless: without the background-networking
+# switches it tries Google's hosts at every start, and this network refuses them.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian Chromium (/usr/bin/chromium) driven by Playwright: `browser.new_page(
+    viewport={"width": 1600, "height": 1000})` opens a tab. .ci/run installs Chromium and sets
+    TRAINLAB_REQUIRE_BROWSER=1, so a missing browser fails there; elsewhere the test skips."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("TRAINLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail("Chromium is not installed: `apt-get install -y chromium` (as .ci/run does)")
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
