@@ -9,7 +9,7 @@ from trainlab.config import compose_run_config
 from trainlab.config.schema import EmulatedFormats, PrecisionConfig
 from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_supported
-from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS, SPECS
+from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS, SPECS, emulates
 
 
 @pytest.mark.parametrize("name", PRECISIONS)
@@ -18,6 +18,21 @@ def test_every_mode_builds_its_recipe_from_its_spec(name):
     recipe = build_recipe(cfg, device_type="cpu")
     assert isinstance(recipe, SPECS[name].recipe_class()) and recipe.name == name
     assert recipe.peak_dtype == SPECS[name].matmul_dtype(cfg.hp_dtype)
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+@pytest.mark.parametrize("impl", ["auto", "native", "emulated"])
+def test_the_recipe_emulates_exactly_when_the_spec_says(name, impl):
+    """Warm-gang isolation and the capability check read precision.spec.emulates; the recipe
+    that actually trains must agree with it (they were two copies of the rule before)."""
+    fp16_impl = impl
+    fp8_impl = "emulated" if impl == "emulated" else "native"
+    cfg = PrecisionConfig(name=name, fp16_impl=fp16_impl, fp8_impl=fp8_impl,
+                          formats=EmulatedFormats(activations="e4m3"))
+    assert build_recipe(cfg, device_type="cpu").emulated == emulates(cfg, device_type="cpu")
+    # on CUDA only the choice itself decides (auto fp16 is native there)
+    assert emulates(cfg, device_type="cuda") == (name == "emulated" or impl == "emulated"
+                                                 and (name == "fp16" or SPECS[name].fp8))
 
 
 @pytest.mark.parametrize("name", FP8_PRECISIONS)

@@ -65,11 +65,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainlab.config.schema import PrecisionConfig, RunConfig
+from trainlab.config.schema import RunConfig
 from trainlab.config.validate import compile_unit
 from trainlab.distributed import clear_dtensor_caches
 from trainlab.engine import preemption
-from trainlab.precision.spec import spec_of
+from trainlab.precision.spec import emulates, spec_of
 
 CUDA_DEFAULT_SEED = 67280421310721
 """c10's default_rng_seed_val: what a CUDA device's generator starts from in a fresh process."""
@@ -239,18 +239,7 @@ def fresh_gang_reason(*, ran: list[RunConfig], run: RunConfig, device: str) -> s
 
 def compiles(run: RunConfig, *, device: str) -> bool:
     """Whether `run` runs torch.compile on `device` (train.compile with auto resolved)."""
-    return bool(compile_unit(run, device_type=device, emulated=emulated(run.precision, device=device)))
-
-
-def emulated(cfg: PrecisionConfig, *, device: str) -> bool:
-    """Whether the recipe of `cfg` emulates its casts on `device`, as precision.recipes builds it
-    (fp16: precision.fp16_impl, auto = emulated on CPU; FP8: precision.fp8_impl; emulated: always)."""
-    spec = spec_of(cfg.name)
-    if spec.name == "emulated":
-        return True
-    if spec.name == "fp16":
-        return cfg.fp16_impl == "emulated" or (cfg.fp16_impl == "auto" and device == "cpu")
-    return spec.fp8 and cfg.fp8_impl == "emulated"
+    return bool(compile_unit(run, device_type=device, emulated=emulates(run.precision, device_type=device)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -340,4 +329,4 @@ def _compiled_frames() -> int:
     return getattr(convert_frame, "FRAME_COUNTER", 0) if convert_frame is not None else 0
 
 
-__all__ = ["FLAGS", "GangState", "compiles", "emulated", "fresh_gang_reason"]
+__all__ = ["FLAGS", "GangState", "compiles", "fresh_gang_reason"]

@@ -3,7 +3,7 @@ checked before any worker starts, and again on each GPU worker."""
 
 from __future__ import annotations
 
-from trainlab.precision.spec import FP8_TENSOR_CORES, SPECS, spec_of
+from trainlab.precision.spec import FP8_TENSOR_CORES, SPECS, emulates, spec_of
 
 MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {n: s.min_capability for n, s in SPECS.items()}
 """Minimum CUDA compute capability (major, minor) per precision mode, run natively."""
@@ -63,4 +63,4 @@ def check_precision_on_gpu(cfg, *, capability: tuple[int, int], device_name: str
     """check_precision_supported for a precision config on a CUDA GPU: the one call the driver's
     preflight and each GPU worker make, so both read the same config fields."""
     check_precision_supported(cfg.name, device="cuda", capability=capability, device_name=device_name,
-                              emulated=cfg.fp8_impl == "emulated", hp_dtype=cfg.hp_dtype)
+                              emulated=emulates(cfg, device_type="cuda"), hp_dtype=cfg.hp_dtype)

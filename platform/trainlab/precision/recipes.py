@@ -27,7 +27,7 @@ from trainlab.precision.emulate import (
 )
 from trainlab.precision.formats import parse_format
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
-from trainlab.precision.spec import PrecisionSpec, spec_of
+from trainlab.precision.spec import PrecisionSpec, emulates, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -158,10 +158,7 @@ class Fp16Recipe(AutocastRecipe):
 
     @classmethod
     def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> Fp16Recipe:
-        impl = cfg.fp16_impl
-        if impl == "auto":
-            impl = "emulated" if device_type == "cpu" else "native"
-        return cls(cfg, device_type, emulated=impl == "emulated")
+        return cls(cfg, device_type, emulated=emulates(cfg, device_type=device_type))
 
     def __init__(self, cfg: PrecisionConfig, device_type: str, *, emulated: bool):
         super().__init__(name="fp16", device_type=device_type, emulated=emulated,
@@ -225,7 +222,7 @@ class Fp8Recipe(PrecisionRecipe):
     def __init__(self, cfg: PrecisionConfig, device_type: str):
         # MFU against the high-precision peak; run.py adds a second one against the FP8 peak
         super().__init__(name=cfg.name, device_type=device_type,
-                         emulated=cfg.fp8_impl == "emulated", peak_dtype=cfg.hp_dtype)
+                         emulated=emulates(cfg, device_type=device_type), peak_dtype=cfg.hp_dtype)
         self.cfg = cfg
         self.hp_dtype = HP_DTYPES[cfg.hp_dtype]
         self._model: nn.Module | None = None

@@ -158,3 +158,16 @@ def spec_of(name: str) -> PrecisionSpec:
     except KeyError:
         raise ValueError(f"precision={name!r} is not a precision mode; choose one of "
                          f"{', '.join(PRECISIONS)}") from None
+
+
+def emulates(cfg, *, device_type: str) -> bool:
+    """Whether the precision config `cfg` (a PrecisionConfig) runs its low-precision casts
+    emulated on `device_type` ("cpu" or "cuda"): fp16 per precision.fp16_impl (auto: emulated on
+    CPU, native on CUDA), the FP8 modes per precision.fp8_impl, `emulated` always. The one
+    decision that the recipes, the capability check and warm-gang isolation all read."""
+    spec = spec_of(cfg.name)
+    if spec.name == "emulated":
+        return True
+    if spec.name == "fp16":
+        return cfg.fp16_impl == "emulated" or (cfg.fp16_impl == "auto" and device_type == "cpu")
+    return spec.fp8 and cfg.fp8_impl == "emulated"
