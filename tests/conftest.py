@@ -307,3 +307,50 @@ def browser():
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture
+def outside(monkeypatch):
+    """A fresh copy of the engine's stop-from-outside request, as in a new Ray worker process."""
+    import threading
+
+    from trainlab.engine import preemption
+
+    monkeypatch.setattr(preemption, "_outside", threading.Event())
+    monkeypatch.setattr(preemption, "_listening", False)
+
+
+def probe_free_trainer(overrides: list[str], dist_info):
+    """build_trainer for `overrides` without the CPU matmul peak probe (it measures nothing a
+    stop or resume test checks, and costs seconds on a busy machine)."""
+    from trainlab.config import compose_run_config
+    from trainlab.engine.run import build_trainer
+    from trainlab.telemetry import Peak, peak_flops
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
+        return build_trainer(compose_run_config(overrides), dist_info)
+
+
+def train_off_main_thread(make_trainer: Callable, *, at: int, asks: tuple[str, ...], listen: bool = True):
+    """Train off the main thread, as a Ray Train worker does (no signal handler can be installed
+    there); at step `at` the driver's stop request arrives with each kind of `asks` in order
+    (preemption.PREEMPT, PRUNE). `make_trainer()` builds the trainer in that thread. Returns
+    the trainer's result."""
+    import threading
+
+    from trainlab.engine import preemption
+
+    out = {}
+
+    def work() -> None:
+        if listen:
+            preemption.listen_outside()
+        trainer = make_trainer()
+        trainer.add_hook(lambda tr, step, m: [preemption.stop_from_outside(k) for k in asks] if step == at else None)
+        out["result"] = trainer.train()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return out["result"]

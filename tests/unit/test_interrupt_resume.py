@@ -6,15 +6,13 @@ trial of its config in the MLflow store (a real sqlite store), and only where it
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
+from conftest import probe_free_trainer, train_off_main_thread
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine import preemption
-from trainlab.engine.run import build_trainer
-from trainlab.telemetry import Peak, peak_flops
 from trainlab.tracking.resume import unfinished_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
 
@@ -23,29 +21,9 @@ TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batc
             "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu"]
 
 
-@pytest.fixture
-def outside(monkeypatch):
-    """A fresh copy of the module's outside request, as in a new Ray worker process."""
-    monkeypatch.setattr(preemption, "_outside", threading.Event())
-    monkeypatch.setattr(preemption, "_listening", False)
-
-
 def _train_in_a_thread(dist_info, *, listen: bool, stop_at: int):
-    out = {}
-
-    def work() -> None:
-        if listen:
-            preemption.listen_outside()
-        with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
-            mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-            trainer = build_trainer(compose_run_config(TINY_RUN), dist_info)
-        trainer.add_hook(lambda tr, step, m: preemption.stop_from_outside() if step == stop_at else None)
-        out["result"] = trainer.train()
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    return out["result"]
+    return train_off_main_thread(lambda: probe_free_trainer(TINY_RUN, dist_info), at=stop_at,
+                                 asks=(preemption.PREEMPT,), listen=listen)
 
 
 @pytest.mark.usefixtures("one_thread", "outside")

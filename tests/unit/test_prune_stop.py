@@ -7,17 +7,16 @@ pruned trial as it skips a finished one (a real sqlite MLflow store)."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
+from conftest import probe_free_trainer, train_off_main_thread
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine import preemption
 from trainlab.engine.checkpoint import Checkpointer, complete_checkpoints
-from trainlab.engine.run import Attempt, build_trainer
+from trainlab.engine.run import Attempt
 from trainlab.events import StepDone
-from trainlab.telemetry import Peak, peak_flops
 from trainlab.tracking import NullTracker
 from trainlab.tracking.runs import open_trial_run, trial_tags
 from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, unfinished_checkpoints
@@ -27,37 +26,15 @@ TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batc
             "train.eval_every=0", "train.eval_batches=1", "cluster.device=cpu", "train.checkpoint_every=0"]
 
 
-@pytest.fixture
-def outside(monkeypatch):
-    """A fresh copy of the module's outside request, as in a new Ray worker process."""
-    monkeypatch.setattr(preemption, "_outside", threading.Event())
-    monkeypatch.setattr(preemption, "_listening", False)
-
-
 def _trainer(dist_info, overrides=(), root=None):
-    with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
-        mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        trainer = build_trainer(compose_run_config([*TINY_RUN, *overrides]), dist_info)
+    trainer = probe_free_trainer([*TINY_RUN, *overrides], dist_info)
     if root is not None:
         trainer.checkpointer = Checkpointer(root, keep=3, rank=0, world_size=1, config_hash="h")
     return trainer
 
 
 def _stopped_in_a_thread(dist_info, *, asks: list[str], at: int, root):
-    """Train off the main thread (as a Ray worker does), listening; at step `at` the driver's
-    flag is followed with each of `asks` in order."""
-    out = {}
-
-    def work() -> None:
-        preemption.listen_outside()
-        trainer = _trainer(dist_info, root=root)
-        trainer.add_hook(lambda tr, step, m: [preemption.stop_from_outside(k) for k in asks] if step == at else None)
-        out["result"] = trainer.train()
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    return out["result"]
+    return train_off_main_thread(lambda: _trainer(dist_info, root=root), at=at, asks=tuple(asks))
 
 
 @pytest.mark.usefixtures("one_thread", "outside")
