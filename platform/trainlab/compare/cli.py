@@ -53,9 +53,11 @@ def _print_result(result) -> None:
     from rich.markup import escape
 
     from trainlab.compare import tables
+    from trainlab.compare.answer import answer
     from trainlab.compare.compare_sweep import title_of
 
     console = _console()
+    console.print(answer(result.summary).line, markup=False)  # what people come for, first
     if result.sweep.note:
         console.print(f"[yellow]note:[/] {escape(result.sweep.note)}")
     for table in tables.rich_tables(result.summary, title=title_of(result.sweep)):
