@@ -109,7 +109,7 @@ def test_underflow_axis_shows_no_negative_fraction(fractions):
     assert ticks and min(ticks) >= 0 and max(ticks) <= 1, ticks
     assert ax.get_ylim()[0] == 0 and max(fractions) <= ax.get_ylim()[1] <= 1
     shown = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
-    assert not any(x.lstrip("$\\mathdefault{").startswith(("-", "\N{MINUS SIGN}")) for x in shown), shown
+    assert not any(x.removeprefix("$\\mathdefault{").startswith(("-", "\N{MINUS SIGN}")) for x in shown), shown
 
 
 def test_val_loss_axis_fits_the_curves_not_a_far_target():
