@@ -122,6 +122,13 @@ def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
     assert status == {"0": names.STATUS_FINISHED, "128": names.STATUS_FAILED}
     failed = next(r for r in runs if r.data.params["model.vocab_size"] == "128")
     assert "vocab_size" in failed.data.tags[names.TAG_ERROR]
+    # the parent's row: no winner (nothing else finished to be ok), but the counts
+    (parent,) = client.search_runs([failed.info.experiment_id], f"tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'")
+    assert parent.data.tags[names.TAG_BEST_CONFIG] == "none"
+    assert parent.data.tags[names.TAG_SWEEP_RESULT].startswith("no configuration is ok")
+    assert "model.vocab_size=128 failed" in parent.data.tags[names.TAG_SWEEP_RESULT]
+    assert {s: parent.data.metrics[names.trials_metric(s)] for s in (names.STATUS_FINISHED, names.STATUS_FAILED)} \
+        == {names.STATUS_FINISHED: 1, names.STATUS_FAILED: 1}
 
 
 def test_invalid_job_refuses_the_whole_sweep(tmp_path):

@@ -259,7 +259,9 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         from trainlab.compare.answer import log_sweep_answer
         from trainlab.tracking.sweep_runs import close_sweep_parent
 
-        result = log_sweep_answer(tracking_uri=uri, parent_run_id=parent_id)  # what won, on its row
+        # what won, on the parent's row; not when interrupted: a scheduler's grace period is for
+        # the trials' checkpoints, and the rerun that resumes them logs the result
+        result = None if stop.signum else log_sweep_answer(tracking_uri=uri, parent_run_id=parent_id)
         if result is not None:
             console.print(f"result: {escape(result.line)}")
         failed = any(t.status == names.STATUS_FAILED for t in trials)
