@@ -181,6 +181,25 @@ ROLE_TRIAL = "trial"
 TAG_SWEEP_ID = "sweep_id"
 """On a parent: hash of the sweep's definition (name + every job's overrides); a rerun of
 the same sweep finds its parent by it instead of creating another."""
+# the sweep's result on its parent run (compare.answer, logged at the sweep's end and by every
+# rerun), so the parent's row in MLflow's runs table answers "what won"
+TAG_BEST_CONFIG = "best_config"
+"""On a parent: the fastest configuration whose compare verdict is ok ('none' when none is)."""
+TAG_SWEEP_RESULT = "sweep_result"
+"""On a parent: compare's one-line answer (the winner, its speedup and val-loss gap, or why none)."""
+BEST_VAL_LOSS = "sweep/best_val_loss"
+"""On a parent: the winner's mean final val loss."""
+BEST_SPEEDUP = "sweep/best_speedup"
+"""On a parent: the winner's tokens/s over the baseline's."""
+BEST_DELTA_VAL_LOSS = "sweep/best_delta_val_loss"
+"""On a parent: the winner's val loss minus the baseline's at equal tokens (negative = better)."""
+
+
+def trials_metric(status: str) -> str:
+    """On a parent: how many of its trials ended with `status`, e.g. sweep/trials_finished."""
+    return f"sweep/trials_{status}"
+
+
 TAG_CONFIG_LABEL = "config_label"
 """On a child: the swept overrides except the seed, e.g. 'precision=fp16'; the unit compare
 aggregates seeds over."""

@@ -15,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import trainlab_cmd
+from report_checks import check_parent_result, check_report_page, fastest_ok
 from trainlab import names
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -39,7 +40,7 @@ def _rest(uri, path, body):
         return json.loads(r.read())
 
 
-def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path):
+def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, request):
     uri = mlflow_server.uri
     proc = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -92,6 +93,15 @@ def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path):
     logged = [a.path for a in client.list_artifacts(parent_id, names.ARTIFACT_COMPARE_DIR)]
     assert f"{names.ARTIFACT_COMPARE_DIR}/report.html" in logged
 
+    # ---- what won: compare's first line, the parent's row (logged by both runs), the report ----
+    answer_line = cmp.stdout.splitlines()[0]
+    best = fastest_ok(rows)
+    assert answer_line.startswith(f"fastest ok: {best['label']}:" if best else "no configuration is ok")
+    check_parent_result(uri, parent_id, rows=rows, answer_line=answer_line, n_trials=4)
+    assert len(client.get_metric_history(parent_id, names.trials_metric(names.STATUS_FINISHED))) == 2
+    check_report_page(request.getfixturevalue("browser"), out / "report.html", answer_line=answer_line,
+                      screenshot=tmp_path / "report.png")
+
 
 def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
     """One job's workers crash (a model vocabulary below the corpus's, met when they build the
@@ -112,6 +122,13 @@ def test_failing_trial_stops_nothing(mlflow_server, tmp_path):
     assert status == {"0": names.STATUS_FINISHED, "128": names.STATUS_FAILED}
     failed = next(r for r in runs if r.data.params["model.vocab_size"] == "128")
     assert "vocab_size" in failed.data.tags[names.TAG_ERROR]
+    # the parent's row: no winner (nothing else finished to be ok), but the counts
+    (parent,) = client.search_runs([failed.info.experiment_id], f"tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'")
+    assert parent.data.tags[names.TAG_BEST_CONFIG] == "none"
+    assert parent.data.tags[names.TAG_SWEEP_RESULT].startswith("no configuration is ok")
+    assert "model.vocab_size=128 failed" in parent.data.tags[names.TAG_SWEEP_RESULT]
+    assert {s: parent.data.metrics[names.trials_metric(s)] for s in (names.STATUS_FINISHED, names.STATUS_FAILED)} \
+        == {names.STATUS_FINISHED: 1, names.STATUS_FAILED: 1}
 
 
 def test_invalid_job_refuses_the_whole_sweep(tmp_path):

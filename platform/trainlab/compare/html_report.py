@@ -8,13 +8,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainlab.compare import repro, tables
+from trainlab.compare.answer import answer
 from trainlab.compare.records import Summary, Trial
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+.answer { font-size: 1.25em; font-weight: 600; margin: 0 0 1em; padding: 0.6em 1em;
+          border-left: 6px solid #2a7d4f; background: #eef7f1; }
+.answer.none { border-left-color: #b35c00; background: #fdf3e6; }
+.scroll { max-width: 100%; overflow-x: auto; }  /* a wide table scrolls in its box, not the page */
 table { border-collapse: collapse; font-size: 0.9em; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; white-space: nowrap; }
+th { white-space: normal; vertical-align: bottom; }  /* long headers wrap: numbers set the width */
 th:first-child, td:first-child { text-align: left; }
+td:first-child { white-space: normal; min-width: 12em; }  /* long labels wrap at their spaces */
+.trials td:last-child { white-space: normal; text-align: left; min-width: 20em; }
 thead th { background: #f2f2f2; }
 tr.baseline td { font-weight: bold; }
 tr.nonumbers td { color: #b00; }
@@ -40,12 +48,15 @@ def _trials_table(trials: Sequence[Trial]) -> str:
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("config", "seed", "status", "stopped at step", "run id",
                                              "error / why pruned"))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return (f'<div class="scroll trials"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
+            f"</tbody></table></div>")
 
 
 def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, context: list[str],
                  images: Sequence[Path], path: Path) -> Path:
-    """Title, what the table was computed against, the summary table, the plots, the trials."""
+    """The answer (compare.answer) first, then the title, what the table was computed against,
+    the summary table, the plots, the trials."""
+    result = answer(summary)
     meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
     defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
     imgs = "\n".join(_img(p) for p in images)
@@ -57,12 +68,13 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
 <style>{_CSS}</style>
 </head>
 <body>
+<p class="answer{'' if result.best else ' none'}" id="answer">{html.escape(result.line)}</p>
 <h1>{html.escape(title)}</h1>
 <ul class="meta">{meta}</ul>
 <h2>Summary</h2>
 {tables.html_table(summary)}
 <ul class="defs">{defs}</ul>
-{repro.html_section(summary.repro) if summary.repro else ""}
+<div class="scroll">{repro.html_section(summary.repro) if summary.repro else ""}</div>
 <h2>Plots</h2>
 {imgs}
 <h2>Trials</h2>

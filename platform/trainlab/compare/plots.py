@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,12 +47,85 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes)
 
 
+def _target_within(ax, target: float | None, ys: list[float]) -> None:
+    """Fit the loss axis to the plotted values (a target far off them would squash every curve
+    into a band) and draw the target line where it falls on that axis, else name it in the legend."""
+    if target is None or not ys:
+        return
+    lo, hi = min(ys), max(ys)
+    pad = 0.08 * (hi - lo) or 0.02 * abs(hi) or 0.01
+    ax.set_ylim(lo - pad, hi + pad)
+    if lo - pad <= target <= hi + pad:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+    else:
+        where = "above" if target > hi else "below"
+        ax.plot([], [], color="grey", linestyle="--", linewidth=1,
+                label=f"target {target:.3f} ({where} this range)")
+
+
+def _final_points(summary: Summary, trials: Sequence[Trial], *, key: str, ylabel: str,
+                  title: str, target: float | None) -> Figure:
+    """Every trial logged one point (a short run evaluated once): a dot per trial on one row per
+    configuration, the mean over finished seeds marked and written, rather than lone dots on a
+    tokens axis."""
+    fig, ax = _figure()
+    colors, groups, xs = _colors(summary), _by_label(trials), []
+    rows = [r for r in summary.rows if any(curves.finite_points(t.series(key)) for t in groups.get(r.label, []))]
+    for i, r in enumerate(rows):
+        done = []
+        for t in groups.get(r.label, []):
+            pts = curves.finite_points(t.series(key))
+            if not pts:
+                continue
+            finished = t.status == names.STATUS_FINISHED
+            ax.plot(pts[-1][1], i, linestyle="none", color=colors[r.label], alpha=0.8,
+                    marker="o" if finished else "x", markersize=6 if finished else 8)
+            xs.append(pts[-1][1])
+            done += [pts[-1][1]] if finished else []
+        if done:
+            mean = sum(done) / len(done)
+            ax.plot(mean, i, marker="|", markersize=22, markeredgewidth=2, color=colors[r.label])
+            ax.annotate(f"{mean:.4f} (n={len(done)})", (mean, i), xytext=(0, 12), textcoords="offset points",
+                        ha="center", fontsize="small")
+    # labels of several swept keys are long: one key per line keeps the plot its width
+    ax.set_yticks(range(len(rows)), [textwrap.fill(r.label, 28) for r in rows], fontsize="small")
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.invert_yaxis()  # the table's order, top to bottom
+    for marker, size, what in (("o", 6, "a finished trial"), ("x", 8, "diverged / pruned"), ("|", 14, "mean")):
+        ax.plot([], [], linestyle="none", marker=marker, markersize=size, color="grey", label=what)
+    if target is not None and xs:
+        lo, hi = min(xs), max(xs)
+        pad = 0.15 * (hi - lo) or 0.02 * abs(hi) or 0.01
+        ax.set_xlim(lo - pad, hi + pad)
+        if lo - pad <= target <= hi + pad:
+            ax.axvline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+        else:
+            ax.plot([], [], color="grey", linestyle="--", linewidth=1,
+                    label=f"target {target:.3f} ({'right' if target > hi else 'left'} of this range)")
+    ax.legend(fontsize="small")
+    ax.set(xlabel=f"{ylabel} at each trial's only evaluation", title=title)
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
 def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, ylabel: str,
                    title: str, path: Path, target: float | None = None) -> Path:
-    """Mean over finished seeds with a min–max band; diverged and pruned trials as thin dotted lines."""
-    fig, ax = _figure()
-    colors, groups, drawn = _colors(summary), _by_label(trials), False
+    """loss_vs_tokens_figure as a PNG at path."""
+    loss_vs_tokens_figure(summary, trials, metric=metric, ylabel=ylabel, title=title,
+                          target=target).savefig(path)
+    return path
+
+
+def loss_vs_tokens_figure(summary: Summary, trials: Sequence[Trial], *, metric: str, ylabel: str,
+                          title: str, target: float | None = None) -> Figure:
+    """Mean over finished seeds with a min–max band; diverged and pruned trials as thin dotted lines.
+    When no trial logged more than one point, one row of points per configuration instead."""
     key = names.by_tokens(metric)
+    lengths = [len(curves.finite_points(t.series(key))) for t in trials]
+    if lengths and max(lengths) == 1:
+        return _final_points(summary, trials, key=key, ylabel=ylabel, title=title, target=target)
+    fig, ax = _figure()
+    colors, groups, drawn, ys = _colors(summary), _by_label(trials), False, []
     for r in summary.rows:
         ts = groups.get(r.label, [])
         done = [t.series(key) for t in ts if t.status == names.STATUS_FINISHED and t.series(key)]
@@ -63,6 +137,7 @@ def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, yl
             if n > 1:
                 ax.fill_between(x, lo, hi, color=colors[r.label], alpha=0.2, linewidth=0)
             drawn = True
+            ys += [*lo.tolist(), *hi.tolist()]
         for t in ts:
             pts = curves.finite_points(t.series(key))
             if t.status in (names.STATUS_DIVERGED, names.STATUS_PRUNED) and pts:
@@ -70,16 +145,15 @@ def loss_vs_tokens(summary: Summary, trials: Sequence[Trial], *, metric: str, yl
                         markevery=[len(pts) - 1], linestyle=":", linewidth=1,
                         label=f"{r.label} seed {t.seed or '?'} ({t.status})")
                 drawn = True
-    if target is not None and drawn:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+                ys += [p[1] for p in pts]
     if not drawn:
         _no_data(ax, ylabel)
     else:
+        _target_within(ax, target, ys)
         ax.legend(fontsize="small")
     ax.set(xlabel="tokens seen", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
-    fig.savefig(path)
-    return path
+    return fig
 
 
 def throughput(summary: Summary, *, title: str, path: Path) -> Path:
@@ -127,12 +201,11 @@ def loss_scale(summary: Summary, trials: Sequence[Trial], *, title: str, path: P
     return path
 
 
-def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Path) -> Path | None:
+def underflow_figure(summary: Summary, trials: Sequence[Trial], *, title: str) -> Figure | None:
     """Worst-layer underflow fraction of each cast kind over steps, one line per trial; None
-    (no file) when no trial cast anything to low precision."""
+    when no trial cast anything to low precision."""
     kinds = [(k, names.cast_max_metric(k, names.CAST_UNDERFLOW)) for k in names.CAST_TENSORS]
     if not any(curves.finite_points(t.series(key)) for t in trials for _, key in kinds):
-        path.unlink(missing_ok=True)
         return None
     fig = Figure(figsize=(12, 4.2), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
@@ -152,6 +225,9 @@ def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Pa
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of non-zero values cast to 0")
     axes[0].set_yscale("symlog", linthresh=1e-4)  # 0.01 % and 99 % both readable
+    # a fraction is in [0, 1]: symlog's margins would otherwise show negative fractions below 0
+    top = axes[0].get_ylim()[1]
+    axes[0].set_ylim(0, min(top, 1.0) if top > 0 else 1e-4)
     handles, labels = axes[0].get_legend_handles_labels()
     for ax in axes[1:]:
         h, la = ax.get_legend_handles_labels()
@@ -159,6 +235,15 @@ def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Pa
         labels += [y for y in la if y not in labels]
     fig.legend(handles, labels, loc="outside right upper", fontsize="small")
     fig.suptitle(title)
+    return fig
+
+
+def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Path) -> Path | None:
+    """underflow_figure as a PNG at path; None (no file) when there is nothing to plot."""
+    fig = underflow_figure(summary, trials, title=title)
+    if fig is None:
+        path.unlink(missing_ok=True)  # a stale plot from an earlier compare would mislead
+        return None
     fig.savefig(path)
     return path
 

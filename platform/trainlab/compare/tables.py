@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainlab.compare import repro
+from trainlab.compare.answer import answer
 from trainlab.compare.records import ConfigRow, Summary
 
 NA = "-"  # where a configuration has no number (no finished trial, or nothing logged)
@@ -152,18 +153,27 @@ def markdown_document(summary: Summary, *, title: str, context: list[str]) -> st
     bullets = [f"- {x}" for x in [*context, *headline(summary)]]
     defs = [f"- {d}" for d in DEFINITIONS]
     repro_section = [repro.markdown(summary.repro)] if summary.repro else []
-    return "\n".join([f"# {title}", "", *bullets, "", markdown_table(summary), "", *defs, "",
+    return "\n".join([f"# {title}", "", f"**{answer(summary).line}**", "", *bullets, "", markdown_table(summary), "", *defs, "",
                       *repro_section])
 
 
 def html_table(summary: Summary) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in COLUMNS)
-    body = []
-    for r, row_cells in zip(summary.rows, cells(summary)):
-        cls = "baseline" if r.is_baseline else ("nonumbers" if not r.has_numbers else "")
-        tds = "".join(f"<td>{html.escape(c)}</td>" for c in row_cells)
-        body.append(f'<tr class="{cls}">{tds}</tr>')
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
+    """The summary as two tables (results, then stability, each led by the config, as in the
+    terminal), each in a box that scrolls on its own: 21 columns side by side are wider than a
+    1600 px window, and the page itself must not scroll sideways."""
+    split = [h for h, _ in COLUMNS].index(STABILITY_FROM)
+    all_cells = cells(summary)
+    out = []
+    for cls, idx in (("results", range(0, split)), ("stability", [0, *range(split, len(COLUMNS))])):
+        head = "".join(f"<th>{html.escape(COLUMNS[i][0])}</th>" for i in idx)
+        body = []
+        for r, row_cells in zip(summary.rows, all_cells):
+            row_cls = "baseline" if r.is_baseline else ("nonumbers" if not r.has_numbers else "")
+            tds = "".join(f"<td>{html.escape(row_cells[i])}</td>" for i in idx)
+            body.append(f'<tr class="{row_cls}">{tds}</tr>')
+        out.append(f'<div class="scroll"><table class="{cls}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
+                   + "\n".join(body) + "\n</tbody>\n</table></div>")
+    return "\n".join(out)
 
 
 def write_csv(summary: Summary, path: Path) -> Path:

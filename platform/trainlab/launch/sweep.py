@@ -256,8 +256,14 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
     if parent_id is not None:
+        from trainlab.compare.answer import log_sweep_answer
         from trainlab.tracking.sweep_runs import close_sweep_parent
 
+        # what won, on the parent's row; not when interrupted: a scheduler's grace period is for
+        # the trials' checkpoints, and the rerun that resumes them logs the result
+        result = None if stop.signum else log_sweep_answer(tracking_uri=uri, parent_run_id=parent_id)
+        if result is not None:
+            console.print(f"result: {escape(result.line)}")
         failed = any(t.status == names.STATUS_FAILED for t in trials)
         status = names.STATUS_PREEMPTED if stop.signum else names.STATUS_FAILED if failed else names.STATUS_FINISHED
         close_sweep_parent(tracking_uri=uri, parent_run_id=parent_id, summary_md=table_md, status=status)

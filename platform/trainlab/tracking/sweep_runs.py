@@ -95,3 +95,26 @@ def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, su
         client.log_artifact(parent_run_id, str(path), artifact_path=names.ARTIFACT_SWEEP_DIR)
     client.set_tag(parent_run_id, names.TAG_STATUS, status)
     client.set_terminated(parent_run_id, status=mlflow_status(status))  # an interrupted sweep: KILLED
+
+
+def log_sweep_result(*, tracking_uri: str, parent_run_id: str, result) -> None:
+    """The sweep's result (a compare.answer.Answer) on its parent run: the winner as a tag, its
+    val loss, speedup and Δ val loss and the trials per status as metrics, so the parent's row in
+    MLflow's runs table says what won. A rerun logs again at the same step, a later value: MLflow
+    shows the newest; a winner that no longer is one is overwritten with NaN, never left stale."""
+    import math
+    import time
+
+    from mlflow.entities import Metric, RunTag
+
+    client = _client(tracking_uri)
+    now = int(time.time() * 1000)
+    best = {names.BEST_VAL_LOSS: result.val_loss, names.BEST_SPEEDUP: result.speedup,
+            names.BEST_DELTA_VAL_LOSS: result.delta_val_loss}
+    logged = client.get_run(parent_run_id).data.metrics
+    values = {k: v for k, v in best.items() if v is not None or k in logged}
+    values.update({names.trials_metric(status): n for status, n in result.trials_by_status})
+    metrics = [Metric(k, math.nan if v is None else float(v), now, 0) for k, v in values.items()]
+    tags = [RunTag(names.TAG_BEST_CONFIG, result.best or "none"),
+            RunTag(names.TAG_SWEEP_RESULT, result.line[:5000])]  # MLflow's tag value limit is 8000
+    client.log_batch(parent_run_id, metrics=metrics, tags=tags)
