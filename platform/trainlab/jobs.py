@@ -86,20 +86,35 @@ def _client(address: str):
 
     try:
         return JobSubmissionClient(address)
-    except AuthenticationError:
-        raise ValueError(f"the cluster at {address} requires a Ray auth token; set RAY_AUTH_TOKEN (or copy "
-                         "the head's ~/.ray/auth_token to this machine)") from None
+    except AuthenticationError as e:
+        # 401: no token sent; 403: a token the head does not hold (another machine's ~/.ray/auth_token)
+        what = "refused this machine's Ray auth token" if "Forbidden" in str(e) else "requires a Ray auth token"
+        raise ValueError(f"the cluster at {address} {what}; set RAY_AUTH_TOKEN to the head's token "
+                         "(`ray get-auth-token` on the head prints it) or copy the head's ~/.ray/auth_token "
+                         "to this machine") from None
+
+
+def _list_command(address: str) -> str:
+    """`ray job list` as it works from this shell: Ray's CLI sends the token only in token mode."""
+    mode = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
+    return f"{mode}ray job list --address {address}"
 
 
 def _known_job(client, job_id: str, address: str):
-    """The job's info; ValueError naming the job when the cluster has no such job."""
+    """The job's info; ValueError naming the job when the cluster has no such job.
+
+    An id that is not one path segment of the Jobs API's URL ('', '.', 'a#b') made Ray's client
+    ask for the job list instead and fail on its answer with a TypeError: refused here."""
+    unknown = (f"no job {job_id!r} on the cluster at {address}; `{_list_command(address)}` lists its "
+               "jobs (ids look like raysubmit_...)")
+    if not job_id.strip() or job_id in (".", "..") or any(c in job_id for c in "/?#"):
+        raise ValueError(unknown)
     try:
         return client.get_job_info(job_id)
     except RuntimeError as e:
         if "404" not in str(e):
             raise
-        raise ValueError(f"no job {job_id!r} on the cluster at {address}; `ray job list --address "
-                         f"{address}` lists its jobs (ids look like raysubmit_...)") from None
+        raise ValueError(unknown) from None
 
 
 def follow(client, job_id: str) -> int:
