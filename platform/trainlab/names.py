@@ -181,6 +181,9 @@ ROLE_TRIAL = "trial"
 TAG_SWEEP_ID = "sweep_id"
 """On a parent: hash of the sweep's definition (name + every job's overrides); a rerun of
 the same sweep finds its parent by it instead of creating another."""
+TAG_RAY_JOB = "ray_job"
+"""On a trial and a sweep's parent started by a Ray job (`trainlab submit`, `ray job submit`):
+the job's submission id (raysubmit_...); the run's name ends in '(job <id>)' too."""
 TAG_CONFIG_LABEL = "config_label"
 """On a child: the swept overrides except the seed, e.g. 'precision=fp16'; the unit compare
 aggregates seeds over."""
