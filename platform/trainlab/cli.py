@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
 
     token_mode()  # before anything imports ray
     if command == "train":
+        from trainlab.ray_job import job_overrides
+
+        rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
         sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
         try:
             from trainlab import train

@@ -22,6 +22,7 @@ import os
 import sys
 
 from trainlab.config.load import REPO_ROOT
+from trainlab.ray_job import DEFAULT_OUTPUT_ROOT, OUTPUT_ROOT_ENV
 
 EXCLUDES = [".venv", ".git", "outputs", "multirun", "mlruns", "mlartifacts", "mlflow.db",
             "__pycache__", "*.egg-info", ".pytest_cache"]
@@ -38,10 +39,13 @@ def entrypoint(overrides: list[str], *, multirun: bool) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def runtime_env() -> dict:
-    """Working dir = this project; the package importable from it; tracking settings forwarded."""
+def runtime_env(*, output_root: str = "") -> dict:
+    """Working dir = this project; the package importable from it; tracking settings and the
+    output root (trainlab.ray_job: Ray deletes the working dir) forwarded."""
     env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
     env["PYTHONPATH"] = "platform"
+    if output_root:
+        env[OUTPUT_ROOT_ENV] = output_root
     return {"working_dir": str(REPO_ROOT), "excludes": EXCLUDES, "env_vars": env}
 
 
@@ -86,20 +90,35 @@ def _client(address: str):
 
     try:
         return JobSubmissionClient(address)
-    except AuthenticationError:
-        raise ValueError(f"the cluster at {address} requires a Ray auth token; set RAY_AUTH_TOKEN (or copy "
-                         "the head's ~/.ray/auth_token to this machine)") from None
+    except AuthenticationError as e:
+        # 401: no token sent; 403: a token the head does not hold (another machine's ~/.ray/auth_token)
+        what = "refused this machine's Ray auth token" if "Forbidden" in str(e) else "requires a Ray auth token"
+        raise ValueError(f"the cluster at {address} {what}; set RAY_AUTH_TOKEN to the head's token "
+                         "(`ray get-auth-token` on the head prints it) or copy the head's ~/.ray/auth_token "
+                         "to this machine") from None
+
+
+def _list_command(address: str) -> str:
+    """`ray job list` as it works from this shell: Ray's CLI sends the token only in token mode."""
+    mode = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
+    return f"{mode}ray job list --address {address}"
 
 
 def _known_job(client, job_id: str, address: str):
-    """The job's info; ValueError naming the job when the cluster has no such job."""
+    """The job's info; ValueError naming the job when the cluster has no such job.
+
+    An id that is not one path segment of the Jobs API's URL ('', '.', 'a#b') made Ray's client
+    ask for the job list instead and fail on its answer with a TypeError: refused here."""
+    unknown = (f"no job {job_id!r} on the cluster at {address}; `{_list_command(address)}` lists its "
+               "jobs (ids look like raysubmit_...)")
+    if not job_id.strip() or job_id in (".", "..") or any(c in job_id for c in "/?#"):
+        raise ValueError(unknown)
     try:
         return client.get_job_info(job_id)
     except RuntimeError as e:
         if "404" not in str(e):
             raise
-        raise ValueError(f"no job {job_id!r} on the cluster at {address}; `ray job list --address "
-                         f"{address}` lists its jobs (ids look like raysubmit_...)") from None
+        raise ValueError(unknown) from None
 
 
 def follow(client, job_id: str) -> int:
@@ -125,6 +144,10 @@ def main(command: str, argv: list[str]) -> None:
     if command == "submit":
         parser.add_argument("-m", "--multirun", action="store_true", help="a Hydra multirun (sweep)")
         parser.add_argument("--no-wait", action="store_true", help="print the job id and return")
+        parser.add_argument("--output-root", default=os.environ.get(OUTPUT_ROOT_ENV, ""),
+                            help=f"where the job writes outputs and checkpoints, as <root>/<job id>, on the "
+                                 f"cluster's nodes (shared storage on a multi-node cluster; default "
+                                 f"${OUTPUT_ROOT_ENV}, else {DEFAULT_OUTPUT_ROOT} of the job's driver)")
         parser.add_argument("overrides", nargs="*", help="`trainlab train` overrides (after --)")
     else:
         parser.add_argument("job_id")
@@ -137,6 +160,9 @@ def main(command: str, argv: list[str]) -> None:
 
             check_overrides([*(["-m"] if args.multirun else []), "cluster=ray", "cluster.address=auto",
                              *args.overrides])
+            if args.output_root and not args.output_root.startswith(("/", "~")):
+                raise ValueError(f"--output-root={args.output_root!r} is relative, but the job runs in a "
+                                 "folder of Ray's; give an absolute path the cluster's nodes share")
         check_address(args.address, field=field)
         for k in ADDRESS_ENV:  # the address just checked is the one Ray's client uses
             os.environ.pop(k, None)
@@ -149,8 +175,9 @@ def main(command: str, argv: list[str]) -> None:
     try:
         if command == "submit":
             job_id = client.submit_job(entrypoint=entrypoint(args.overrides, multirun=args.multirun),
-                                       runtime_env=runtime_env())
-            print(f"submitted job {job_id} to {args.address}")
+                                       runtime_env=runtime_env(output_root=args.output_root))
+            print(f"submitted job {job_id} to {args.address}; its outputs: "
+                  f"{args.output_root or DEFAULT_OUTPUT_ROOT}/{job_id} on the node running its driver")
             if not args.no_wait:
                 sys.exit(follow(client, job_id))
         elif command == "status":

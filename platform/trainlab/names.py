@@ -200,6 +200,9 @@ def trials_metric(status: str) -> str:
     return f"sweep/trials_{status}"
 
 
+TAG_RAY_JOB = "ray_job"
+"""On a trial and a sweep's parent started by a Ray job (`trainlab submit`, `ray job submit`):
+the job's submission id (raysubmit_...); the run's name ends in '(job <id>)' too."""
 TAG_CONFIG_LABEL = "config_label"
 """On a child: the swept overrides except the seed, e.g. 'precision=fp16'; the unit compare
 aggregates seeds over."""

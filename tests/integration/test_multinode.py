@@ -9,9 +9,7 @@ placement sees.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -20,40 +18,55 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from readme_commands import exports, find, section_commands, substitute, without_redirect
 
-from conftest import REPO, free_port, trainlab_cmd
+from conftest import REPO, assert_refused, free_port, trainlab_cmd
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def _ray_start(env: dict, temp_dir: str, *args: str, gpu_type: str) -> None:
+README_SECTION = "Clusters of mixed GPUs"
+"""The README section whose commands this module runs: the fixture starts its cluster with the
+README's `ray start` lines and the tests run its `ray job`/`trainlab` lines (readme_commands)."""
+
+
+def _ray_start(env: dict, command: list[str], *args: str) -> None:
     proc = subprocess.run(
         # --node-ip-address: on loopback, else Ray picks the machine's routable address
-        [RAY, "start", "--temp-dir", temp_dir, "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "2",
-         "--resources", json.dumps({f"accelerator_type:{gpu_type}": 1}),
+        [RAY, *command[1:], "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
          "--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats", *args],
         env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"ray start {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
-def loopback_cluster():
-    """Head (2 x H100) + node (2 x V100) on 127.0.0.1, with token auth as Ray 2.60 heads use."""
+def loopback_cluster(tmp_path_factory):
+    """Head (2 x H100) + node (2 x V100) on 127.0.0.1, started by the README's own commands (its
+    `export`s, `ray get-auth-token --generate`, the two `ray start`s), with token auth as Ray 2.60
+    heads use it. HOME is a folder of the test's: the token and the jobs' default output root
+    (~/trainlab-outputs) are the test's own."""
+    commands = section_commands(README_SECTION)
+    home = tmp_path_factory.mktemp("home")
     # a user's shell: no RAY_* left by this pytest process's own cluster (its single-node switch
     # would make the second `ray start` refuse to join)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env |= exports(commands) | {"HOME": str(home)}
     # short paths: Ray's Unix sockets live under the temp dir
     dirs = [tempfile.mkdtemp(prefix="tlh", dir="/tmp"), tempfile.mkdtemp(prefix="tln", dir="/tmp")]
     gcs, dashboard = free_port(), free_port()
+    swap = {"6391": str(gcs), "8265": str(dashboard), "/tmp/rh": dirs[0], "/tmp/rn": dirs[1]}
+    token = subprocess.run([RAY, *without_redirect(find(commands, "ray", "get-auth-token"))[1:]],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert token.returncode == 0 and (home / ".ray" / "auth_token").is_file(), token.stderr[-2000:]
     try:
-        _ray_start(env, dirs[0], "--head", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
-                   "--dashboard-port", str(dashboard), "--include-dashboard", "true",
-                   "--ray-client-server-port", str(free_port()), gpu_type="H100")
-        _ray_start(env, dirs[1], "--address", f"127.0.0.1:{gcs}", gpu_type="V100")
-        yield SimpleNamespace(env=env, jobs_url=f"http://127.0.0.1:{dashboard}", gcs=f"127.0.0.1:{gcs}")
+        _ray_start(env, substitute(find(commands, "ray", "start", "--head"), swap),
+                   "--ray-client-server-port", str(free_port()))
+        _ray_start(env, substitute(find(commands, "ray", "start", "--address"), swap))
+        yield SimpleNamespace(env=env, jobs_url=f"http://127.0.0.1:{dashboard}", gcs=f"127.0.0.1:{gcs}",
+                              home=home, token=(home / ".ray" / "auth_token").read_text().strip(),
+                              commands=commands, temp_dirs=dirs)
     finally:
         for d in dirs:  # only this cluster's processes: `ray stop` would stop every cluster here
             subprocess.run(["pkill", "-KILL", "-f", d], check=False)
@@ -97,3 +110,146 @@ def test_a_trial_no_node_can_run_is_refused_at_submission(loopback_cluster, tmp_
     assert "no GPU type of the cluster can run this trial" in err
     assert "V100: " in err and "H100: cluster.accelerator_type=V100" in err
     assert "Traceback" not in err
+
+
+# ---- the README's Ray commands, run as printed (placeholders swapped for this cluster's) -------------
+
+FAST = ["debug.logical_gpus=true", "model=tiny", "train.max_steps=3", "train.eval_every=0", "cluster.num_workers=1"]
+"""Appended to the README's trainings: the same commands, a trial of seconds."""
+STATE_QUERY = """
+import json, sys
+from ray.job_submission import JobSubmissionClient
+from ray.util.state import list_tasks
+url, sid = sys.argv[1], sys.argv[2]
+job = JobSubmissionClient(url).get_job_info(sid).job_id
+tasks = list_tasks(address=url, filters=[("job_id", "=", job)], limit=10_000, raise_on_missing_output=False)
+print(json.dumps([[t.name, t.state, t.error_type or ""] for t in tasks]))
+"""
+
+
+def _readme(cluster, *words: str, **more: str) -> list[str]:
+    """The README command starting with `words`, on this cluster, runnable (ray/trainlab of this venv)."""
+    cmd = substitute(find(cluster.commands, *words), {"http://HEAD:8265": cluster.jobs_url,
+                                                      "HEAD:6379": cluster.gcs, **more})
+    return [RAY, *cmd[1:]] if cmd[0] == "ray" else trainlab_cmd(*cmd[1:])
+
+
+def _run(cluster, cmd: list[str], *, env: dict | None = None, timeout: float = 540) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env or cluster.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _job_id(out: str) -> str:
+    import re
+
+    m = re.search(r"\b(raysubmit_\w+)", out)
+    assert m, out[-3000:]
+    return m.group(1)
+
+
+def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path):
+    """`ray job submit` (Ray's CLI: the token is sent only in token mode, which the README
+    exports) runs the README's sweep; its parent run in MLflow says it was that job."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [*_readme(loopback_cluster, "ray", "job", "submit", **{"http://MLFLOW:5000": uri}), *FAST]
+    proc = _run(loopback_cluster, cmd)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out.lower(), out[-4000:]
+    sid = _job_id(out)
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("trainlab.role") == "sweep"]
+    trials = [r for r in runs if r.data.tags.get("trainlab.role") == "trial"]
+    assert {r.data.tags["precision"]: r.data.tags["status"] for r in trials} == {"fp16": "finished",
+                                                                                "bf16": "finished"}
+    assert len(parents) == 1 and parents[0].info.run_name.endswith(f"(job {sid})"), parents[0].info.run_name
+    assert {r.data.tags.get("ray_job") for r in runs} == {sid}
+
+    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), timeout=60)
+    assert listed.returncode == 0 and sid in listed.stdout + listed.stderr, listed.stderr[-2000:]
+
+
+def test_a_submitted_trial_keeps_its_outputs_names_its_run_and_fails_no_ray_task(loopback_cluster, tmp_path):
+    """The README's `trainlab submit` of one trial: Ray's state API shows no FAILED task of the
+    job (progress polls used to fail, 85 of 167), its outputs outlive Ray's working dir under
+    ~/trainlab-outputs/<job id>, its MLflow run is named for the job; `trainlab status` and
+    `trainlab logs` as printed answer for it."""
+    import json
+
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = loopback_cluster.env | {"MLFLOW_TRACKING_URI": uri}
+    proc = _run(loopback_cluster, [*_readme(loopback_cluster, "trainlab", "submit", "--address",
+                                            "http://HEAD:8265", "--"), *FAST], env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SUCCEEDED" in out, out[-4000:]
+    sid = _job_id(out)
+
+    state = subprocess.run([sys.executable, "-c", STATE_QUERY, loopback_cluster.jobs_url, sid],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert state.returncode == 0, state.stderr[-3000:]
+    tasks = json.loads(state.stdout.strip().splitlines()[-1])
+    failed = [t for t in tasks if t[1] == "FAILED"]
+    assert tasks and not failed, f"{len(failed)} of {len(tasks)} tasks FAILED: {failed[:10]}"
+
+    folder = loopback_cluster.home / "trainlab-outputs" / sid
+    assert (folder / ".hydra" / "config.yaml").is_file() and (folder / "checkpoints").is_dir(), out[-3000:]
+
+    client = mlflow.MlflowClient(uri)
+    (trial,) = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])
+    assert trial.info.run_name == f"tiny-bf16-ddp1-s0 (job {sid})" and trial.data.tags["ray_job"] == sid
+
+    status = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", "status", raysubmit_XYZ=sid), env=env)
+    assert status.returncode == 0 and f"job {sid}: SUCCEEDED" in status.stdout, status.stderr[-2000:]
+    logs = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", "logs", raysubmit_XYZ=sid), env=env)
+    assert logs.returncode == 0 and "tiny-bf16-ddp1-s0" in logs.stdout and f"job {sid}: SUCCEEDED" in logs.stdout
+
+
+def test_trainlab_stop_as_printed_stops_a_job(loopback_cluster, tmp_path):
+    import time
+
+    submit = _readme(loopback_cluster, "trainlab", "submit", "--address", "http://HEAD:8265", "--")
+    cut = submit.index("--")
+    env = loopback_cluster.env | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    proc = _run(loopback_cluster, [*submit[:cut], "--no-wait", *submit[cut:], *FAST], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sid = _job_id(proc.stdout)
+    stop = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", "stop", raysubmit_XYZ=sid), timeout=120)
+    assert stop.returncode == 0 and f"job {sid}: stop requested" in stop.stdout, stop.stdout + stop.stderr
+    status_cmd = _readme(loopback_cluster, "trainlab", "status", raysubmit_XYZ=sid)
+    deadline = time.monotonic() + 120
+    while "STOPPED" not in (status := _run(loopback_cluster, status_cmd, timeout=60)).stdout:
+        assert time.monotonic() < deadline, status.stdout + status.stderr
+        time.sleep(2)
+
+
+@pytest.mark.parametrize("job_id", ["raysubmit_XYZ", "", "#"])
+def test_an_unknown_job_id_is_one_error_line(loopback_cluster, job_id):
+    """The README's own placeholder id names no job; nor do ids that are no URL path segment
+    (Ray's client fetched the job list for those and raised a TypeError)."""
+    for command in ("status", "logs", "stop"):
+        proc = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", command, raysubmit_XYZ=job_id),
+                    timeout=120)
+        assert_refused(proc, [f"no job {job_id!r}", "ray job list --address"], sessions=[], context=command)
+
+
+def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path):
+    """The dashboard asks for the token (README: paste what `ray get-auth-token` prints), and
+    with it the browser may read the cluster's jobs."""
+    printed = subprocess.run([RAY, "get-auth-token"], env=loopback_cluster.env, capture_output=True,
+                             text=True, timeout=60)
+    assert printed.returncode == 0 and printed.stdout.strip() == loopback_cluster.token
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(loopback_cluster.jobs_url + "/#/jobs")
+    page.get_by_text("Authentication Token Required").wait_for(timeout=60_000)
+    assert page.request.get(loopback_cluster.jobs_url + "/api/jobs/").status == 401
+    page.screenshot(path=str(tmp_path / "dashboard_prompt.png"))
+    page.get_by_placeholder("Enter your authentication token").fill(printed.stdout.strip())
+    page.get_by_role("button", name="Submit").click()
+    page.get_by_text("Authentication Token Required").wait_for(state="detached", timeout=60_000)
+    assert page.request.get(loopback_cluster.jobs_url + "/api/jobs/").status == 200
+    page.wait_for_timeout(3000)
+    page.screenshot(path=str(tmp_path / "dashboard_jobs.png"))

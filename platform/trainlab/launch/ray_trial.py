@@ -2,14 +2,13 @@
 
 The driver starts (or joins) the Ray cluster, asks Ray Train for N workers placed together
 (its placement group: all or nothing), and each worker runs trainlab.engine.run_trial.
-Rank 0 sends progress events and the final result through a small Ray queue; the driver
-renders them while `fit()` runs in a thread.
+Rank 0 sends progress events and the final result through a small Ray actor (launch.event_stream,
+whose calls never fail); the driver renders them while `fit()` runs in a thread.
 """
 
 from __future__ import annotations
 
 import os
-import queue as std_queue
 import threading
 from typing import Callable
 
@@ -82,6 +81,7 @@ def connect(run: RunConfig) -> None:
 
 def _worker(payload: dict) -> None:
     """Runs in every Ray Train worker (its process group is already initialised)."""
+    import ray
     import ray.train
 
     from trainlab.engine.preemption import listen_outside
@@ -94,8 +94,8 @@ def _worker(payload: dict) -> None:
 
     def progress(event: ProgressEvent) -> None:
         try:
-            events.put_nowait(event)
-        except Exception:  # a full or gone queue must never stop training
+            ray.get(events.put.remote(event))
+        except Exception:  # a gone stream must never stop training
             pass
 
     listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
@@ -107,7 +107,7 @@ def _worker(payload: dict) -> None:
         if polling is not None:
             polling.set()
     if rank0:
-        events.put(TrialFinished(result))
+        ray.get(events.put.remote(TrialFinished(result), final=True))
 
 
 def _where(plan: TrialPlan) -> tuple[str, str] | None:
@@ -148,16 +148,15 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.torch import TorchTrainer
-    from ray.util.queue import Empty as QueueEmpty
-    from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from trainlab.distributed import backend_for
+    from trainlab.launch.event_stream import start_stream
     from trainlab.launch.rendezvous import BoundTorchConfig
 
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    events = Queue(maxsize=10_000, actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    events = start_stream(scheduling_strategy=here)
     stop = GangStop(stop_flag(scheduling_strategy=here), request=stop)  # signals, and the pruner's request
     payload = {"plan": plan, "events": events, "tracking": tracking, "stop": stop.flag}
     trainer = TorchTrainer(
@@ -180,21 +179,20 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     thread.start()
     result = None
     while not stop.give_up():
-        try:
-            event = events.get(timeout=0.5)
-        except (std_queue.Empty, QueueEmpty):
-            if not thread.is_alive() and events.empty():
-                break
-            continue
-        if isinstance(event, TrialFinished):
-            result = event.result
-        else:
-            stop.saw(event)
-            on_event(event)
+        ended = not thread.is_alive()  # before the take: what rank 0 sent before fit() returned is in it
+        batch = ray.get(events.take.remote(0.5))
+        for event in batch:
+            if isinstance(event, TrialFinished):
+                result = event.result
+            else:
+                stop.saw(event)
+                on_event(event)
+        if ended and not batch:
+            break
     if stop.abandoned:  # the driver's release of the cluster ends the gang
         return result
     thread.join()
-    ray.kill(events.actor)
+    ray.kill(events)
     ray.kill(stop.flag)
     if "error" in outcome:
         raise outcome["error"]

@@ -17,6 +17,7 @@ from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.config.validate import elastic_range
 from trainlab.events import TrialResult
 from trainlab.precision.spec import spec_of
+from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
 from trainlab.tracking.store_uri import use_tracking_store
 
@@ -68,6 +69,8 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
     }
     if spec_of(run.precision.name).low_precision_params:  # its update variants train differently
         tags[names.TAG_BF16_UPDATE] = run.precision.bf16_update
+    if submission_id():  # a Ray job's run: found by its job id
+        tags[names.TAG_RAY_JOB] = submission_id()
     span = elastic_range(run)
     if span:  # rank 0 sets world_size to its own start's gang; fault/workers holds every start's
         tags[names.TAG_ELASTIC] = f"{span[0]}-{span[1]}"
@@ -92,7 +95,10 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
     all_tags = {k: redact(str(v)) for k, v in tags.items()}  # a tag may quote an override or an error
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    created = client.create_run(exp_id, run_name=default_run_name(run), tags=all_tags)
+    name = default_run_name(run)
+    if not parent_run_id and not run.tracking.run_name:  # a job's trial is told from a sweep's children
+        name = job_run_name(name)
+    created = client.create_run(exp_id, run_name=name, tags=all_tags)
     run_id = created.info.run_id
     params = [Param(k, redact(str(v))) for k, v in sorted(flatten(run).items())]
     for i in range(0, len(params), 100):  # MLflow's limit of params per batch

@@ -1,0 +1,54 @@
+"""Progress events from a trial's rank 0 to its driver: a Ray actor whose calls never fail.
+
+`ray.util.queue.Queue.get(timeout=...)` raises `Empty` inside the actor when nothing came in
+time, and Ray records every such call as a FAILED task: a healthy trial polled twice a second
+showed "Failed 85" of 167 tasks in the Ray dashboard. Here the driver's `take` waits up to its
+timeout and answers every event that arrived (an empty list when none did), and a full stream
+drops events rather than raising in the worker (training never waits on its driver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+MAX_EVENTS = 10_000
+"""Events held for the driver; past this (a driver that stopped reading) new ones are dropped."""
+
+
+class EventStream:
+    """The actor's class (made remote by `start_stream`). One writer (rank 0), one reader (the driver)."""
+
+    def __init__(self, max_events: int = MAX_EVENTS) -> None:
+        self._events: list[Any] = []
+        self._max = max_events
+        self.dropped = 0
+        self._changed = asyncio.Condition()
+
+    async def put(self, event: Any, final: bool = False) -> bool:
+        """Add an event; False (and counted in `dropped`) when the stream is full, except for the
+        `final` one (the trial's result), which is always kept."""
+        if len(self._events) >= self._max and not final:
+            self.dropped += 1
+            return False
+        self._events.append(event)
+        async with self._changed:
+            self._changed.notify_all()
+        return True
+
+    async def take(self, timeout: float) -> list[Any]:
+        """Every event since the last take, waiting up to `timeout` s for one; [] if none came."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._events)), timeout)
+            except asyncio.TimeoutError:
+                pass  # an answer, not an error: the driver asks again
+        events, self._events = self._events, []
+        return events
+
+
+def start_stream(**actor_options):
+    """An EventStream actor (num_cpus=0: it never waits for a core)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(EventStream).options(**actor_options).remote()
