@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
+    from trainlab.shell_completion import hydra_argv, is_completion_call
+
+    if is_completion_call(argv):  # Hydra's bash hook runs `trainlab -sc query=bash` at every TAB
+        command, rest = "train", argv
     from trainlab.launch.ray_auth import token_mode
 
     token_mode()  # before anything imports ray
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         from trainlab.ray_job import job_overrides
 
         rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
-        sys.argv = [f"{sys.argv[0]} train", *rest]  # Hydra parses sys.argv
+        sys.argv = hydra_argv(sys.argv[0], rest)  # Hydra parses sys.argv
         try:
             from trainlab import train
 
