@@ -264,7 +264,7 @@ def world(tmp_path_factory):
     read_only.mkdir(mode=0o500)
     # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
     (work / "elsewhere").mkdir()
-    (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: evil\n")
+    (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")
     refusing = _refusing_socket()
     files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "read_only": read_only,
              "closed_port": refusing.getsockname()[1], "locked": work / "locked",

@@ -44,7 +44,7 @@ def tokens(b: int = 2, t: int = 16, seed: int = 1) -> torch.Tensor:
 
 def load_preset(name: str) -> ModelConfig:
     raw = OmegaConf.to_container(OmegaConf.load(CONF_MODEL / f"{name}.yaml"))
-    assert raw.pop("defaults") == ["model_schema", "_self_"]
+    assert raw.pop("defaults") == ["/model_schema@_here_", "_self_"]
     return ModelConfig(**raw)
 
 

@@ -85,7 +85,7 @@ def test_an_option_from_outside_would_otherwise_compose(tmp_path):
     from trainlab.config.load import CONF_DIR
     from trainlab.config.schema import register_configs
 
-    (tmp_path / "evil.yaml").write_text("defaults:\n  - model_schema\n  - _self_\nname: evil\n")
+    (tmp_path / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")
     rel = os.path.relpath(tmp_path / "evil", CONF_DIR / "model")
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -43,6 +43,17 @@ def removed_value_message(key: str, value: Any) -> str | None:
             f"(the default) or leave it out")
 
 
+def moved_schema_message(missing: str, *, where: str) -> str | None:
+    """The error for an option YAML whose defaults list names its schema as a group option
+    (`- model_schema`, before the schemas left the groups: config.schema); None otherwise.
+    `missing` is the config Hydra could not load (model/model_schema), `where` the YAML."""
+    group, _, name = missing.rpartition("/")
+    if not where.startswith(f"{group}/") or name != f"{group.rpartition('/')[2]}_schema":
+        return None  # (`model=model_schema` on the command line is an unknown option: "In 'config'")
+    return (f"{where}: its defaults list names the schema as '- {name}', a {group} option no more; "
+            f"write '- /{name}@_here_' (the schema at the top of the config tree, merged here)")
+
+
 def upgraded(fields: dict[str, Any]) -> dict[str, Any]:
     """Dotted config fields as an older trial recorded them, in today's keys and values."""
     out = {}

@@ -14,10 +14,12 @@ The folder Hydra will make is proven writable, and group options kept to the con
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.load import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
+from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, register_configs
 
@@ -114,8 +116,12 @@ def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and "/" in e.missing_cfg_file:
+        where = re.match(r"In '([^']+)'", str(e))  # a YAML's defaults list, not the command line
+        moved = where and moved_schema_message(e.missing_cfg_file, where=where.group(1))
+        if moved:
+            return moved
         group, _, option = e.missing_cfg_file.rpartition("/")
-        options = sorted(o for o in (e.options or []) if not o.endswith("_schema"))
+        options = sorted(e.options or [])  # the schemas are in no group (config.schema)
         if options:
             return (f"{group}={option} is not an option of {group}; choose one of "
                     f"{', '.join(options)} (the files in conf/{group}/)")

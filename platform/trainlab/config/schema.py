@@ -1,7 +1,10 @@
 """Typed config: one dataclass per Hydra group, registered in Hydra's ConfigStore.
 
 Each group option under ``conf/<group>/`` names its schema first in its defaults list
-(``- <group>_schema``), so a typo in a key fails at composition. Field checks that need
+(``- /<group>_schema@_here_``), so a typo in a key fails at composition. The schemas are
+stored outside the groups (Hydra 1.3's "schema from a different config group" pattern: an
+absolute path, merged into the option's own package): stored in a group they would be options
+of it, listed by ``--help`` and completion and accepted as ``model=model_schema``. Field checks that need
 one section live in ``__post_init__`` (Hydra runs it only after ``OmegaConf.to_object``),
 which first holds every field to the type and range declared next to it (``bounded(...)``,
 ``text(...)``: :mod:`trainlab.config.bounds`); checks across sections live in
@@ -586,8 +589,9 @@ _SCHEMAS = {
 
 
 def register_configs() -> None:
-    """Register the schemas so YAML options can name `<group>_schema` in their defaults."""
+    """Register the schemas so YAML options can name `/<group>_schema@_here_` in their defaults:
+    at the top of the config tree, in no group, so none of them is a group's option."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     for group, schema in _SCHEMAS.items():
-        cs.store(group=group, name=f"{group}_schema", node=schema)
+        cs.store(name=f"{group}_schema", node=schema)
