@@ -53,7 +53,8 @@ def _retarget_query() -> None:
     words = line.split()
     cursor = len(words) if not line or line[-1].isspace() else len(words) - 1  # the word's index
     if cursor == 1:
-        print(" ".join(SUBCOMMANDS))  # the hook keeps those that start with the word typed
+        print("\n".join(SUBCOMMANDS))  # the hook keeps those that start with the word typed
+        # (a line each: bash's compgen -W splits on newlines too, fish's hook reads lines)
         sys.exit(0)
     train = re.match(r"(\s*\S+)\s+train(\s.*)$", line, re.S)
     if cursor == 0 or train is None:  # compare, bench, ...: argparse's flags, not Hydra's overrides

@@ -4,11 +4,12 @@ Each group option under ``conf/<group>/`` names its schema first in its defaults
 (``- /<group>_schema@_here_``), so a typo in a key fails at composition. The schemas are
 stored outside the groups (Hydra 1.3's "schema from a different config group" pattern: an
 absolute path, merged into the option's own package): stored in a group they would be options
-of it, listed by ``--help`` and completion and accepted as ``model=model_schema``. Field checks that need
-one section live in ``__post_init__`` (Hydra runs it only after ``OmegaConf.to_object``),
-which first holds every field to the type and range declared next to it (``bounded(...)``,
-``text(...)``: :mod:`trainlab.config.bounds`); checks across sections live in
-:mod:`trainlab.config.validate`.
+of it, listed by ``--help`` and completion and accepted as ``model=model_schema``.
+
+Field checks that need one section live in ``__post_init__`` (Hydra runs it only after
+``OmegaConf.to_object``), which first holds every field to the type and range declared next to
+it (``bounded(...)``, ``text(...)``: :mod:`trainlab.config.bounds`); checks across sections
+live in :mod:`trainlab.config.validate`.
 
 Sentinels: ``0`` for a size means "derive it" where the comment says so; ``""`` for a
 string means "unset / default".
