@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,7 +61,11 @@ def write_layer_heatmaps(data: SweepData, summary: Summary, *, out_dir: Path) ->
     path = out_dir / LAYERS_PNG
     tables = {}
     for t in _one_per_label(summary, data.trials):
-        df = read_detail(tracking_uri=data.tracking_uri, run_id=t.run_id)
+        try:
+            df = read_detail(tracking_uri=data.tracking_uri, run_id=t.run_id)
+        except Exception as e:  # noqa: BLE001 - one unreadable table must not cost the whole report
+            warnings.warn(f"per-layer detail of run {t.run_id} ({t.label}) not read: {e}", stacklevel=2)
+            continue
         if df is not None and (df["kind"] == names.DETAIL_LAYER).any():
             tables[t.label] = df[df["kind"] == names.DETAIL_LAYER]
     if not tables:
