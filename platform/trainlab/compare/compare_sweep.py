@@ -66,10 +66,10 @@ def write_outputs(data: SweepData, summary: Summary, *, out_dir: Path) -> tuple[
     md.write_text(tables.markdown_document(summary, title=title, context=context), encoding="utf-8")
     csv_path = tables.write_csv(summary, out_dir / SUMMARY_CSV)
     images = plots.write_all(summary, data.trials, sweep=data.name, out_dir=out_dir)
-    layers = [p for p in (write_layer_heatmaps(data, summary, out_dir=out_dir),) if p]
+    images += [p for p in (write_layer_heatmaps(data, summary, out_dir=out_dir),) if p]  # per layer, last
     report = write_report(summary, data.trials, title=title, context=context, images=images,
-                          path=out_dir / REPORT_HTML, layer_images=layers)
-    return (md, csv_path, *images, *layers, report)
+                          path=out_dir / REPORT_HTML)
+    return (md, csv_path, *images, report)
 
 
 def by_device_types(trial: Trial) -> Trial:

@@ -44,9 +44,8 @@ def _trials_table(trials: Sequence[Trial]) -> str:
 
 
 def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, context: list[str],
-                 images: Sequence[Path], path: Path, layer_images: Sequence[Path] = ()) -> Path:
-    """Title, what the table was computed against, the summary table, the plots, the per-layer
-    plots (compare.layer_plots), the trials."""
+                 images: Sequence[Path], path: Path) -> Path:
+    """Title, what the table was computed against, the summary table, the plots, the trials."""
     meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
     defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
     imgs = "\n".join(_img(p) for p in images)
@@ -66,7 +65,6 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
 {repro.html_section(summary.repro) if summary.repro else ""}
 <h2>Plots</h2>
 {imgs}
-{"<h2>Per layer</h2>" + chr(10).join(_img(p) for p in layer_images) if layer_images else ""}
 <h2>Trials</h2>
 {_trials_table(trials)}
 </body>
