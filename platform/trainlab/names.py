@@ -110,6 +110,34 @@ def swiglu_metric(layer: int, stat: str) -> str:
     """Per block: num/swiglu/layers.3/amax, .../outlier_ratio, .../w13_alignment."""
     return f"{NUM_PREFIX}swiglu/layers.{layer}/{stat}"
 
+def cast_min_metric(tensor: str, stat: str) -> str:
+    """The smallest value of `stat` over all layers, e.g. num/min/input/scale: the scale of the
+    layer whose amax is largest (scaled FP8 recipes only; unscaled casts have scale 1)."""
+    return f"{NUM_PREFIX}min/{tensor}/{stat}"
+
+
+DETAIL_LAYER = "layer"
+DETAIL_RANK = "rank"
+
+
+def detail_of(key: str) -> tuple[str, str, str] | None:
+    """(kind, name, stat) of a per-layer or per-rank metric, None for any other: the inverse of
+    cast_metric ('layer', 'layers.0.attention.wq', 'input/underflow'), swiglu_metric ('layer',
+    'layers.3', 'swiglu/amax') and rank_metric ('rank', '1', 'busy_fraction'). These are what
+    tracking.detail=summary keeps out of the run's metrics (in ARTIFACT_DETAIL instead)."""
+    if key.startswith(RANK_PREFIX):
+        rank, _, stat = key[len(RANK_PREFIX):].partition("/")
+        return (DETAIL_RANK, rank, stat) if rank.isdigit() and stat else None
+    if not key.startswith(NUM_PREFIX):
+        return None
+    parts = key[len(NUM_PREFIX):].split("/")
+    if len(parts) == 3 and parts[0] == "swiglu" and parts[1].startswith("layers."):
+        return DETAIL_LAYER, parts[1], f"swiglu/{parts[2]}"
+    if len(parts) == 3 and parts[0] not in ("max", "min", "swiglu") and parts[1] in CAST_TENSORS:
+        return DETAIL_LAYER, parts[0], f"{parts[1]}/{parts[2]}"
+    return None
+
+
 BY_TOKENS_PREFIX = "by_tokens/"
 
 
@@ -231,6 +259,13 @@ ARTIFACT_COMPARE_DIR = "compare"  # on a parent: `trainlab compare` tables, plot
 SPILL_FILE = "mlflow_spill.jsonl"
 """In a trial's output dir: MLflow records kept while the tracking server was unreachable
 (`trainlab import-spill` delivers them)."""
+ARTIFACT_DETAIL = "detail.parquet"
+"""On a trial (and in its output dir): the per-layer and per-rank numbers in long format, one
+row per (step, metric): trainlab.tracking.detail.COLUMNS. Kept out of the run's metrics
+(tracking.detail=summary) so that a model of any depth logs the same few dozen metrics."""
+DETAIL_ROWS_FILE = "detail_rows.csv"
+"""In a trial's output dir: the rows of ARTIFACT_DETAIL as rank 0 logs them (appended, so a
+crash keeps them; the next start of the trial, or its close, turns them into the Parquet)."""
 
 # -- per rank (issue 5) ------------------------------------------------------------------
 # trainlab.telemetry.ranks: each rank's numbers under rank/<r>/<key>, plus aggregates over

@@ -74,8 +74,15 @@ def test_precision_shootout_sweep_and_compare(tmp_path):
     tensorwise = by_label["precision=fp8_tensorwise"].data
     assert tensorwise.tags[names.TAG_FP8_LAYERS] == "14/15"  # the LM head stays in bf16/fp32
     assert tensorwise.tags[names.TAG_HP_LAYERS] == "output: output"  # kept by the entry "output"
+    # per layer: in the trial's detail table (tracking.detail=summary), read as compare reads it
+    from trainlab.compare.detail import read_detail
+
     per_layer = names.cast_metric("layers.0.feed_forward.w2", "grad_output", names.CAST_UNDERFLOW)
-    assert per_layer in tensorwise.metrics
+    assert per_layer not in tensorwise.metrics
+    detail = read_detail(tracking_uri=uri, run_id=by_label["precision=fp8_tensorwise"].info.run_id)
+    assert per_layer in set(detail["metric"])
+    assert names.cast_min_metric("input", names.CAST_SCALE) in tensorwise.metrics
+    assert (tmp_path / "cmp" / "per_layer_numerics.png").exists()
     # the precision tag is the mode, the swept option is the label (compare ranks by the mode)
     assert by_label["precision=emulated_fp4"].data.tags[names.TAG_PRECISION] == "emulated"
     fp4_underflow = by_label["precision=emulated_fp4"].data.metrics[

@@ -88,8 +88,11 @@ def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, reques
     assert rows["precision=fp32"]["is_baseline"] == "True"  # the highest precision present
     assert float(rows["precision=fp16"]["speedup"]) == pytest.approx(
         float(rows["precision=fp16"]["tokens_per_s_mean"]) / float(rows["precision=fp32"]["tokens_per_s_mean"]))
-    for name in ("summary.md", "val_loss_vs_tokens.png", "throughput.png", "report.html"):
+    for name in ("summary.md", "val_loss_vs_tokens.png", "throughput.png", "report.html",
+                 "per_layer_numerics.png"):  # fp16's casts, from each child's detail.parquet
         assert (out / name).exists(), name
+    assert all(names.ARTIFACT_DETAIL in [a.path for a in client.list_artifacts(c["info"]["run_id"])]
+               for c in children)
     logged = [a.path for a in client.list_artifacts(parent_id, names.ARTIFACT_COMPARE_DIR)]
     assert f"{names.ARTIFACT_COMPARE_DIR}/report.html" in logged
 

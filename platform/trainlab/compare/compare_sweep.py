@@ -9,6 +9,7 @@ from pathlib import Path
 from trainlab import names
 from trainlab.compare import plots, tables
 from trainlab.compare.html_report import write_report
+from trainlab.compare.layer_plots import write_layer_heatmaps
 from trainlab.compare.load import load_sweep
 from trainlab.compare.records import ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import TOLERANCE, summarize
@@ -65,6 +66,7 @@ def write_outputs(data: SweepData, summary: Summary, *, out_dir: Path) -> tuple[
     md.write_text(tables.markdown_document(summary, title=title, context=context), encoding="utf-8")
     csv_path = tables.write_csv(summary, out_dir / SUMMARY_CSV)
     images = plots.write_all(summary, data.trials, sweep=data.name, out_dir=out_dir)
+    images += [p for p in (write_layer_heatmaps(data, summary, out_dir=out_dir),) if p]  # per layer, last
     report = write_report(summary, data.trials, title=title, context=context, images=images,
                           path=out_dir / REPORT_HTML)
     return (md, csv_path, *images, report)

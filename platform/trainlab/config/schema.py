@@ -548,10 +548,15 @@ class TrackingConfig:
     close_timeout_s: float = bounded(30.0, gt=0, le=WAIT_MAX_S, why=WAIT_WHY)
     """At a trial's end, seconds to wait for an unreachable MLflow server before leaving the
     held metrics in the spill file (deliver them later with `trainlab import-spill PATH`)."""
+    detail: str = "summary"
+    """summary: the per-layer (num/layers.*) and per-rank (rank/<r>/*) numbers go to the run's
+    detail.parquet artifact only, the run's metrics stay the few dozen a person compares;
+    full: they are metrics as well (thousands on a deep model)."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="tracking")
         _one_of("tracking", "name", self.name, ("mlflow", "none"))
+        _one_of("tracking", "detail", self.detail, ("summary", "full"))
 
 
 @dataclass

@@ -97,7 +97,7 @@ class NumericsProbe:
             if spec.weight is not None and self._seen:
                 w = module.weight
                 self._seen[(name, "weight")] = self._measure(w, spec.weight, spec, module, "weight")
-        pooled = []
+        pooled, scaled = [], {name for name, _, spec in self.casts if spec.scaling not in ("none", "loss")}
         for (layer, kind), (stats, counts) in self._seen.items():
             for stat in names.CAST_STATS:
                 value = float(getattr(stats, stat))
@@ -105,6 +105,9 @@ class NumericsProbe:
                 if stat != names.CAST_SCALE:
                     key = names.cast_max_metric(kind, stat)
                     metrics[key] = max(metrics.get(key, value), value)
+                elif layer in scaled:  # the per-layer scales live in the detail table; this stays a metric
+                    key = names.cast_min_metric(kind, stat)
+                    metrics[key] = min(metrics.get(key, value), value)
             if counts is not None:
                 pooled.append(counts)
         counts = [*torch.stack(pooled).sum(0).tolist(), 1] if pooled else [0, 0, 0, 0]

@@ -23,6 +23,8 @@ MAXIMA = frozenset({
     names.UPDATE_TO_WEIGHT_MAX,
 })
 """Metrics that are a maximum over the layers (or blocks, or parameter tensors) of the model."""
+MINIMA = frozenset(names.cast_min_metric(tensor, names.CAST_SCALE) for tensor in names.CAST_TENSORS)
+"""Metrics that are a minimum over the layers of the model."""
 
 
 def _all_gather(value, group) -> list:
@@ -48,9 +50,11 @@ def gather_over_stages(metrics: dict[str, float], *, group) -> dict[str, float]:
         for key, value in rank_metrics.items():
             if key in merged and key in MAXIMA:
                 merged[key] = max(merged[key], value)
+            elif key in merged and key in MINIMA:
+                merged[key] = min(merged[key], value)
             else:
                 merged.setdefault(key, value)
     return merged
 
 
-__all__ = ["MAXIMA", "gather_over_stages", "sum_over_stages"]
+__all__ = ["MAXIMA", "MINIMA", "gather_over_stages", "sum_over_stages"]

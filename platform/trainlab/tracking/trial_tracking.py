@@ -13,12 +13,15 @@ Either way the same tags, params, checkpoint record (tracking.resume) and closin
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainlab import names
 from trainlab.config.plan import TrialPlan
 from trainlab.events import TrialResult
 from trainlab.tracking.base import JsonlTracker, Tracker
+from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import TrialRun, close_trial_run, closing_tags, tracker_options, trial_tags
 
@@ -53,8 +56,10 @@ def rank0_tracker(plan: TrialPlan, target: TrackingTarget) -> Tracker:
     from trainlab.tracking.mlflow_tracker import MlflowTracker
 
     os.environ.update(target.credentials)  # as MLflow's client (in the writer this starts) reads them
-    return MlflowTracker(run_id=target.run.run_id, tracking_uri=target.run.tracking_uri,
-                         **tracker_options(plan.run), resume=True)
+    inner = MlflowTracker(run_id=target.run.run_id, tracking_uri=target.run.tracking_uri,
+                          **tracker_options(plan.run), resume=True)
+    # per-layer / per-rank numbers into the run's detail.parquet (the JSONL file above keeps all)
+    return DetailTracker(inner, output_dir=plan.paths.output_dir, level=plan.run.tracking.detail)
 
 
 def close_trial(plan: TrialPlan, trial: TrialRun | None, *, status: str, result: TrialResult | None,
@@ -62,5 +67,23 @@ def close_trial(plan: TrialPlan, trial: TrialRun | None, *, status: str, result:
     """End the trial's run with its status, and the error, where it diverged or why it was
     pruned; metrics the tracker could not deliver go first, from the plan's spill file."""
     if trial is not None:
+        log_leftover_detail(plan, trial)
         close_trial_run(trial, status=status, tags=closing_tags(result, error, pruned_reason=pruned_reason),
                         spill=plan.paths.spill)
+
+
+def log_leftover_detail(plan: TrialPlan, trial: TrialRun) -> None:
+    """Rank 0 died before its close made the trial's detail.parquet: make it from the rows it
+    left in the output dir (where this process sees that folder) and log it."""
+    rows = leftover_rows(plan.paths.output_dir)
+    if rows is None:
+        return
+    try:
+        from mlflow.tracking import MlflowClient
+
+        parquet = Path(plan.paths.output_dir) / names.ARTIFACT_DETAIL
+        if write_parquet(rows, parquet):
+            MlflowClient(tracking_uri=trial.tracking_uri).log_artifact(trial.run_id, str(parquet))
+    except Exception as e:  # noqa: BLE001 - closing the run matters more; the rows stay on disk
+        warnings.warn(f"per-layer/per-rank detail of run {trial.run_id} not logged ({e}); its rows are in {rows}",
+                      stacklevel=2)
