@@ -409,8 +409,9 @@ class TrainConfig:
     """Tokens per sequence; at most model.max_seq_len."""
     eval_every: int = bounded(EVAL_AUTO, ge=EVAL_AUTO, note="-1 = auto, 0 = only at the end")
     """Validate every N optimizer steps (and after the last); 0 = only at the end; -1 (the
-    default) = auto: every min(50, ceil(max_steps / 5)) steps, so a run of any length has a val
-    curve (>= 5 points) and a long one validates every 50 steps. Read `eval_interval`."""
+    default) = auto: every min(50, max(1, max_steps // 5)) steps, so a run of any length has a
+    val curve (5 points at least; every step under 5 steps) and a long one validates every 50
+    steps. Read `eval_interval`."""
     eval_batches: int = bounded(8, gt=0)
     """Micro-batches in one validation pass, summed over data-parallel ranks (each rank takes
     eval_batches // dp, at least 1), so the held-out set is the same whatever the layout."""
@@ -471,7 +472,7 @@ class TrainConfig:
         0 = only after the last step."""
         if self.eval_every != EVAL_AUTO:
             return self.eval_every
-        return max(1, min(AUTO_EVAL_EVERY, (self.max_steps + AUTO_MIN_EVALS - 1) // AUTO_MIN_EVALS))
+        return max(1, min(AUTO_EVAL_EVERY, self.max_steps // AUTO_MIN_EVALS))
 
     def __post_init__(self) -> None:
         check_fields(self, section="train")
