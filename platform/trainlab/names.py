@@ -202,6 +202,26 @@ TAG_BF16_UPDATE = "bf16_update"
 """precision=bf16_pure: how the bf16 parameters take an update (plain, stochastic, kahan:
 precision.bf16_update); absent in other modes. The precision tag stays 'bf16_pure'."""
 
+# -- the experiment (MLflow's own tag, read by its UI) ---------------------------------------
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+"""What an experiment is for; MLflow's UI offers its model-training pages for this kind."""
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+"""MLflow's name for model training ("Machine learning" in its UI), as against genai_development."""
+
+# -- per-run config keys: tags, not params --------------------------------------------------
+PER_RUN_KEYS = ("output_dir", "train.checkpoint_dir", "train.resume", "data.path", "tracking.uri",
+                "tracking.run_name")
+"""Flattened config keys whose value is a path, an address or a name of this run, not a knob:
+logged as tags (config_tag), so the params MLflow's compare page plots are the knobs that differ.
+trainlab's readers (compare) put them back among the params."""
+CONFIG_TAG_PREFIX = "config."
+
+
+def config_tag(key: str) -> str:
+    """The tag of a per-run config key, e.g. config.output_dir."""
+    return CONFIG_TAG_PREFIX + key
+
+
 TAG_PARENT_RUN_ID = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children
 TAG_ROLE = "trainlab.role"
 ROLE_SWEEP = "sweep"  # the parent run of a multirun

@@ -65,7 +65,8 @@ def run_engine_here(run: RunConfig):
     for trial in opened:
         close_trial(plan, trial, status=result.status, result=result)
         outcome = TrialOutcome(status=result.status, result=result, run_id=trial.run_id if trial else None,
-                               tracking_uri=uri, last_step=result.steps)
+                               tracking_uri=uri, last_step=result.steps,
+                               experiment_id=trial.experiment_id if trial else "")
         print_summary(run, outcome, Path(plan.paths.output_dir))
     return result
 

@@ -275,7 +275,8 @@ def test_password_is_shown_and_stored_nowhere(resumed_trial, work, mlflow_server
 
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     run = client.search_runs([client.get_experiment_by_name("driver_paths").experiment_id])[0]
-    assert run.data.params["tracking.uri"] == auth_proxy.uri()  # the URI without its credentials
+    # the URI without its credentials (a per-run key: a tag, names.PER_RUN_KEYS)
+    assert run.data.tags[names.config_tag("tracking.uri")] == auth_proxy.uri()
     stored = {**run.data.params, **run.data.tags}
     assert not [k for k, v in stored.items() if PASSWORD in v], stored
     artifacts = Path(client.download_artifacts(run.info.run_id, "", dst_path=str(work / "artifacts")))

@@ -42,7 +42,9 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
     assert mrun.data.tags[names.TAG_DEVICE_NAME].startswith("cpu")
     # params: the resolved config, flattened
     assert mrun.data.params["train.max_steps"] == str(STEPS)
-    assert set(mrun.data.params) == set(flatten(run))
+    # the knobs as params, the per-run keys (paths, the store) as tags
+    assert set(mrun.data.params) == set(flatten(run)) - set(names.PER_RUN_KEYS)
+    assert mrun.data.tags[names.config_tag("output_dir")] == str(tmp_path / "out")
     # the resolved config as an artifact
     assert names.ARTIFACT_CONFIG in [a.path for a in client.list_artifacts(outcome.run_id)]
 

@@ -81,6 +81,12 @@ def _print_result(result) -> None:
     if result.logged_to_run:
         console.print(f"logged to parent run {result.logged_to_run} under {names.ARTIFACT_COMPARE_DIR}/",
                       markup=False)
+    from trainlab.tracking.mlflow_ui import sweep_link_lines
+
+    data = result.sweep
+    for line in sweep_link_lines(data.tracking_uri, parent_run_id=data.parent_run_id, experiment_id=data.experiment_id,
+                                 run_ids=[t.run_id for t in data.trials]):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def _damaged(uri: str, why: str) -> str:

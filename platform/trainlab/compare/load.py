@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 from trainlab import names
 from trainlab.compare.records import Series, SweepData, Trial
-from trainlab.tracking.runs import local_store_path
+from trainlab.tracking.runs import config_of, local_store_path
 
 # the histories compare uses; other metrics stay in MLflow
 METRICS = (
@@ -149,7 +149,7 @@ def read_trial(client, run) -> Trial:
         device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
         world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,
         metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},
-        params=dict(run.data.params), params_sha=tags.get(names.TAG_PARAMS_SHA, ""),
+        params=config_of(dict(run.data.params), tags), params_sha=tags.get(names.TAG_PARAMS_SHA, ""),
         loss_curve_sha=tags.get(names.TAG_LOSS_CURVE_SHA, ""),
     )
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trainlab.config.moved import moved_key_message
-from trainlab.config.schema import RunConfig, register_configs
+from trainlab.config.schema import AUTO_EVAL_EVERY, EVAL_AUTO, RunConfig, register_configs
 from trainlab.config.validate import check_run
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -148,10 +148,15 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 def hashed_config(run: RunConfig) -> dict[str, Any]:
     """The dotted fields config_hash covers: what a trial trains (a checkpoint records them)."""
-    return {
+    fields = {
         k: v for k, v in flatten(run).items()
         if not any(k == skip or k.startswith(skip + ".") for skip in _NOT_HASHED)
     }
+    if fields.get("train.eval_every") == EVAL_AUTO:
+        # validating does not change what is trained: auto hashes as the fixed default it replaced,
+        # so sweeps and checkpoints from before it keep their identity (skipped, resumed)
+        fields["train.eval_every"] = AUTO_EVAL_EVERY
+    return fields
 
 
 def config_hash(run: RunConfig) -> str:

@@ -85,12 +85,13 @@ def check_prunable(config: PruneConfig, runs: Sequence[RunConfig], labels: Seque
     if not config.enabled or not runs:
         return
     for run, label in zip(runs, labels):
-        if not run.train.eval_every or run.train.eval_every >= run.train.max_steps:
+        if not run.train.eval_interval or run.train.eval_interval >= run.train.max_steps:
             every = max(1, run.train.max_steps // 10)
             raise ValueError(
                 f"{SECTION}.prune={config.prune} compares the trials' val losses while they train, but job "
                 f"{label} validates only at its end (train.eval_every={run.train.eval_every}, "
-                f"train.max_steps={run.train.max_steps}); set train.eval_every={every} (or {SECTION}.prune=none)")
+                f"train.max_steps={run.train.max_steps}); set train.eval_every={every} or leave it out "
+                f"(-1, auto) (or {SECTION}.prune=none)")
     longest = max(max_tokens(r) for r in runs)
     if config.prune_grace_tokens >= longest:
         raise ValueError(

@@ -387,6 +387,14 @@ class OptimConfig:
         _one_of("optim", "exp_avg_sq_dtype", self.exp_avg_sq_dtype, STATE_DTYPES)
 
 
+EVAL_AUTO = -1
+"""train.eval_every's default: validate on a schedule that fits the run's length."""
+AUTO_EVAL_EVERY = 50
+"""Auto: the interval of a long run (the interval trainlab always had)."""
+AUTO_MIN_EVALS = 5
+"""Auto: validations a short run gets at least (a curve, for a few eval_batches passes each)."""
+
+
 @dataclass
 class TrainConfig:
     """The loop: how long, how big, how often to evaluate and report."""
@@ -399,8 +407,11 @@ class TrainConfig:
     """Sequences per forward/backward on one rank; accumulation = global / (micro * dp)."""
     seq_len: int = bounded(128, gt=0)
     """Tokens per sequence; at most model.max_seq_len."""
-    eval_every: int = bounded(50, ge=0, note="0 = only at the end")
-    """Validate every N optimizer steps (and after the last); 0 = only at the end."""
+    eval_every: int = bounded(EVAL_AUTO, ge=EVAL_AUTO, note="-1 = auto, 0 = only at the end")
+    """Validate every N optimizer steps (and after the last); 0 = only at the end; -1 (the
+    default) = auto: every min(50, max(1, max_steps // 5)) steps, so a run of any length has a
+    val curve (5 points at least; every step under 5 steps) and a long one validates every 50
+    steps. Read `eval_interval`."""
     eval_batches: int = bounded(8, gt=0)
     """Micro-batches in one validation pass, summed over data-parallel ranks (each rank takes
     eval_batches // dp, at least 1), so the held-out set is the same whatever the layout."""
@@ -454,6 +465,14 @@ class TrainConfig:
     """auto: continue from the latest checkpoint in checkpoint_dir if there is one (a restarted
     worker, a rerun sweep); never: always start fresh; or a path to a checkpoint (step_*
     folder) or to a folder of them."""
+
+    @property
+    def eval_interval(self) -> int:
+        """Steps between validations as the trainer runs them (train.eval_every, auto resolved);
+        0 = only after the last step."""
+        if self.eval_every != EVAL_AUTO:
+            return self.eval_every
+        return max(1, min(AUTO_EVAL_EVERY, self.max_steps // AUTO_MIN_EVALS))
 
     def __post_init__(self) -> None:
         check_fields(self, section="train")

@@ -348,7 +348,7 @@ class Trainer:
                 metrics |= gather_rank_metrics(local, device=self.dist.device) or {}
             if last.numerics:
                 self.tracker.log_metrics(last.numerics, step=self.step)
-            if not diverged and (self.step == t.max_steps or (t.eval_every and self.step % t.eval_every == 0)):
+            if not diverged and (self.step == t.max_steps or (t.eval_interval and self.step % t.eval_interval == 0)):
                 val_loss = self.evaluate()
                 metrics[names.VAL_LOSS] = val_loss
                 self.tracker.log_metrics({names.by_tokens(names.VAL_LOSS): val_loss}, step=self.tokens_seen)

@@ -267,8 +267,21 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         failed = any(t.status == names.STATUS_FAILED for t in trials)
         status = names.STATUS_PREEMPTED if stop.signum else names.STATUS_FAILED if failed else names.STATUS_FINISHED
         close_sweep_parent(tracking_uri=uri, parent_run_id=parent_id, summary_md=table_md, status=status)
+        _print_links(uri, parent_id, [t.run_id for t in trials])
     return SweepOutcome(wall_s=wall, concurrency=limit, parent_run_id=parent_id, ran=todo,
                         interrupted=stop.signum or 0)
+
+
+def _print_links(uri: str, parent_id: str, run_ids: list[str | None]) -> None:
+    """Where to look at the sweep in MLflow's UI; a store that stopped answering costs no more."""
+    from trainlab.tracking.mlflow_ui import sweep_link_lines
+
+    try:
+        lines = sweep_link_lines(uri, parent_run_id=parent_id, run_ids=[r for r in run_ids if r])
+    except Exception as e:  # the sweep is recorded; only its links are missing
+        lines = [f"(no MLflow links: {redact(str(e)).splitlines()[0][:200]})"]
+    for line in lines:
+        console.print(line, markup=False, soft_wrap=True)  # one line each: a terminal opens it whole
 
 
 def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -> None:

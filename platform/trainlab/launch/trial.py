@@ -17,6 +17,7 @@ from trainlab.events import ProgressEvent, TrialResult, step_of
 from trainlab.launch import interrupt
 from trainlab.launch.plan import plan_launch
 from trainlab.redact import redact
+from trainlab.tracking.mlflow_ui import run_link
 from trainlab.tracking.runs import TrialRun, default_run_name, ui_command
 from trainlab.tracking.store_uri import credentials_env
 from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
@@ -36,6 +37,8 @@ class TrialOutcome:
     """The last step the workers reported (what the tracker recorded), also when they failed."""
     pruned_reason: str = ""
     """Status pruned: why the sweep's pruner stopped it (its StopRequest's reason)."""
+    experiment_id: str = ""
+    """The MLflow experiment of its run ('' without one)."""
 
 
 def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
@@ -100,7 +103,7 @@ def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra
     close_trial(plan, trial, status=status, result=result, error=error, pruned_reason=pruned_reason)
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
                            tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None,
-                           pruned_reason=pruned_reason)
+                           pruned_reason=pruned_reason, experiment_id=trial.experiment_id if trial else "")
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:
         outcome.interrupted = interrupt.current().signum
     if show_progress:
@@ -139,4 +142,7 @@ def print_summary(run: RunConfig, outcome: TrialOutcome, out_dir: Path) -> None:
     if outcome.run_id:
         rows["MLflow run"] = f"{outcome.run_id} in {redact(outcome.tracking_uri)}"
         rows["view it"] = ui_command(outcome.tracking_uri)
+        if outcome.experiment_id:
+            rows["run page"] = run_link(outcome.tracking_uri, experiment_id=outcome.experiment_id,
+                                        run_id=outcome.run_id)
     console.print(summary_table(f"trial {default_run_name(run)}", rows))

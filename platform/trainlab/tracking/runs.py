@@ -83,16 +83,33 @@ def default_run_name(run: RunConfig) -> str:
     )
 
 
+def split_config(run: RunConfig) -> tuple[dict, dict[str, str]]:
+    """The flattened config as (params, tags): the knobs, and the per-run keys (names.PER_RUN_KEYS:
+    paths, addresses, names) under their config tags, set ones only."""
+    flat = flatten(run)
+    per_run = {names.config_tag(k): str(flat.pop(k)) for k in names.PER_RUN_KEYS if k in flat}
+    return flat, {k: v for k, v in per_run.items() if v}
+
+
+def config_of(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
+    """A run's flattened config as open_trial_run logged it (params, and the per-run keys from
+    their tags; '' where unset), whatever the version: older runs logged every key as a param."""
+    per_run = {k: tags.get(names.config_tag(k), "") for k in names.PER_RUN_KEYS if k not in params}
+    return {**params, **per_run}
+
+
 def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
                    parent_run_id: str | None = None) -> TrialRun:
     """Create the trial's MLflow run with params (flattened config), tags and config.yaml."""
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
+    from trainlab.tracking.mlflow_ui import training_experiment
+
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(run.tracking.experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(run.tracking.experiment)
-    all_tags = {k: redact(str(v)) for k, v in tags.items()}  # a tag may quote an override or an error
+    exp_id = training_experiment(client, run.tracking.experiment)
+    knobs, per_run = split_config(run)
+    all_tags = {k: redact(str(v)) for k, v in {**per_run, **tags}.items()}  # a tag may quote an override or an error
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     name = default_run_name(run)
@@ -100,7 +117,7 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
         name = job_run_name(name)
     created = client.create_run(exp_id, run_name=name, tags=all_tags)
     run_id = created.info.run_id
-    params = [Param(k, redact(str(v))) for k, v in sorted(flatten(run).items())]
+    params = [Param(k, redact(str(v))) for k, v in sorted(knobs.items())]
     for i in range(0, len(params), 100):  # MLflow's limit of params per batch
         client.log_batch(run_id, params=params[i:i + 100])
     with tempfile.TemporaryDirectory() as tmp:

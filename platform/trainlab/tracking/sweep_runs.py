@@ -29,9 +29,10 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
     """The parent run of this sweep: the existing one (set running again) or a new one.
 
     Returns (run_id, reused)."""
+    from trainlab.tracking.mlflow_ui import training_experiment
+
     client = _client(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    exp_id = training_experiment(client, experiment)
     found = client.search_runs(
         [exp_id],
         filter_string=f"tags.{names.TAG_SWEEP_ID} = '{sid}' and tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'",
