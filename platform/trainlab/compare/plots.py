@@ -47,20 +47,22 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes)
 
 
-def _target_within(ax, target: float | None, ys: list[float]) -> None:
-    """Fit the loss axis to the plotted values (a target far off them would squash every curve
-    into a band) and draw the target line where it falls on that axis, else name it in the legend."""
-    if target is None or not ys:
+def _target_within(ax, target: float | None, values: list[float], *, across: bool = False,
+                   pad_frac: float = 0.08) -> None:
+    """Fit the loss axis (y, or x when `across`) to the plotted values (a target far off them
+    would squash every curve into a band) and draw the target line where it falls on that
+    axis, else name it in the legend."""
+    if target is None or not values:
         return
-    lo, hi = min(ys), max(ys)
-    pad = 0.08 * (hi - lo) or 0.02 * abs(hi) or 0.01
-    ax.set_ylim(lo - pad, hi + pad)
+    lo, hi = min(values), max(values)
+    pad = pad_frac * (hi - lo) or 0.02 * abs(hi) or 0.01
+    (ax.set_xlim if across else ax.set_ylim)(lo - pad, hi + pad)
     if lo - pad <= target <= hi + pad:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+        (ax.axvline if across else ax.axhline)(target, color="grey", linestyle="--", linewidth=1,
+                                               label=f"target {target:.3f}")
     else:
-        where = "above" if target > hi else "below"
-        ax.plot([], [], color="grey", linestyle="--", linewidth=1,
-                label=f"target {target:.3f} ({where} this range)")
+        where = ("right of" if target > hi else "left of") if across else ("above" if target > hi else "below")
+        ax.plot([], [], color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f} ({where} this range)")
 
 
 def _final_points(summary: Summary, trials: Sequence[Trial], *, key: str, ylabel: str,
@@ -93,15 +95,7 @@ def _final_points(summary: Summary, trials: Sequence[Trial], *, key: str, ylabel
     ax.invert_yaxis()  # the table's order, top to bottom
     for marker, size, what in (("o", 6, "a finished trial"), ("x", 8, "diverged / pruned"), ("|", 14, "mean")):
         ax.plot([], [], linestyle="none", marker=marker, markersize=size, color="grey", label=what)
-    if target is not None and xs:
-        lo, hi = min(xs), max(xs)
-        pad = 0.15 * (hi - lo) or 0.02 * abs(hi) or 0.01
-        ax.set_xlim(lo - pad, hi + pad)
-        if lo - pad <= target <= hi + pad:
-            ax.axvline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
-        else:
-            ax.plot([], [], color="grey", linestyle="--", linewidth=1,
-                    label=f"target {target:.3f} ({'right' if target > hi else 'left'} of this range)")
+    _target_within(ax, target, xs, across=True, pad_frac=0.15)
     ax.legend(fontsize="small")
     ax.set(xlabel=f"{ylabel} at each trial's only evaluation", title=title)
     ax.grid(alpha=0.3, axis="x")
