@@ -211,9 +211,8 @@ def _series(metrics, key: str) -> list[float]:
 
 def _cast_layers(metrics, step: int) -> set[str]:
     """The layers the numerics probe reported at `step` (num/<layer>/<tensor>/<stat>)."""
-    keys = {k for s, m in metrics if s == step for k in m}
-    parts = [k.split("/") for k in keys if k.startswith(names.NUM_PREFIX)]
-    return {p[1] for p in parts if len(p) == 4 and p[2] in names.CAST_TENSORS and p[1] != "max"}
+    details = [names.detail_of(k) for s, m in metrics if s == step for k in m]
+    return {d[1] for d in details if d and d[0] == names.DETAIL_LAYER and not d[2].startswith("swiglu/")}
 
 
 def test_fp8_delayed_pipeline_scales_the_stages_and_trains_like_one_process():
