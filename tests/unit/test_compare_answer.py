@@ -149,7 +149,8 @@ def report(tmp_path_factory):
               replace(_trial(FP16, 2, status=names.STATUS_FAILED), metrics={},
                       error="Traceback ...\nRuntimeError: " + "a long error message " * 20)]
     data = SweepData(name="answer_sweep", experiment_name="answer_sweep", experiment_id="1",
-                     parent_run_id="0" * 32, tracking_uri="sqlite:///nowhere.db", trials=tuple(trials))
+                     parent_run_id="0" * 32, tracking_uri=f"sqlite:///{out}/empty.db",
+                     trials=tuple(trials))  # a store without these runs: no per-layer tables
     summary = summarize(data.trials)
     write_outputs(data, summary, out_dir=out)
     return out / "report.html", answer(summary)

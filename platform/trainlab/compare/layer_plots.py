@@ -68,16 +68,23 @@ def write_layer_heatmaps(data: SweepData, summary: Summary, *, out_dir: Path) ->
             continue
         if df is not None and (df["kind"] == names.DETAIL_LAYER).any():
             tables[t.label] = df[df["kind"] == names.DETAIL_LAYER]
-    if not tables:
+    stat, grids = layer_grids(tables)
+    if not grids:  # no trial has per-layer rows of a cast (e.g. fp32: only SwiGLU blocks are probed)
         path.unlink(missing_ok=True)  # a stale plot from an earlier compare would mislead
         return None
+    return _draw(grids, stat=stat, title=f"{data.name}: per-layer {stat.replace('/', ' ')}", path=path)
+
+
+def layer_grids(tables: dict[str, object]) -> tuple[str, dict]:
+    """The statistic to plot (worst_stat) and, per configuration that has rows of it, its
+    layer x step grid; no grids when no table holds that statistic."""
     stat = worst_stat(tables)
     grids = {}
     for label, df in tables.items():
         rows = df[df["stat"] == stat]
         if len(rows):
             grids[label] = rows.pivot_table(index="name", columns="step", values="value", aggfunc="last")
-    return _draw(grids, stat=stat, title=f"{data.name}: per-layer {stat.replace('/', ' ')}", path=path)
+    return stat, grids
 
 
 def _draw(grids: dict, *, stat: str, title: str, path: Path) -> Path:
