@@ -110,6 +110,7 @@ def swiglu_metric(layer: int, stat: str) -> str:
     """Per block: num/swiglu/layers.3/amax, .../outlier_ratio, .../w13_alignment."""
     return f"{NUM_PREFIX}swiglu/layers.{layer}/{stat}"
 
+
 def cast_min_metric(tensor: str, stat: str) -> str:
     """The smallest value of `stat` over all layers, e.g. num/min/input/scale: the scale of the
     layer whose amax is largest (scaled FP8 recipes only; unscaled casts have scale 1)."""

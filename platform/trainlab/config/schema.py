@@ -51,6 +51,8 @@ COMPILE_UNITS = ("model", "block")
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("native", "emulated")
+DETAIL_LEVELS = ("summary", "full")
+"""tracking.detail: per-layer/per-rank numbers in detail.parquet only, or also as metrics."""
 # Ranges every field keeps are declared next to it (config.bounds); a few shared ones:
 SEED_MAX, SEED_WHY = 2**32 - 1, "Python's and numpy's global seeds are 32-bit"
 WAIT_MAX_S, WAIT_WHY = 86_400.0, "seconds, a day at most: the OS cannot time a longer wait"
@@ -575,7 +577,7 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         check_fields(self, section="tracking")
         _one_of("tracking", "name", self.name, ("mlflow", "none"))
-        _one_of("tracking", "detail", self.detail, ("summary", "full"))
+        _one_of("tracking", "detail", self.detail, DETAIL_LEVELS)
 
 
 @dataclass

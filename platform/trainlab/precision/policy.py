@@ -38,6 +38,11 @@ class CastSpec:
     power_of_2: bool = False
     """Scales rounded down to a power of two (torchao's rowwise recipes)."""
 
+    @property
+    def scaled(self) -> bool:
+        """Whether the cast divides by a scale of its own (tensor, row, delayed), not 1."""
+        return self.scaling not in ("none", "loss")
+
 
 @dataclass
 class LayerPlan:

@@ -21,7 +21,7 @@ from trainlab.telemetry.stages import sum_over_stages
 
 
 def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):
-    if spec.scaling in ("none", "loss"):
+    if not spec.scaled:
         return 1.0
     if spec.scaling == "delayed":
         return module.current_scales()[kind]
@@ -33,6 +33,7 @@ def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module,
 class NumericsProbe:
     def __init__(self, casts: list[tuple[str, nn.Module, CastSpec]]) -> None:
         self.casts = casts
+        self._scaled = {name for name, _, spec in casts if spec.scaled}  # their scales: num/min/<tensor>/scale
         self._handles: list = []
         self._seen: dict[tuple[str, str], tuple[CastStats, torch.Tensor | None]] = {}
         """(layer, tensor kind) -> its cast statistics and, for fp16 gradients, the counts
@@ -97,7 +98,7 @@ class NumericsProbe:
             if spec.weight is not None and self._seen:
                 w = module.weight
                 self._seen[(name, "weight")] = self._measure(w, spec.weight, spec, module, "weight")
-        pooled, scaled = [], {name for name, _, spec in self.casts if spec.scaling not in ("none", "loss")}
+        pooled = []
         for (layer, kind), (stats, counts) in self._seen.items():
             for stat in names.CAST_STATS:
                 value = float(getattr(stats, stat))
@@ -105,7 +106,7 @@ class NumericsProbe:
                 if stat != names.CAST_SCALE:
                     key = names.cast_max_metric(kind, stat)
                     metrics[key] = max(metrics.get(key, value), value)
-                elif layer in scaled:  # the per-layer scales live in the detail table; this stays a metric
+                elif layer in self._scaled:  # the per-layer scales live in the detail table; this stays a metric
                     key = names.cast_min_metric(kind, stat)
                     metrics[key] = min(metrics.get(key, value), value)
             if counts is not None:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from trainlab import names
+from trainlab.config.schema import DETAIL_LEVELS
 from trainlab.tracking.base import Tracker
 
-LEVELS = ("summary", "full")
 COLUMNS = ("step", "tokens", "kind", "name", "stat", "value", "metric")
 """The table's columns: step (int64, the optimizer step), tokens (int64, tokens seen at that
 step; null if unknown), kind ('layer' or 'rank'), name (the layer's module name, e.g.
@@ -42,8 +42,7 @@ class DetailTracker:
     level: 'summary' (they are rows only) or 'full' (rows and metrics)."""
 
     def __init__(self, inner: Tracker, *, output_dir: str | Path, level: str = "summary"):
-        if level not in LEVELS:
-            raise ValueError(f"tracking.detail={level!r} is not known; choose one of {', '.join(LEVELS)}")
+        assert level in DETAIL_LEVELS, f"tracking.detail={level!r}: the config's check let it through"
         self.inner, self.level = inner, level
         out = Path(output_dir)
         self.rows_path, self.artifact_path = out / names.DETAIL_ROWS_FILE, out / names.ARTIFACT_DETAIL
@@ -58,14 +57,13 @@ class DetailTracker:
         if names.TOKENS_SEEN in metrics and step > 0:
             self._tokens[step] = int(metrics[names.TOKENS_SEEN])
             self._tokens_per_step = metrics[names.TOKENS_SEEN] / step
-        kept = metrics
-        if any(names.detail_of(k) for k in metrics):
-            kept = {}
-            for k, v in metrics.items():
-                if names.detail_of(k):
-                    self._pending.append((step, k, float(v)))
-                if self.level == "full" or not names.detail_of(k):
-                    kept[k] = v
+        kept = {}
+        for k, v in metrics.items():
+            if names.detail_of(k):
+                self._pending.append((step, k, float(v)))
+                if self.level == "summary":
+                    continue
+            kept[k] = v
         self._write(final=False)
         if kept:
             self.inner.log_metrics(kept, step=step)
@@ -165,4 +163,4 @@ def leftover_rows(output_dir: str | Path) -> Path | None:
     return rows
 
 
-__all__ = ["COLUMNS", "LEVELS", "DetailTracker", "leftover_rows", "write_parquet"]
+__all__ = ["COLUMNS", "DetailTracker", "leftover_rows", "write_parquet"]

@@ -69,8 +69,9 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
     }
     if spec_of(run.precision.name).low_precision_params:  # its update variants train differently
         tags[names.TAG_BF16_UPDATE] = run.precision.bf16_update
-    if submission_id():  # a Ray job's run: found by its job id
-        tags[names.TAG_RAY_JOB] = submission_id()
+    job_id = submission_id()
+    if job_id:  # a Ray job's run: found by its job id
+        tags[names.TAG_RAY_JOB] = job_id
     span = elastic_range(run)
     if span:  # rank 0 sets world_size to its own start's gang; fault/workers holds every start's
         tags[names.TAG_ELASTIC] = f"{span[0]}-{span[1]}"

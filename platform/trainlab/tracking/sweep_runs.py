@@ -42,10 +42,11 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return run_id, True
+    job_id = submission_id()
     run = client.create_run(exp_id, run_name=job_run_name(sweep_name), tags={
         names.TAG_ROLE: names.ROLE_SWEEP, names.TAG_SWEEP: sweep_name, names.TAG_SWEEP_ID: sid,
         names.TAG_STATUS: names.STATUS_RUNNING,
-        **({names.TAG_RAY_JOB: submission_id()} if submission_id() else {}),
+        **({names.TAG_RAY_JOB: job_id} if job_id else {}),
     })
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "definition.json"
