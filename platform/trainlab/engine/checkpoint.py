@@ -78,6 +78,19 @@ def checkpoint_root(run) -> Path:
     return (Path("checkpoints") / config_hash(run)).resolve()
 
 
+def unused_checkpoint_root(run) -> Path:
+    """checkpoint_root(run) if it is empty or absent, else the first empty `<root>-rerun<N>`
+    beside it: hydra.launcher.rerun=true trains a trial again from step 1, so it must neither
+    resume the checkpoints (nor continue the MLflow run, trial.json) that an earlier run of the
+    trial left in its folder, nor mix its own among them."""
+    root = checkpoint_root(run)
+    found, n = root, 1
+    while found.is_dir() and any(found.iterdir()):
+        n += 1
+        found = root.with_name(f"{root.name}-rerun{n}")
+    return found
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 

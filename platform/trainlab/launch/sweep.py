@@ -237,6 +237,12 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")
 
+    if rerun:  # from step 1, though an earlier run of the sweep in the same folder left checkpoints
+        from trainlab.engine.checkpoint import unused_checkpoint_root
+
+        for t in trials:
+            t.run = dataclasses.replace(t.run, train=dataclasses.replace(
+                t.run.train, checkpoint_dir=str(unused_checkpoint_root(t.run))))
     todo = [t for t in trials if not t.skipped]
     if len(todo) < len(trials):
         console.print(f"{len(trials) - len(todo)} trials already finished in this sweep: skipped "
