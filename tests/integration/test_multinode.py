@@ -253,3 +253,43 @@ def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path)
     assert page.request.get(loopback_cluster.jobs_url + "/api/jobs/").status == 200
     page.wait_for_timeout(3000)
     page.screenshot(path=str(tmp_path / "dashboard_jobs.png"))
+
+
+def test_pack_and_spread_land_so_and_a_refused_trial_stops_no_other_without_exported_token_mode(
+        loopback_cluster, tmp_path):
+    """A sweep that joins the cluster from a shell with the token on disk but no RAY_AUTH_MODE:
+    Ray's own CLI fails there, the `trainlab` command turns token mode on itself (README). fp16
+    on 2 workers may use either GPU type: cluster.placement=pack puts both on one node, spread
+    one on each. cluster.min_capability=9.5, which no type has, is refused at submission with a
+    reason per type, and the rest of the sweep runs (exit 1: a refused trial is a failed one)."""
+    import mlflow
+
+    env = {k: v for k, v in loopback_cluster.env.items() if k != "RAY_AUTH_MODE"}
+    env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1", "COLUMNS": "250"}
+    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), env=env, timeout=60)
+    assert listed.returncode != 0 and "Missing authentication token" in listed.stdout + listed.stderr, \
+        listed.stdout[-2000:] + listed.stderr[-2000:]
+
+    proc = subprocess.run(
+        trainlab_cmd("train", "-m", "cluster=ray", f"cluster.address={loopback_cluster.gcs}",
+                     *[o for o in FAST if not o.startswith("cluster.num_workers=")], "cluster.num_workers=2",
+                     "precision=fp16", "cluster.placement=pack,spread", "cluster.min_capability=7.0,9.5", "hydra.launcher.max_concurrent_trials=1",
+                     f"hydra.sweep.dir={tmp_path / 'multi'}"),
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=540)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "2 of 4 trials failed" in out, out[-4000:]
+    refused = [line for line in proc.stdout.splitlines() if "refused at submission" in line]
+    assert len(refused) == 2 and all("cluster.min_capability=9.5" in line for line in refused), out[-4000:]
+    for reason in ("H100: compute capability 9.0 < cluster.min_capability=9.5",
+                   "V100: compute capability 7.0 < cluster.min_capability=9.5"):
+        assert out.count(reason) == 2, out[-4000:]
+
+    client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id],
+                              filter_string="tags.`trainlab.role` = 'trial'")
+    landed = {r.data.params["cluster.placement"]: (r.data.tags["status"], r.data.tags["node_count"],
+                                                   r.data.tags["device_types"]) for r in runs}
+    assert sorted(landed) == ["pack", "spread"], landed  # the refused trials opened no run
+    assert landed["spread"] == ("finished", "2", "H100:1,V100:1"), landed
+    status, nodes, types = landed["pack"]
+    assert (status, nodes) == ("finished", "1") and types in ("H100:2", "V100:2"), landed
