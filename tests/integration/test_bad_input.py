@@ -119,8 +119,11 @@ CASES = [
       ["cluster.address='127.0.0.1:", "nothing answers", "ray start --head"]),
     C("mlflow_sqlite_unwritable", ["tracking.uri=sqlite:////proc/self/mlflow.db"],
       ["tracking.uri='sqlite:////proc/self/mlflow.db'", "cannot be written", "tracking=none"]),
-    C("mlflow_read_only_dir", ["tracking.uri=sqlite:///{read_only}/mlflow.db"], ["tracking.uri=", "cannot be written"],
-      skip="root writes through directory permissions" if os.geteuid() == 0 else ""),
+    C("mlflow_read_only_dir", ["tracking.uri=sqlite:///{locked}/mlflow.db"],
+      ["tracking.uri=", "locked/mlflow.db", "cannot be written", "tracking=none"]),
+    # no permissions needed: nobody, root included, can make a folder inside a regular file
+    C("mlflow_store_under_a_file", ["tracking.uri=sqlite:///{odd_size}/mlflow.db"],
+      ["tracking.uri=", "cannot be written (Not a directory: ", "odd_size.bin)", "tracking=none"]),
     # ---------------------------------------------------------------- checkpoints
     C("checkpoint_truncated", ["train.resume=checkpoints/step_00000010"],
       ["step_00000010", "__0_0.distcp should have 8192 bytes, has 4096", "train.resume="]),
@@ -260,13 +263,11 @@ def world(tmp_path_factory):
     odd.write_bytes(np.arange(20_001, dtype=np.uint8).tobytes())  # not whole uint16s
     big = write_token_file(work / "big_ids.bin", np.arange(20_000) % (VOCAB + 5), "uint16")
     short = write_token_file(work / "short.bin", np.arange(100) % VOCAB, "uint16")  # 2 train windows
-    read_only = work / "read_only"
-    read_only.mkdir(mode=0o500)
     # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
     (work / "elsewhere").mkdir()
     (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")
     refusing = _refusing_socket()
-    files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "read_only": read_only,
+    files = {"work": work, "odd_size": odd, "big_ids": big, "short": short,
              "closed_port": refusing.getsockname()[1], "locked": work / "locked",
              "evil_model": os.path.relpath(work / "elsewhere" / "evil", CONF_DIR / "model"),
              "evil_sweep": os.path.relpath(work / "elsewhere" / "evil", SWEEPS_DIR / "sweep")}

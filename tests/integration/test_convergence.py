@@ -1,5 +1,5 @@
-"""Does training get where it should? Against the exact entropy of a Markov source, and
-against the unigram entropy of the real-text corpus in the demo's own steps."""
+"""Does training get where it should? Against the exact entropy of a Markov source, and the
+demo (`trainlab train`, its defaults) against the val loss it is measured to reach."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
 
 pytestmark = pytest.mark.slow
+
+DEMO_VAL_LOSS = 1.8326
+"""The demo's final val loss as measured (torch 2.13.0 CPU wheel, 2 gloo ranks, seed 0): 1.832557 in
+two runs, bit for bit. The README states it."""
+DEMO_TOLERANCE = 0.002
+"""nats. Not zero, because bit-reproducibility holds for one machine and build only: the same run with
+torch, MKL and oneDNN held to AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 etc., another CPU's reduction
+orders) ended at 1.832546, 1.1e-5 away. Small enough that a regression in what the demo learns fails:
+seed 1 ends at 1.776 (seeds differ by 0.056), the unigram entropy, a model that learned no context,
+is 3.265."""
 
 
 def test_markov_loss_approaches_true_entropy(recording_tracker, tmp_path):
@@ -34,8 +44,9 @@ def test_markov_loss_approaches_true_entropy(recording_tracker, tmp_path):
     assert result.final_val_loss > true_h - 0.05  # no model beats the source's entropy
 
 
-def test_demo_beats_unigram_entropy(tmp_path, cli_env):
-    """The README's demo command as a user runs it (its defaults, its steps)."""
+def test_demo_reaches_its_measured_val_loss(tmp_path, cli_env):
+    """The README's demo command as a user runs it (its defaults, its steps) ends where the README
+    says, within DEMO_TOLERANCE: a slower-learning regression fails, not only one that learns nothing."""
     proc = subprocess.run(trainlab_cmd("train"), cwd=tmp_path, env=cli_env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -43,5 +54,6 @@ def test_demo_beats_unigram_entropy(tmp_path, cli_env):
     (mrun,) = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])
     unigram = mrun.data.metrics[names.REF_UNIGRAM_ENTROPY]
     assert mrun.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
-    assert mrun.data.metrics[names.VAL_LOSS] < unigram, (mrun.data.metrics[names.VAL_LOSS], unigram)
+    assert unigram == pytest.approx(3.265, abs=5e-4)  # the corpus the README's number is for
+    assert mrun.data.metrics[names.VAL_LOSS] == pytest.approx(DEMO_VAL_LOSS, abs=DEMO_TOLERANCE)
     assert mrun.data.tags[names.TAG_WORLD_SIZE] == "2"

@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import free_port, trainlab_cmd
 from trainlab import names
+from trainlab.engine.checkpoint import complete_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -134,8 +135,8 @@ def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tm
         driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     timeline = {}
     try:
-        timeline["first checkpoint"] = _wait_for(  # complete: its trainlab.json is written last
-            "a first checkpoint", lambda: any(run_dir.glob("checkpoints/step_*/trainlab.json")), driver, log, 240)
+        timeline["first checkpoint"] = _wait_for(  # complete: renamed from step_N.tmp once every rank wrote
+            "a first checkpoint", lambda: complete_checkpoints(run_dir / "checkpoints"), driver, log, 240)
         cluster.kill_node()
         timeline["on 1 worker"] = _wait_for(
             "a restart on 1 worker", lambda: "continuing on 1 of 2 workers" in log.read_text(), driver, log, 120)

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import trainlab_cmd
 from trainlab import names
+from trainlab.engine.checkpoint import complete_checkpoints, latest_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -99,8 +100,8 @@ def test_a_killed_worker_restarts_from_its_checkpoint_within_the_limit(mlflow_se
 
 def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, tmp_path, ray_tmp):
     """(MLFLOW_TRACKING_URI picks the store, as for every MLflow client.) SIGKILL the sweep
-    driver once trial #0 has a checkpoint; the same command again skips
-    nothing finished, resumes #0 from its checkpoint into its run, then runs #1."""
+    driver once trial #0 has a complete checkpoint; the same command again skips
+    nothing finished, resumes #0 from its latest complete checkpoint into its run, then runs #1."""
     exp = "faults_driver"
     # 3x slower steps: the kill lands mid-trial, after the first checkpoint and before the end
     args = ["train", "-m", *TRIAL, "train.max_steps=24", "debug.slowdown=[3,3]", "seed=0,1",
@@ -109,14 +110,18 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     driver = subprocess.Popen(trainlab_cmd(*args), cwd=tmp_path, env=_env(mlflow_server.uri, ray_tmp),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("multirun/*/*/0/checkpoints/step_*")):
+    # complete, not merely begun: a `step_N.tmp` being written is no checkpoint to resume from
+    while not [c for root in tmp_path.glob("multirun/*/*/0/checkpoints") for c in complete_checkpoints(root)]:
         assert driver.poll() is None, driver.stdout.read()[-4000:]
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        assert time.monotonic() < deadline, "no complete checkpoint of trial #0 within 300 s"
         time.sleep(0.5)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     driver.stdout.close()
     subprocess.run(["pkill", "-KILL", "-f", str(ray_tmp)], check=False)  # what the driver left
+    (root,) = tmp_path.glob("multirun/*/*/0/checkpoints")
+    kept = latest_checkpoint(root)  # the newest one the kill left whole: the rerun must start there
+    assert kept is not None and 0 < kept.step < 24, kept
     client = MlflowClient(tracking_uri=mlflow_server.uri)
     (first,) = _children(client, exp)
     assert first.data.tags[names.TAG_STATUS] == names.STATUS_RUNNING  # nobody closed it
@@ -131,6 +136,8 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     resumed = runs["0"]
     assert resumed.info.run_id == first.info.run_id  # the same run, continued
     assert resumed.data.tags[names.TAG_STATUS] == names.STATUS_FINISHED
+    assert resumed.data.tags[names.TAG_RESUMED_FROM] == str(kept.path)  # not a fresh start from step 0
+    assert f"resumed from {kept.path} at step {kept.step}" in out, out[-4000:]
     assert _steps(client, resumed.info.run_id) == list(range(1, 25))  # no gap, no duplicate
     assert logged and logged == list(range(1, len(logged) + 1))
     assert runs["1"].data.tags[names.TAG_STATUS] == names.STATUS_FINISHED

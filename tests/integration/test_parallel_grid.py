@@ -1,6 +1,7 @@
 """The parallelism grid as a user runs it: `trainlab train -m +sweep=parallel_grid` on local
 Ray (each trial a gang of 2 gloo workers), then `trainlab compare`: every layout finishes with
-the same validation loss as DDP (same model, batch and seed), and their throughput differs."""
+the same validation loss as DDP (same model, batch and seed), and compare states each layout's
+throughput and its speedup over DDP's."""
 
 from __future__ import annotations
 
@@ -38,8 +39,11 @@ def test_parallel_grid_sweep_and_compare(tmp_path):
     rows = {r["label"]: r for r in csv.DictReader(open(tmp_path / "cmp" / "summary.csv"))}
     assert set(rows) == {f"parallel={layout}" for layout in LAYOUTS}
     base = float(rows["parallel=ddp"]["final_val_loss_mean"])
+    base_tps = float(rows["parallel=ddp"]["tokens_per_s_mean"])
     for layout in LAYOUTS:
         row = rows[f"parallel={layout}"]
         assert row["n_finished"] == "1", row
         assert float(row["final_val_loss_mean"]) == pytest.approx(base, rel=1e-4), layout
-        assert float(row["tokens_per_s_mean"]) > 0
+        tps = float(row["tokens_per_s_mean"])
+        assert tps > 0
+        assert float(row["speedup"]) == pytest.approx(tps / base_tps, rel=1e-6), row  # what a reader compares

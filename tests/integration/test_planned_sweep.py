@@ -4,6 +4,7 @@ and its gang (placement) are decided once per trial, and the workers run that pl
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -19,11 +20,12 @@ TRIAL = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_s
          "train.seq_len=32", "train.eval_every=0", "train.eval_batches=1", "cluster.num_workers=1", "tracking=none"]
 
 
-def _counting(monkeypatch, name: str) -> list:
+def _counting(monkeypatch, name: str) -> list[float]:
+    """When each call of launch.plan's `name` was made (perf_counter, the sweep's submission clock)."""
     calls, real = [], getattr(launch_plan, name)
 
     def counted(*args, **kwargs):
-        calls.append(args[0])
+        calls.append(time.perf_counter())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(launch_plan, name, counted)
@@ -37,6 +39,7 @@ def test_each_trial_of_a_sweep_is_planned_and_placed_once(ray_cluster, tmp_path,
     outcome = execute_sweep(trials, max_concurrent_trials=2, rerun=True)
     assert [t.status for t in outcome.ran] == [names.STATUS_FINISHED] * 2, [t.error for t in trials]
     assert len(checked) == 2 and len(placed) == 2  # once per trial (placement ran twice a trial before)
+    assert max(checked + placed) < min(t.submitted_at for t in trials)  # all planned before the first starts
     for t in trials:
         assert isinstance(t.result, TrialResult) and t.result.steps == 2
         assert t.run.cluster.device == "auto" and t.plan.device == "cpu" and not t.plan.gang.gpus

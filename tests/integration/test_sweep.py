@@ -147,6 +147,10 @@ def test_hydra_basic_launcher_still_runs_trials_one_after_another(tmp_path):
                       "seed=0,1", "tracking=none", f"hydra.sweep.dir={tmp_path / 'multi'}"],
                      cwd=tmp_path, uri=f"sqlite:///{tmp_path / 'unused.db'}", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    spans = []  # (first, last) time a loss was logged, per job
     for job in ("0", "1"):
-        lines = (tmp_path / "multi" / job / "metrics.jsonl").read_text().splitlines()
-        assert sum(names.LOSS in json.loads(line) for line in lines) == 3
+        records = [json.loads(line) for line in (tmp_path / "multi" / job / "metrics.jsonl").read_text().splitlines()]
+        times = [r["time"] for r in records if names.LOSS in r]
+        assert len(times) == 3
+        spans.append((min(times), max(times)))
+    assert spans[0][1] < spans[1][0], spans  # one after another: job 1 trained after job 0's last step

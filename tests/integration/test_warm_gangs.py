@@ -64,10 +64,15 @@ def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_it
                               filter_string=f"tags.`{names.TAG_ROLE}` = '{names.ROLE_TRIAL}'")
     by_seed = {r.data.params["seed"]: r for r in runs}
     assert sorted(by_seed) == ["0", "1", "2"]  # each trial its own run, every step in it once
+    spans = []  # (first, last) time a loss was logged, in the order the trials were queued
     for seed, gang in zip("012", [t["gang"] for t in timing]):
         r = by_seed[seed]
         assert r.data.tags[names.TAG_GANG] == gang and r.info.status == "FINISHED"
-        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, names.LOSS)) == [1, 2, 3, 4]
+        history = client.get_metric_history(r.info.run_id, names.LOSS)
+        assert sorted(m.step for m in history) == [1, 2, 3, 4]
+        spans.append((min(m.timestamp for m in history), max(m.timestamp for m in history)))
+    # one after another on the one gang: each trial's first step logged after the previous one's last
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:])), spans
 
     proc = _cli(["train", "-m", *TINY, "train.max_steps=4", "seed=0,1", "hydra.launcher.max_concurrent_trials=1",
                  "hydra.launcher.reuse_gangs=false", "tracking.experiment=cold", f"hydra.sweep.dir={cold_dir}"],

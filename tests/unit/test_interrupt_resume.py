@@ -35,7 +35,7 @@ def test_a_trainer_off_the_main_thread_stops_when_asked_from_outside(dist_info):
 @pytest.mark.usefixtures("one_thread", "outside")
 def test_without_listening_an_outside_request_is_not_read(dist_info):
     """Off the main thread and not listening (torchrun's ranks listen to SIGTERM instead), the
-    trainer spends no collective on a vote and trains to its end."""
+    trainer does not read a request from outside and trains to its end."""
     result = _train_in_a_thread(dist_info, listen=False, stop_at=2)
     assert result.status == names.STATUS_FINISHED and result.steps == 6
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import read_only_dir
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.data import write_token_file
 from trainlab.launch.preflight import (
@@ -150,17 +151,36 @@ def test_unwritable_tracking_store(uri):
     assert "tracking.uri" in msg and uri in msg and "tracking=none" in msg
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
-                    reason="root writes through directory permissions")
 def test_read_only_tracking_folder(tmp_path):
+    """A folder its user cannot write: mode 0o500, and for root (whom modes do not stop, and
+    who runs CI) also the immutable attribute."""
     folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o500)
-    try:
-        with pytest.raises(ValueError, match="tracking.uri"):
+    with read_only_dir(folder) as locked:
+        if not locked:
+            pytest.skip("cannot make a folder read-only for root here (no chattr +i); "
+                        "test_tracking_store_under_a_file covers the refusal for root")
+        with pytest.raises(ValueError) as info:
             check_tracking_uri(f"sqlite:///{folder}/mlflow.db")
-    finally:
-        folder.chmod(0o700)
+    msg = str(info.value)
+    assert f"tracking.uri='sqlite:///{folder}/mlflow.db' cannot be written" in msg and "tracking=none" in msg
+    assert ("Permission denied" if os.geteuid() else "Operation not permitted") in msg, msg
+    assert list(folder.iterdir()) == []  # no store and no probe left behind
+
+
+@pytest.mark.parametrize("form", ["sqlite:///{file}/mlflow.db", "sqlite:///{file}/sub/mlflow.db",
+                                  "file://{file}/mlruns", "file://{file}"])
+def test_tracking_store_under_a_file(tmp_path, form):
+    """A store whose folder is a regular file cannot be made by anyone, root included (ENOTDIR,
+    no permissions needed): refused, saying why ('Not a directory', not mkdir's 'File exists')."""
+    file = tmp_path / "notes.txt"
+    file.write_text("not a folder")
+    uri = form.format(file=file)
+    with pytest.raises(ValueError) as info:
+        check_tracking_uri(uri)
+    msg = str(info.value)
+    assert f"tracking.uri={uri!r} cannot be written (Not a directory: {file}" in msg, msg
+    assert "tracking=none" in msg
+    assert file.read_text() == "not a folder" and list(tmp_path.iterdir()) == [file]
 
 
 def test_unreachable_tracking_server(no_proxy):

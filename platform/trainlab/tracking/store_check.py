@@ -12,6 +12,8 @@ fix; a sqlite file is opened read-only, so a damaged store is left exactly as it
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import sqlite3
 import tempfile
@@ -47,6 +49,8 @@ def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: fl
 def _check_writable(path, *, sqlite: bool, where: str) -> None:
     folder = path.parent if sqlite else path
     try:  # create it as MLflow would, then prove a file can be written there
+        if folder.exists() and not folder.is_dir():  # mkdir would say 'File exists', which hides why
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
             pass
