@@ -18,8 +18,6 @@ import pytest
 
 from conftest import REPO, trainlab_cmd
 
-pytestmark = pytest.mark.slow  # each bench is a fresh process that imports torch and trains
-
 SMALL = ["model=tiny", "data=markov", "train.seq_len=32"]
 # name: (id, the bench's arguments at smoke size, the ratio line, the number in it that must be > 0)
 SMOKE = {
@@ -56,6 +54,7 @@ def test_every_bench_the_readme_names_has_a_smoke_test():
     assert not missing, missing
 
 
+@pytest.mark.slow  # each a fresh process that imports torch and trains: 4-18 s on 2 busy cores
 @pytest.mark.parametrize("case", list(SMOKE))
 def test_bench_runs_at_smoke_size_and_ends_with_its_ratio_line(case, cli_env, tmp_path):
     bench, args, ratio_line = SMOKE[case]
