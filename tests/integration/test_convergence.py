@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from demo_output import check_demo_output
 from mlflow.tracking import MlflowClient
 
 from conftest import trainlab_cmd
@@ -50,6 +51,7 @@ def test_demo_reaches_its_measured_val_loss(tmp_path, cli_env):
     proc = subprocess.run(trainlab_cmd("train"), cwd=tmp_path, env=cli_env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    check_demo_output(proc.stdout, cwd=tmp_path)  # the live line, the summary, its `mlflow ui` command
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (mrun,) = client.search_runs([client.get_experiment_by_name("trainlab").experiment_id])
     unigram = mrun.data.metrics[names.REF_UNIGRAM_ENTROPY]

@@ -190,9 +190,10 @@ def _sized_manifest(path: Path) -> dict:
                                       f"({integrity.manifest_problem(meta)})")
     for name, size in sizes.items():
         f = path / name
-        if not f.is_file() or f.stat().st_size != size:
-            got = f.stat().st_size if f.is_file() else "missing"
-            raise DamagedCheckpoint(path, f"is damaged: {name} should have {size} bytes, has {got}")
+        if not f.is_file():  # said as such: "should have 8192 bytes, has missing" read as a size problem
+            raise DamagedCheckpoint(path, f"is damaged: {name} is missing ({size} bytes at save)")
+        if f.stat().st_size != size:
+            raise DamagedCheckpoint(path, f"is damaged: {name} should have {size} bytes, has {f.stat().st_size}")
     return meta
 
 

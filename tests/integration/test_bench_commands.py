@@ -1,0 +1,70 @@
+"""Every `trainlab bench` the README names runs, in a smoke size, and ends with its ratio line.
+
+Each bench runs through the real command (`trainlab bench NAME`, a fresh process as a user's)
+with the README's options where they fit a 2-core CPU and overrides that make it small (the tiny
+model, a few steps, one round); the line each bench ends with, its ratio, must have the README's
+format and hold a finite positive number. The numbers themselves are the machine's (README
+"Measured"), not asserted. Benches tested in files of their own are named in ELSEWHERE, and the
+first test fails when the README names a bench that neither covers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO, trainlab_cmd
+
+SMALL = ["model=tiny", "data=markov", "train.seq_len=32"]
+# name: (id, the bench's arguments at smoke size, the ratio line, the number in it that must be > 0)
+SMOKE = {
+    # tracking=none: MLflow's writer and store cost a minute here (test_bench_overhead.py runs them)
+    "overhead": ("overhead", ["--repeats", "1", *SMALL, "train.max_steps=5", "train.global_batch_size=4",
+                              "train.micro_batch_size=4", "tracking=none"],
+                 r"ratio: (\d+\.\d{3})"),
+    "determinism": ("determinism", ["--workers", "2", "--repeats", "1", *SMALL, "train.max_steps=3",
+                                    "train.global_batch_size=8", "train.micro_batch_size=2"],
+                    r"cost: (\d+\.\d{2})x"),
+    "balance": ("balance", ["--workers", "2", "--modes", "equal,weighted", *SMALL, "train.max_steps=4",
+                            "parallel.dp_balance_warmup=2", "train.global_batch_size=8",
+                            "train.micro_batch_size=2"],
+                r"mode weighted: speedup: (\d+\.\d{2})x"),
+    # the README's `model=1b train.compile=true` is a GPU's size: compiling on CPU would take minutes
+    "fp8": ("fp8", ["--precisions", "bf16,fp8_tensorwise", *SMALL, "train.max_steps=3",
+                    "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_batches=1",
+                    "precision.keep_hp=[output,unaligned]"],  # tiny's linears in FP8 all the same
+            r"fp8_tensorwise vs bf16: speedup: (\d+\.\d{2})x   val loss gap: [+-]\d+\.\d{2}%"),
+    "fp8_matmul": ("fp8", ["--matmul", "--sizes", "64,128"],
+                   r"\s*128\s+\d+\.\d\s+\d+\.\d\s+(\d+\.\d{2})x"),
+}
+ELSEWHERE = {"sweep": "integration/test_bench_sweep.py", "prune": "integration/test_bench_prune.py",
+             "parallel": "distributed/test_bench_parallel.py",
+             "checkpoint": "distributed/test_bench_checkpoint.py", "acceptance": "distributed/test_acceptance.py"}
+
+
+def test_every_bench_the_readme_names_has_a_smoke_test():
+    named = set(re.findall(r"(?:trainlab bench |trainlab\.bench\.)(\w+)", (REPO / "README.md").read_text()))
+    assert "overhead" in named and "fp8" in named, named  # the README's own lines were read
+    covered = {bench for bench, _, _ in SMOKE.values()} | set(ELSEWHERE)
+    assert named <= covered, f"no smoke test for trainlab bench {sorted(named - covered)}"
+    missing = [path for path in ELSEWHERE.values() if not (REPO / "tests" / path).is_file()]
+    assert not missing, missing
+
+
+@pytest.mark.slow  # each a fresh process that imports torch and trains: 4-18 s on 2 busy cores
+@pytest.mark.parametrize("case", list(SMOKE))
+def test_bench_runs_at_smoke_size_and_ends_with_its_ratio_line(case, cli_env, tmp_path):
+    bench, args, ratio_line = SMOKE[case]
+    proc = subprocess.run(trainlab_cmd("bench", bench, *args), cwd=tmp_path, env={**cli_env, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    shown = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, shown
+    assert "Traceback" not in proc.stdout + proc.stderr, shown
+    last = proc.stdout.rstrip().splitlines()[-1]
+    m = re.fullmatch(ratio_line, last)
+    assert m, f"the last line is not the ratio line {ratio_line!r}: {last!r}{shown}"
+    ratio = float(m.group(1))
+    assert math.isfinite(ratio) and ratio > 0, last
