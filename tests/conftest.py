@@ -69,6 +69,19 @@ def spawn_ranks(target: Callable, world: int, *args, results: int = 1, timeout: 
     return got
 
 
+def rank0_unless_failed(reports: list) -> dict:
+    """From spawn_ranks' `(rank, {case: result})` items of every rank: rank 0's results, where a
+    case that raised on any rank (caught there as its traceback, a str, so the other cases still
+    run) is that rank's traceback. Keeps a failure of rank 1 from being dropped."""
+    by_rank = dict(reports)
+    merged = dict(by_rank[0])
+    for rank in sorted(by_rank):
+        for case, got in by_rank[rank].items():
+            if isinstance(got, str) and not isinstance(merged.get(case), str):
+                merged[case] = f"rank {rank}:\n{got}"
+    return merged
+
+
 def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) -> None:
     """A spawn_ranks target: one rank of a trial through the real trainer (`run_trial`) with
     `overrides` (cluster.num_workers is set to `world`). Rank 0 puts (train losses, val

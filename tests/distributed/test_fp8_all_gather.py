@@ -13,7 +13,7 @@ import traceback
 
 import pytest
 
-from conftest import RecordingTracker, finish_reporting, rank_env, spawn_ranks
+from conftest import RecordingTracker, finish_reporting, rank0_unless_failed, rank_env, spawn_ranks
 from trainlab import names
 from trainlab.distributed import close_distributed
 
@@ -97,21 +97,20 @@ def _worker(rank: int, world: int, port: int, out, out_dir: str) -> None:
         results["resume"] = _preempted_and_resumed(world, out_dir)
     except Exception:  # noqa: BLE001 - reported to the test
         results["resume"] = traceback.format_exc()
-    if rank == 0:
-        out.put(results)
+    out.put((rank, results))  # every rank's: a case that raised on rank 1 only must fail too
     close_distributed()
     finish_reporting(out)
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict:
-    (got,) = spawn_ranks(_worker, 2, str(tmp_path_factory.mktemp("fp8_all_gather")), timeout=600)
-    return got
+    return rank0_unless_failed(spawn_ranks(_worker, 2, str(tmp_path_factory.mktemp("fp8_all_gather")),
+                                           results=2, timeout=600))
 
 
 def _result(cases: dict, name: str) -> dict:
     got = cases[name]
-    assert isinstance(got, dict), f"case {name} raised on rank 0:\n{got}"
+    assert isinstance(got, dict), f"case {name} raised on {got}"
     return got
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rank_env, spawn_ranks
+from conftest import rank0_unless_failed, rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.distributed import close_distributed
 
@@ -196,17 +196,15 @@ def _worker(rank: int, world: int, port: int, out, cases: tuple[str, ...]) -> No
     for name in cases:
         try:
             results[name] = _case(name, rank, world, RUN)
-        except Exception:
+        except Exception:  # noqa: BLE001 - reported to the test, from every rank
             results[name] = traceback.format_exc()
-    if rank == 0:
-        out.put(results)
+    out.put((rank, results))
     # no barrier: the last case's all-gather failed on purpose, and a barrier waits on it
     close_distributed(barrier=False)
 
 
 def _spawn(world: int, cases: tuple[str, ...]) -> dict:
-    (results,) = spawn_ranks(_worker, world, cases)
-    return results
+    return rank0_unless_failed(spawn_ranks(_worker, world, cases, results=world))
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +231,7 @@ def four_ranks() -> dict:
 
 def _result(results: dict, name: str) -> dict:
     got = results[name]
-    assert isinstance(got, dict), f"case {name} raised on rank 0:\n{got}"
+    assert isinstance(got, dict), f"case {name} raised on {got}"
     return got
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
@@ -41,12 +42,29 @@ def test_stochastic_rounding_on_cuda_draws_by_seed():
     assert not torch.equal(_push("stochastic", seed=3), _push("stochastic", seed=4))
 
 
-@pytest.mark.parametrize("precision", ["bf16_pure_stochastic", "bf16_pure_kahan"])
-def test_bf16_pure_variants_train_on_gpu(precision):
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("bf16 needs SM 8.0+")
+def _trained(precision: str):
+    """30 steps of tiny on the default corpus: its result and train-loss curve."""
+    tracker = RecordingTracker()
     run = compose_run_config(["model=tiny", f"precision={precision}", "cluster.num_workers=1",
                               "cluster.device=cuda", "train.max_steps=30", "train.eval_every=0"])
-    result = run_trial(run)
-    assert result.status == names.STATUS_FINISHED
-    assert result.final_loss < 4.5  # as bf16 autocast in test_gpu_engine
+    result = run_trial(run, tracker_factory=lambda *_: tracker)
+    return result, [v for _, v in tracker.series(names.LOSS)]
+
+
+@pytest.fixture(scope="module")
+def bf16_autocast():
+    """The reference: bf16 autocast with fp32 master weights, on the same GPU."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bf16 needs SM 8.0+")
+    return _trained("bf16")
+
+
+@pytest.mark.parametrize("precision", ["bf16_pure_stochastic", "bf16_pure_kahan"])
+def test_bf16_pure_variants_train_like_bf16_autocast_on_gpu(precision, bf16_autocast):
+    ref, ref_curve = bf16_autocast
+    result, curve = _trained(precision)
+    assert result.status == ref.status == names.STATUS_FINISHED
+    # it trains: measured on CPU, both fall from 5.58 to 4.17 in these 30 steps
+    assert ref_curve[-1] < ref_curve[0] - 1.0 and curve[-1] < curve[0] - 1.0, (ref_curve, curve)
+    # bf16 weights without a master copy keep up with fp32 masters (CPU: within 0.01 %)
+    assert result.final_val_loss == pytest.approx(ref.final_val_loss, rel=0.02)

@@ -1,6 +1,6 @@
 """The FP8 bench on one GPU (SM 8.9+): bf16 and fp8_tensorwise, both compiled, train the same
 tokens from the same init in one torchrun process; the validation losses agree within 1 % and
-both MFUs are reported as the peak table says. The speed target (fp8 >= 1.2x bf16 on the
+both MFUs are reported where the peak table has the GPU. The speed target (fp8 >= 1.2x bf16 on the
 largest preset) is judged by `bash .ci/gpu-accept`, which prints the measured ratio."""
 
 from __future__ import annotations
@@ -47,5 +47,8 @@ def test_fp8_bench_trains_bf16_and_fp8_on_the_same_tokens(tmp_path):
         assert bf16["mfu"] is None and fp8["mfu"] is None
     else:
         assert 0 < bf16["mfu"] <= 1 and 0 < fp8["mfu"] <= 1
-    if hp and fp8_peak:  # the same FLOPs measured against both peaks
-        assert fp8["mfu_fp8"] == pytest.approx(fp8["mfu"] * hp / fp8_peak, rel=1e-6)
+    # the FP8 MFU is reported for the FP8 mode only (its value, the same FLOPs over the table's
+    # FP8 peak, restates the table: the measured speed is the bench's ratio line, judged by
+    # .ci/gpu-accept)
+    assert bf16["mfu_fp8"] is None
+    assert (fp8["mfu_fp8"] is not None) == bool(hp and fp8_peak)

@@ -45,18 +45,32 @@ class SteadyLogger(threading.Thread):
         self.tracker, self.every_s = tracker, every_s
         self.step, self.durations = 0, []
         self.halt = threading.Event()
+        self.logged = threading.Condition()
+        self.error: BaseException | None = None
 
     def run(self) -> None:
-        while not self.halt.is_set():
-            self.step += 1
-            t0 = time.perf_counter()
-            self.tracker.log_metrics({k: float(self.step) for k in KEYS}, step=self.step)
-            self.durations.append(time.perf_counter() - t0)
-            time.sleep(self.every_s)
+        try:
+            while not self.halt.is_set():
+                t0 = time.perf_counter()
+                self.tracker.log_metrics({k: float(self.step + 1) for k in KEYS}, step=self.step + 1)
+                self.durations.append(time.perf_counter() - t0)
+                with self.logged:
+                    self.step += 1
+                    self.logged.notify_all()
+                self.halt.wait(self.every_s)  # the pace of training steps, not a synchronisation
+        except BaseException as e:  # noqa: BLE001 - shown by until()
+            self.error = e
+            raise
+        finally:
+            with self.logged:
+                self.logged.notify_all()
 
-    def until(self, step: int) -> None:
-        while self.step < step:
-            time.sleep(0.01)
+    def until(self, step: int, *, timeout: float = 120) -> None:
+        """Wait until `step` is logged; fail with what happened if it is not within `timeout` s."""
+        with self.logged:
+            reached = self.logged.wait_for(lambda: self.step >= step or self.error is not None, timeout=timeout)
+        assert self.step >= step, (f"the logger reached step {self.step}, not {step}, within {timeout} s "
+                                   f"(alive: {self.is_alive()}, error: {self.error!r}, timed out: {not reached})")
 
 
 def test_server_killed_and_restarted_mid_run_loses_and_doubles_nothing(mlflow_server, tmp_path, capfd):
@@ -98,7 +112,10 @@ def test_server_never_returns_then_import_spill_delivers_once(mlflow_server, tmp
                             outage_buffer=10_000, close_timeout_s=close_timeout_s)
     for step in range(1, 11):
         tracker.log_metrics({k: float(step) for k in KEYS}, step=step)
-    time.sleep(1.0)  # delivered while the server is up
+    deadline = time.monotonic() + 60  # delivered while the server is up (a flush every 0.1 s)
+    while any(_steps(uri, run_id, key) != list(range(1, 11)) for key in KEYS):
+        assert time.monotonic() < deadline, f"steps 1-10 not on the server within 60 s: {_steps(uri, run_id, KEYS[0])}"
+        time.sleep(0.1)
     mlflow_server.kill()
     for step in range(11, 61):
         tracker.log_metrics({k: float(step) for k in KEYS}, step=step)
