@@ -1,7 +1,16 @@
-"""Hostile input through the real CLI, the way a user runs it: `python -m trainlab.cli train ...`
-in a subprocess. Every case must exit 2 with one `error:` line that names the field and the bad
-value and says the fix, print no traceback, start no Ray session, and leave an existing MLflow
-store (with a finished run in it) and a checkpoint directory byte-for-byte as they were.
+"""Hostile input, refused the way a user meets it: every case must exit 2 with one `error:` line
+that names the field and the bad value and says the fix, print no traceback, start no Ray
+session, and leave an existing MLflow store (with a finished run in it) and a checkpoint
+directory byte-for-byte as they were.
+
+Where the config layer refuses a case (trainlab.config.overrides.check_overrides, the first
+thing `trainlab train` runs, before Hydra's app: the command prints its ConfigError as the
+`error:` line and exits 2) the case is checked in-process, through that same function in the
+same working directory: a Python start-up per case cost more than the check. The real CLI
+(`python -m trainlab.cli train ...` in a subprocess) runs every case the config layer lets
+through (paths, token files, services, checkpoints: refused when the trial is planned) and
+CLI_SAMPLE, one config-layer case of each kind, proving exit code, one line, no traceback, no
+Ray session and the store untouched for that path too.
 
 Config-layer details (which message for which field) are in tests/unit; this table checks that
 each kind of bad input stops the command cleanly before anything starts.
@@ -9,6 +18,7 @@ each kind of bad input stops the command cleanly before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -25,8 +35,11 @@ import pytest
 import torch
 
 from conftest import read_only_dir
+from trainlab.config import ConfigError
 from trainlab.config.load import CONF_DIR, SWEEPS_DIR
+from trainlab.config.overrides import check_overrides
 from trainlab.data import write_token_file
+from trainlab.redact import redact
 
 VOCAB = 100
 TINY = ["model=tiny", "train.max_steps=2", "train.seq_len=32", "train.global_batch_size=4",
@@ -276,10 +289,7 @@ def world(tmp_path_factory):
 
 
 def _run(case: Case, work: Path, files: dict, env: dict) -> Outcome:
-    args = [a.format(**files) for a in case.args]
-    flags = [a for a in args if a.startswith("-")]
-    cmd = [sys.executable, "-m", "trainlab.cli", "train", *flags, *TINY,
-           *[a for a in args if not a.startswith("-")]]
+    cmd = [sys.executable, "-m", "trainlab.cli", "train", *_argv(case, files)]
     with tempfile.TemporaryDirectory(prefix="tlbad-") as ray_tmp:  # Ray would start its session here
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120,
@@ -289,17 +299,55 @@ def _run(case: Case, work: Path, files: dict, env: dict) -> Outcome:
     return Outcome(proc.returncode, proc.stdout, proc.stderr, seconds, session)
 
 
+CLI_SAMPLE = {
+    "not_an_override",  # the override parser
+    "unknown_key",  # Hydra's compose error, reworded
+    "bad_value_in_a_sweep",  # a multirun's swept values
+    "batch_not_divisible",  # the typed config's cross-field checks (the README's example)
+    "option_climbs_out",  # a group option outside the config tree
+    "group_removed",  # `~group`
+    "hydra_run_dir_unmakeable",  # the folder Hydra would make
+    "text_undecodable_bytes",  # bytes that are no UTF-8, through a real exec's argv
+}
+"""Config-layer cases that also run through the real CLI."""
+
+
+def _argv(case: Case, files: dict) -> list[str]:
+    """The arguments after `train`, as the CLI gets them: flags first, then TINY, then the case's."""
+    args = [a.format(**files) for a in case.args]
+    return [*[a for a in args if a.startswith("-")], *TINY, *[a for a in args if not a.startswith("-")]]
+
+
+def _config_refusal(case: Case, work: Path, files: dict, env: dict) -> str | None:
+    """The `error:` line `trainlab train` would print for the case if the config layer refuses it
+    (check_overrides in the command's working directory and environment), else None."""
+    with pytest.MonkeyPatch.context() as mp, contextlib.chdir(work):
+        for key in [k for k in os.environ if k not in env]:
+            mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        try:
+            check_overrides(_argv(case, files))
+        except ConfigError as e:
+            return f"error: {redact(str(e))}"  # as trainlab.train.main prints it
+    return None
+
+
 @pytest.fixture(scope="module")
 def outcomes(world, tmp_path_factory):
-    """Every case run once, three at a time (each is a Python start-up plus a check), with the
-    store and the checkpoint hashed before and after each."""
+    """Every case run once, with the store and the checkpoint hashed before and after all: first
+    in-process through the config layer; then, three at a time (each is a Python start-up plus
+    a check), through the CLI those it let through and CLI_SAMPLE."""
     work, kept, files = world
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
     env |= {"PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{kept[0]}"}  # the store at risk
     before = _digest(*kept)
     runnable = [c for c in CASES if not c.skip and not ("{locked}" in " ".join(c.args) and files["locked_skip"])]
+    refused = {c.id: _config_refusal(c, work, files, env) for c in runnable}
+    through_cli = [c for c in runnable if refused[c.id] is None or c.id in CLI_SAMPLE]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip([c.id for c in runnable], pool.map(lambda c: _run(c, work, files, env), runnable)))
+        results = dict(zip([c.id for c in through_cli], pool.map(lambda c: _run(c, work, files, env), through_cli)))
+    results |= {c.id: refused[c.id] for c in runnable if c.id not in results}
     results["_skipped"] = {c.id: files["locked_skip"] for c in CASES if c not in runnable}
     return results, before, _digest(*kept)
 
@@ -312,6 +360,11 @@ def test_bad_input_is_refused_cleanly(case, outcomes):
     if case.id not in results:
         pytest.skip(results["_skipped"][case.id])
     out = results[case.id]
+    if isinstance(out, str):  # refused in-process by the config layer: the line the CLI prints
+        assert "\n" not in out, out
+        for part in case.says:
+            assert part in out, f"{part!r} not in the message\n{out}"
+        return
     shown = f"\n--- stdout\n{out.stdout[-2000:]}\n--- stderr\n{out.stderr[-3000:]}"
     assert out.returncode == 2, shown
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
