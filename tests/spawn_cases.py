@@ -15,7 +15,10 @@ group: one bad case costs one respawn, not the results of the others.
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -69,7 +72,10 @@ def _one_group(run_case, world: int, cases: list[tuple[str, Any]], *, timeout: f
 
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, out, run_case, cases)) for rank in range(world)]
+    # the group's working directory: a trial without output_dir keeps ./checkpoints/<config hash>
+    workdir = tempfile.mkdtemp(prefix="spawn-cases-")
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, out, run_case, cases, workdir))
+             for rank in range(world)]
     for p in procs:
         p.start()
     done: dict[str, CaseOutcome] = {}
@@ -86,6 +92,7 @@ def _one_group(run_case, world: int, cases: list[tuple[str, Any]], *, timeout: f
             if p.is_alive():
                 p.kill()
                 p.join()
+        shutil.rmtree(workdir, ignore_errors=True)
     codes = [p.exitcode for p in procs]
     if codes != [0] * world:  # every case passed (else returned above), then a rank failed on its way out
         for o in done.values():
@@ -119,11 +126,12 @@ def _collect(name: str, reports: dict, out, procs, *, timeout: float) -> CaseOut
     return CaseOutcome(name, value=None if errors else got[0][1], errors=errors)
 
 
-def _rank_main(rank: int, world: int, port: int, out, run_case, cases: list[tuple[str, Any]]) -> None:
+def _rank_main(rank: int, world: int, port: int, out, run_case, cases: list[tuple[str, Any]], workdir: str) -> None:
     """One spawned rank: the world group (as a warm gang's worker has it), then each case, with
     the process put back as it was after each (GangState.after_trial); every case's result or
     traceback onto `out` as (case, rank, ok, payload). Ends at the first case that raised."""
     rank_env(rank, world, port)
+    os.chdir(workdir)
     import torch.distributed as dist
 
     from trainlab.distributed import close_distributed
