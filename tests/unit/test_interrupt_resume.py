@@ -52,7 +52,8 @@ def _trial(uri: str, run, root, *, status: str, ckpt_step: int | None, parent: s
     return trial.run_id
 
 
-def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path):
+def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=rerun", f"output_dir={tmp_path / 'new'}"])
     other = compose_run_config([*TINY_RUN, "tracking.experiment=rerun", "seed=7"])

@@ -61,10 +61,17 @@ def _absent_address() -> str:
     raise AssertionError("every documentation address is on an interface")  # pragma: no cover
 
 
+_HELD: list[socket.socket] = []
+
+
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on: bound, never listening, and held to the end of the
+    session, so a connection there is refused and no other process (a parallel test worker's
+    server, a gloo rendezvous) can take it meanwhile."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- cluster.host

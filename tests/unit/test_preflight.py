@@ -31,11 +31,17 @@ BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
 ENOUGH_TOKENS = np.arange(50_000) % 100
 
 
+_HELD: list[socket.socket] = []
+
+
 def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, read, released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on: bound, never listening, and held to the end of the
+    session, so a connection there is refused and no other process (a parallel test worker's
+    server, a gloo rendezvous) can take it meanwhile."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -78,7 +78,8 @@ def test_progress_events_carry_every_validation_with_its_tokens(dist_info, tmp_p
     assert [e.tokens for e in steps] == [3 * 4 * 32, 4 * 4 * 32, 6 * 4 * 32]
 
 
-def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path):
+def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = open_sweep_parent(tracking_uri=uri, experiment="prune_rerun", sweep_name="s", sid="x",
                                   definition={})

@@ -13,10 +13,11 @@ from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS, Peak, gpu_peak, mean_
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_cpu_mfu_is_a_fraction(precision):
+def test_cpu_mfu_is_a_fraction(precision, tmp_path):
     run = compose_run_config(["model=tiny", f"precision={precision}", "data=markov", "cluster.num_workers=1",
                               "train.max_steps=4", "train.global_batch_size=4", "train.micro_batch_size=4",
-                              "train.seq_len=32", "train.eval_every=0", "train.eval_batches=1"])
+                              "train.seq_len=32", "train.eval_every=0", "train.eval_batches=1",
+                              f"output_dir={tmp_path}"])  # its checkpoints folder, not ./checkpoints
     result = run_trial(run)
     assert result.mfu is not None and 0 < result.mfu < 1, result.mfu
 
