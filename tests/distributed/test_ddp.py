@@ -68,6 +68,7 @@ def test_engine_imports_neither_ray_nor_mlflow(tmp_path):
     assert "LEAKED []" in proc.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_with_mlflow_closes_its_run_with_the_status(tmp_path):
     """Under torchrun there is no driver: rank 0 opens the run and must close it."""
     from mlflow.tracking import MlflowClient

@@ -75,6 +75,7 @@ def test_summary_keeps_few_metrics_and_the_table_holds_what_telemetry_computed(t
     assert hist == pytest.approx(busy.to_dict(), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_detail_full_restores_the_metrics_and_they_equal_the_table(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client, run = _trial(tmp_path, uri, "tracking.detail=full", world=1)
@@ -86,6 +87,7 @@ def test_detail_full_restores_the_metrics_and_they_equal_the_table(tmp_path):
     assert from_metrics == df[df["metric"] == key].set_index("step")["value"].to_dict()
 
 
+@pytest.mark.slow
 def test_compare_reads_the_table_from_an_mlflow_server(mlflow_server, tmp_path):
     """Proxied artifacts (mlflow-artifacts:/): compare's reader and its per-layer plot."""
     from trainlab.compare.detail import read_detail

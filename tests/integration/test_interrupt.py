@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from trainlab import names
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 EXP = "interrupt"
 TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_batch_size=2",

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-pytestmark = [pytest.mark.ray]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # in a fresh interpreter, through the call `trainlab train` makes before any worker starts
 # (launch.plan.plan_gang, which starts the local cluster): Ray is imported only once it is up
