@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from trainlab import names
 from trainlab.config import compose_run_config, flatten
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray]  # the first test is the gate's one trial through Ray: launch path, events, MLflow
 
 STEPS = 20
 TRIAL = ["model=tiny", f"train.max_steps={STEPS}", "train.global_batch_size=8",
@@ -75,6 +75,7 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
     assert any(k.startswith("system/") for k in mrun.data.metrics), sorted(mrun.data.metrics)
 
 
+@pytest.mark.slow
 def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
     """A worker that crashes (here: a model vocabulary smaller than the corpus's, met when the
     worker builds the model) ends the run 'failed' with the error, not lost. (Token ids above
