@@ -29,6 +29,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_HELD_PORTS: list[socket.socket] = []
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: bound, never listening, and held to the end of the
+    session, so a connection there is refused and no other process (a parallel test worker's
+    server, a gloo rendezvous) can take it meanwhile."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(s)
+    return s.getsockname()[1]
+
+
 def rank_env(rank: int, world: int, port: int) -> None:
     """This spawned process as `rank` of `world` for torch.distributed's env:// rendezvous on
     127.0.0.1:`port`, with one torch thread (several ranks share a 2-core machine)."""

@@ -16,6 +16,7 @@ import time
 import psutil
 import pytest
 
+from conftest import closed_port
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.launch import interfaces
 from trainlab.launch.interfaces import check_listen_host, interface_addresses, interface_of
@@ -59,19 +60,6 @@ def _absent_address() -> str:
             if str(ip) not in held:
                 return str(ip)
     raise AssertionError("every documentation address is on an interface")  # pragma: no cover
-
-
-_HELD: list[socket.socket] = []
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on: bound, never listening, and held to the end of the
-    session, so a connection there is refused and no other process (a parallel test worker's
-    server, a gloo rendezvous) can take it meanwhile."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    _HELD.append(s)
-    return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------- cluster.host
@@ -137,7 +125,7 @@ def test_a_stale_recorded_cluster_is_refused_fast(monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     (tmp_path / "ray").mkdir()
     recorded = tmp_path / "ray" / "ray_current_cluster"
-    port = _closed_port()
+    port = closed_port()
     recorded.write_text(f"127.0.0.1:{port}")
     start = time.perf_counter()
     with pytest.raises(ValueError) as info:
@@ -150,7 +138,7 @@ def test_a_stale_recorded_cluster_is_refused_fast(monkeypatch, tmp_path):
 
 def test_a_dead_ray_address_in_the_environment_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")
     with pytest.raises(ValueError, match=r"cluster.address='auto' \(from RAY_ADDRESS='127.0.0.1:\d+'\)"):
         check_ray_address("auto", timeout_s=5)
 
@@ -198,7 +186,7 @@ def test_a_server_that_does_not_answer_is_refused_within_its_bound():
 
 def test_a_password_in_a_uri_is_never_shown():
     with pytest.raises(ValueError) as info:
-        check_server_answers(f"http://me:s3cret@127.0.0.1:{_closed_port()}", field="f", fix="x", timeout_s=1)
+        check_server_answers(f"http://me:s3cret@127.0.0.1:{closed_port()}", field="f", fix="x", timeout_s=1)
     assert "s3cret" not in str(info.value) and "me:***@127.0.0.1" in str(info.value)
     assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import read_only_dir
+from conftest import closed_port, read_only_dir
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.data import write_token_file
 from trainlab.launch.preflight import (
@@ -29,19 +29,6 @@ from trainlab.tracking.runs import resolve_tracking_uri
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
 # enough for a global batch of train.seq_len windows in train and a batch per rank in val
 ENOUGH_TOKENS = np.arange(50_000) % 100
-
-
-_HELD: list[socket.socket] = []
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on: bound, never listening, and held to the end of the
-    session, so a connection there is refused and no other process (a parallel test worker's
-    server, a gloo rendezvous) can take it meanwhile."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    _HELD.append(s)
-    return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -96,7 +83,7 @@ def test_same_file_read_with_the_wrong_dtype_is_caught(tmp_path):
 
 # ---------------------------------------------------------------------------- ray address
 def test_unreachable_ray_address_fails_fast():
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{closed_port()}"
     run = compose_run_config(BASE + [f"cluster.address={address}", "cluster.start_timeout_s=10"])
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
@@ -107,13 +94,13 @@ def test_unreachable_ray_address_fails_fast():
 
 
 def test_unreachable_ray_client_address_uses_its_port():
-    port = _closed_port()
+    port = closed_port()
     with pytest.raises(ValueError, match=f"127.0.0.1:{port}"):
         check_ray_address(f"ray://127.0.0.1:{port}", timeout_s=2)
 
 
 def test_dashboard_url_suggests_ray_job_submit():
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{closed_port()}"
     with pytest.raises(ValueError) as info:
         check_ray_address(url, timeout_s=2)
     msg = str(info.value)
@@ -190,7 +177,7 @@ def test_tracking_store_under_a_file(tmp_path, form):
 
 
 def test_unreachable_tracking_server(no_proxy):
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{closed_port()}"
     with pytest.raises(ConfigError) as info:
         preflight(compose_run_config(BASE), tracking_uri=uri)
     msg = str(info.value)
