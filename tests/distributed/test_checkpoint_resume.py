@@ -9,7 +9,7 @@ import pytest
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "train.eval_batches=2",

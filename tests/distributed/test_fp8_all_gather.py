@@ -17,7 +17,7 @@ from conftest import RecordingTracker, finish_reporting, rank0_unless_failed, ra
 from trainlab import names
 from trainlab.distributed import close_distributed
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.distributed
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=4", "train.global_batch_size=4",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "train.eval_batches=2",
