@@ -9,9 +9,14 @@ from trainlab import names
 
 def training_window(client, run_id: str) -> tuple[int, int]:
     """(first, last) `train/loss` timestamps of the run, in ms."""
-    stamps = [m.timestamp for m in client.get_metric_history(run_id, names.LOSS)]
-    assert stamps, f"run {run_id} logged no {names.LOSS}"
-    return min(stamps), max(stamps)
+    history = client.get_metric_history(run_id, names.LOSS)
+    assert history, f"run {run_id} logged no {names.LOSS}"
+    return window_of(history)
+
+
+def window_of(history) -> tuple[int, int]:
+    """(first, last) timestamps, in ms, of a metric history already read."""
+    return min(m.timestamp for m in history), max(m.timestamp for m in history)
 
 
 def most_at_once(windows: list[tuple[int, int]]) -> int:

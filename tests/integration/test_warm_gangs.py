@@ -22,6 +22,7 @@ from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.launch.sweep import Trial, execute_sweep
+from trial_windows import window_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -70,7 +71,7 @@ def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_it
         assert r.data.tags[names.TAG_GANG] == gang and r.info.status == "FINISHED"
         history = client.get_metric_history(r.info.run_id, names.LOSS)
         assert sorted(m.step for m in history) == [1, 2, 3, 4]
-        spans.append((min(m.timestamp for m in history), max(m.timestamp for m in history)))
+        spans.append(window_of(history))
     # one after another on the one gang: each trial's first step logged after the previous one's last
     assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:])), spans
 
