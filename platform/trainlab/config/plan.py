@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from trainlab import names
 from trainlab.config.load import config_hash, hashed_config
@@ -32,6 +32,9 @@ from trainlab.config.validate import (
     pp_virtual_stages,
 )
 from trainlab.precision.spec import PrecisionSpec, spec_of
+
+if TYPE_CHECKING:
+    from trainlab.estimate.result import Estimate
 
 METRICS_FILE = "metrics.jsonl"
 """tracking=none: rank 0's metrics, one JSON line each, in the trial's output folder."""
@@ -109,6 +112,9 @@ class TrialPlan:
     resume_step: int = 0
     continues_run: str = ""
     """The MLflow run of this trial that stopped before its end and goes on here ('' = none)."""
+    estimate: Estimate | None = None
+    """Memory and time of the trial on the devices it was placed on (trainlab.estimate), decided
+    by the driver before any worker starts; None where nothing estimated it."""
 
     @property
     def resuming(self) -> bool:
