@@ -536,6 +536,19 @@ class ClusterConfig:
     """Elastic only: how often, in seconds, a running gang below num_workers asks whether it can
     grow back (Ray Train's elastic_resize_monitor_interval_s, whose default 60 this keeps). A
     grow-back restarts the gang from its last checkpoint, so the steps since it run again."""
+    # what `trainlab estimate` plans for (trainlab.estimate); none of these changes what is trained
+    nodes: list[str] = field(default_factory=list)
+    """The cluster to estimate for, one COUNTxTYPE per node by Ray's accelerator type names
+    (e.g. [8xH100,8xH100]; [4xcpu] for CPU ranks); empty = the running cluster when
+    cluster.address is set, else this machine. A launched trial is estimated on the devices it
+    was placed on, whatever this says."""
+    nvlink_gb_s: float = bounded(0.0, ge=0, note="0 = the GPU type's own")
+    """Bandwidth between two GPUs of a node, GB/s per direction."""
+    network_gb_s: float = bounded(0.0, ge=0, note="0 = the link model's default")
+    """Bandwidth between nodes per GPU, GB/s per direction."""
+    calibration: str = ""
+    """A calibration JSON (`trainlab calibrate -o FILE`) whose efficiencies the estimate uses;
+    empty = the defaults."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="cluster")
@@ -544,6 +557,10 @@ class ClusterConfig:
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")
+        from trainlab.estimate.cluster import parse_node  # ValueError naming cluster.nodes
+
+        for item in self.nodes:
+            parse_node(item)
 
 
 @dataclass
