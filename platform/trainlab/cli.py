@@ -11,6 +11,9 @@ commands:
                          `trainlab train --help` lists groups and options)
   train -m [sweeps...]   a Hydra multirun: every job a Ray trial, a parent MLflow run
                          (`trainlab train -m precision=fp32,fp16 seed=0,1`, `-m +sweep=NAME`)
+  estimate [-m] [overrides...]   memory per rank, step time, tokens/s, MFU and bound of a trial
+                         or a sweep's trials, before anything runs (cluster.nodes=[8xH100,...],
+                         a running Ray cluster at cluster.address, or this machine)
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
   bench overhead|sweep|prune|fp8|parallel|determinism|balance|checkpoint
                          benchmarks; each prints ratios measured side by side
@@ -49,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
             release_cluster()
             print("interrupted before training started", file=sys.stderr)
             sys.exit(130)
+    elif command == "estimate":
+        from trainlab.estimate.cli import main as estimate_main
+
+        estimate_main(rest)
     elif command == "compare":
         from trainlab.compare import main as compare_main
 

@@ -5,8 +5,9 @@ bash_completion.py). At a TAB the hook runs the line's first word with `-sc quer
 line in COMP_LINE: `trainlab -sc query=bash`, not `trainlab train ...`. Hydra then drops the app
 name (one word) from COMP_LINE and reads the rest as overrides, so the `train` subcommand would
 be taken for an override. Here the query is handed to the Hydra app of `trainlab train` with
-`train` taken out of COMP_LINE; a line still on its subcommand word is answered with the
-subcommands, one on another subcommand with nothing (bash then completes file names).
+`train` (or `estimate`, which takes train's overrides) taken out of COMP_LINE; a line still on
+its subcommand word is answered with the subcommands, one on another subcommand with nothing
+(bash then completes file names).
 Nothing here imports Hydra: the hook runs this at every TAB.
 """
 
@@ -17,7 +18,7 @@ import re
 import sys
 
 SHELL_COMPLETION_FLAGS = ("-sc", "--shell-completion")
-SUBCOMMANDS = ("train", "compare", "bench", "submit", "status", "logs", "stop", "import-spill")
+SUBCOMMANDS = ("train", "estimate", "compare", "bench", "submit", "status", "logs", "stop", "import-spill")
 
 
 def is_completion_call(args: list[str]) -> bool:
@@ -56,7 +57,8 @@ def _retarget_query() -> None:
         print("\n".join(SUBCOMMANDS))  # the hook keeps those that start with the word typed
         # (a line each: bash's compgen -W splits on newlines too, fish's hook reads lines)
         sys.exit(0)
-    train = re.match(r"(\s*\S+)\s+train(\s.*)$", line, re.S)
+    # `estimate` takes `train`'s overrides: the same Hydra app completes them
+    train = re.match(r"(\s*\S+)\s+(?:train|estimate)(\s.*)$", line, re.S)
     if cursor == 0 or train is None:  # compare, bench, ...: argparse's flags, not Hydra's overrides
         sys.exit(0)
     line = train.group(1) + train.group(2)

@@ -30,9 +30,10 @@ _HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
-def check_overrides(args: Sequence[str]) -> None:
+def check_overrides(args: Sequence[str], *, folders: bool = True) -> None:
     """Compose conf/ with the command line's overrides as Hydra will; ConfigError with one clear
-    line if Hydra refuses them. In a multirun the swept keys are left to each job's check."""
+    line if Hydra refuses them. In a multirun the swept keys are left to each job's check.
+    `folders=False`: a command that writes no Hydra folder (`trainlab estimate`) skips their check."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -74,7 +75,7 @@ def check_overrides(args: Sequence[str]) -> None:
         _check_values(composed[-1])
     for cfg in composed:
         _check_launcher(cfg)
-    for cfg in composed:
+    for cfg in composed if folders else ():
         try:  # last: Hydra makes this folder before the app runs (a traceback if it cannot)
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:

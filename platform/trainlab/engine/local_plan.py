@@ -2,12 +2,15 @@
 
 Under Ray the driver plans each trial (launch.plan) and its workers execute that plan; a
 process started by torchrun, or a caller that hands the engine a RunConfig, makes the same
-plan here, deciding what the driver would: cluster.device against this machine's GPUs and
-the checkpoint folder the config names. The resume is decided by the ranks together when
-they start (engine.resume.agreed_resume), as every start of a Ray gang does too.
+plan here, deciding what the driver would: cluster.device against this machine's GPUs, the
+checkpoint folder the config names and the trial's estimate (refused where it cannot fit its
+GPUs). The resume is decided by the ranks together when they start
+(engine.resume.agreed_resume), as every start of a Ray gang does too.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -22,4 +25,27 @@ def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
     `tracking_uri`: the MLflow store rank 0 opens the trial's run in (None: no run)."""
     device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
                             logical_gpus=run.debug.logical_gpus)
-    return plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri)
+    plan = plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri)
+    return dataclasses.replace(plan, estimate=local_estimate(run, device=device))
+
+
+def local_estimate(run: RunConfig, *, device: str):
+    """The trial's estimate on the gang torchrun started (trainlab.estimate); ConfigError with the
+    numbers and the fix where it does not fit its GPUs (on CPU, a warning: the host's memory is
+    shared). None where the estimate cannot be made: the trial goes on unestimated."""
+    import warnings
+
+    from trainlab.config import ConfigError
+    from trainlab.estimate.fits import estimate_run, refusal, torchrun_cluster
+
+    try:
+        est = estimate_run(run, torchrun_cluster(run, device=device))
+    except (ValueError, NotImplementedError) as e:  # a device or layout it has no numbers for
+        warnings.warn(f"no estimate of the trial: {e}", stacklevel=2)
+        return None
+    why = refusal(run, est)
+    if why and device == "cuda":
+        raise ConfigError(why)
+    if why:
+        warnings.warn(why, stacklevel=2)
+    return est

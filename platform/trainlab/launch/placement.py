@@ -7,9 +7,10 @@ Ray gives every GPU node a resource ``accelerator_type:<TYPE>`` (names from
 ``ray.util.accelerators``: H100, A100, V100, ...). `ACCELERATOR_CAPABILITY` maps those names
 to CUDA compute capability; `precision.capability` says what each precision mode needs
 (FP8 tensor cores SM 8.9+, BF16 8.0+, FP16 any CUDA GPU). A trial is routed to the types
-that pass both its precision and its own asks (`cluster.accelerator_type`,
-`cluster.min_capability`); a trial that no type can run is refused with one reason per
-type, instead of waiting forever for resources that will never appear.
+that pass its precision, its own asks (`cluster.accelerator_type`, `cluster.min_capability`)
+and its memory estimate (launch.estimate_cluster: what one rank needs must fit the type's
+memory); a trial that no type can run is refused with one reason per type, instead of waiting
+forever for resources that will never appear, or dying of out-of-memory once it got them.
 
 `cluster.placement` says how a gang may use those types:
 - ``same_type``: every worker on one GPU type (the least capable type that holds the gang, so
@@ -139,7 +140,9 @@ def why_not(run: RunConfig, pool: GpuPool) -> str | None:
         check_precision_on_gpu(run.precision, capability=cap, device_name=pool.type)
     except ValueError as e:
         return str(e)
-    return None
+    from trainlab.launch.estimate_cluster import memory_reason  # last: it builds the model on meta
+
+    return memory_reason(run, pool)  # its estimate must fit the type's memory
 
 
 def place(run: RunConfig, pools: list[GpuPool]) -> Placement:

@@ -7,7 +7,8 @@ In order, each decided once: every path absolute; the environment checks (launch
 and, for a local cluster, cluster.device; the checkpoint folder (a stopped single trial found
 again goes on in its own) and the checkpoint train.resume starts from, read back against its
 digests; then, joining Ray, cluster.device=auto of a joined cluster and the GPU types the gang
-may use (launch.placement). A sweep plans each trial this way before the first one starts.
+may use (launch.placement); last, the trial's estimate on those devices (trainlab.estimate),
+refused if it does not fit them. A sweep plans each trial this way before the first one starts.
 """
 
 from __future__ import annotations
@@ -51,9 +52,32 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
             check_comm_backend(run, device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    return plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
+    plan = plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
                       resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
                       continues_run=found.run_id if found else "")
+    return dataclasses.replace(plan, estimate=launch_estimate(run, gang))
+
+
+def launch_estimate(run: RunConfig, gang: GangShape):
+    """The trial's estimate on the devices it was placed on; ConfigError, with the numbers and
+    the fix, for a GPU gang it does not fit (placement let the type through: a mixed gang's
+    weighted split can still overfill one). A CPU trial that may not fit is warned about only:
+    its host memory is shared with everything else the machine runs. None where the estimate
+    cannot be made (a device type it has no numbers for): the trial goes on unestimated."""
+    from trainlab.estimate.fits import refusal
+    from trainlab.launch.estimate_cluster import placed_estimate
+
+    try:
+        est = placed_estimate(run, gang)
+    except (ValueError, NotImplementedError) as e:  # a device or layout it has no numbers for
+        console.print(f"[yellow]warning:[/] no estimate of the trial: {e}")
+        return None
+    why = refusal(run, est)
+    if why and gang.gpus:
+        raise ConfigError(why)
+    if why:
+        console.print(f"[yellow]warning:[/] {why}")
+    return est
 
 
 def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:

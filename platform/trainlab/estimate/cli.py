@@ -1,0 +1,95 @@
+"""`trainlab estimate [-m] OVERRIDES...`: memory and time of a trial, or of every trial of a sweep,
+before anything runs.
+
+    trainlab estimate model=7b parallel=fsdp precision=bf16 cluster.num_workers=16 \\
+        cluster.nodes=[8xH100,8xH100] cluster.network_gb_s=50
+    trainlab estimate -m +sweep=parallel_grid cluster.nodes=[4xA100]
+    trainlab estimate cluster=ray cluster.address=HEAD:6379 model=1b      # the running cluster's GPUs
+
+The command line is composed and checked exactly as `trainlab train` would (config.multirun:
+the same conf/, the same refusals, a sweep's jobs as Hydra's basic sweeper makes them); nothing
+starts, no Hydra folder is written, and no Ray is started (a running cluster at
+cluster.address is only read). The cluster is cluster.nodes, else the one at cluster.address
+(the GPU types placement would give the trial), else this machine. Exit status 2 for bad input
+(a config, or a cluster that cannot hold a trial's gang), else 0: a trial that does not fit is
+an answer, shown in red with what it lacks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: trainlab estimate [-m] [overrides...]
+
+Memory per rank (by kind, and headroom on its device), step time, tokens/s, MFU and the bound
+of each trial, composed as `trainlab train` composes it, on the cluster of
+  cluster.nodes=[8xH100,8xH100]   (Ray accelerator types; cluster.nvlink_gb_s, cluster.network_gb_s)
+  cluster.address=HEAD:6379       (a running Ray cluster, when cluster.nodes is empty)
+  this machine                    (neither)
+with cluster.calibration=FILE's efficiencies (`trainlab calibrate -o FILE`).
+  -m, --multirun   every job of a sweep (comma lists, +sweep=NAME), ranked at the end
+"""
+
+SHOWN_KEYS = ("model", "parallel", "precision")
+"""What names a single trial (a sweep's trials are named by the keys they vary)."""
+
+
+def _labels(jobs) -> list[str]:
+    from trainlab.launch.sweep import _pick, varied_keys
+
+    if len(jobs) > 1:
+        keys = varied_keys([list(j.overrides) for j in jobs])
+        return [f"#{i} {_pick(j.overrides, keys)}" for i, j in enumerate(jobs)]
+    run = jobs[0].run
+    return [f"model={run.model.name} parallel={run.parallel.name} precision={run.precision.name} "
+            f"x{run.cluster.num_workers}"]
+
+
+def estimate_jobs(jobs) -> list:
+    """Each job's TrialEstimate (an error where its cluster cannot be read or hold it)."""
+    from trainlab.estimate.fits import estimate_run
+    from trainlab.estimate.table import TrialEstimate
+    from trainlab.launch.estimate_cluster import described_cluster
+
+    out = []
+    for label, job in zip(_labels(jobs), jobs):
+        cluster = None
+        try:
+            cluster, note = described_cluster(job.run)
+            out.append(TrialEstimate(label=label, cluster=cluster, estimate=estimate_run(job.run, cluster),
+                                     note=note))
+        except ValueError as e:
+            out.append(TrialEstimate(label=label, cluster=cluster, estimate=None, error=str(e)))
+    return out
+
+
+def main(argv: list[str]) -> None:
+    from trainlab.config import ConfigError
+    from trainlab.config.multirun import expand_jobs
+    from trainlab.console import console
+    from trainlab.estimate.table import ranking_table, trial_renderables
+    from trainlab.redact import redact
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return
+    try:
+        jobs = expand_jobs(argv)
+    except ConfigError as e:
+        print(f"error: {redact(str(e))}", file=sys.stderr)
+        sys.exit(2)
+    trials = estimate_jobs(jobs)
+    for t in trials:
+        for item in trial_renderables(t):
+            console.print(item)
+        console.print()
+    if len(trials) > 1:
+        console.print(ranking_table(trials))
+    failed = [t for t in trials if t.estimate is None]
+    if len(trials) == 1 and failed:
+        print(f"error: {redact(failed[0].error)}", file=sys.stderr)
+        sys.exit(2)
+    if failed:
+        each = "; ".join(f"{t.label}: {t.error}" for t in failed)
+        print(f"error: {len(failed)} of {len(trials)} trials have no estimate: {redact(each)}", file=sys.stderr)
+        sys.exit(2)
