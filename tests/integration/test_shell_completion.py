@@ -98,3 +98,14 @@ def test_a_query_outside_the_hook_is_one_error_line(cli_env):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: "), proc.stderr
     assert "install=bash" in proc.stderr
+
+
+def test_estimate_completes_the_overrides_train_does(cli_env):
+    """`trainlab estimate` takes train's overrides: the same hook completes them, its own keys too."""
+    env = _env(cli_env)
+    assert complete("trainlab est", env) == ["estimate"]
+    assert complete("trainlab estimate -m model=tiny precision=fp8_r", env) == [
+        "precision=fp8_rowwise", "precision=fp8_rowwise_gw_hp"]
+    # a list key as Hydra offers one: its name and a dot (cluster.nodes.)
+    assert {"cluster.nodes.", "cluster.network_gb_s=", "cluster.nvlink_gb_s="} <= set(
+        complete("trainlab estimate cluster.n", env))
