@@ -10,6 +10,7 @@ placement sees.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,36 @@ def test_a_trial_no_node_can_run_is_refused_at_submission(loopback_cluster, tmp_
     assert "no GPU type of the cluster can run this trial" in err
     assert "V100: " in err and "H100: cluster.accelerator_type=V100" in err
     assert "Traceback" not in err
+
+
+ESTIMATED = ["cluster=ray", "debug.logical_gpus=true", "precision=fp16", "cluster.num_workers=2", "tracking=none"]
+"""A trial on the running cluster's GPUs (logical: the estimate reads the types Ray declares)."""
+
+
+def test_estimate_reads_the_running_cluster_and_places_by_memory(loopback_cluster, tmp_path):
+    """tiny fits every type and goes to the least capable (same_type); 7B fully sharded over 2
+    ranks fits an H100's memory, not a V100's, and is placed on the H100s, as the estimate says."""
+    proc = subprocess.run(
+        trainlab_cmd("estimate", "-m", *ESTIMATED, f"cluster.address={loopback_cluster.gcs}", "model=tiny,7b",
+                     "parallel=fsdp"),
+        env=loopback_cluster.env | {"COLUMNS": "200"}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "#0 model=tiny on 2xV100 (ray)" in out and "placed on V100 (not H100)" in out, out[-3000:]
+    assert "#1 model=7b on 2xH100 (ray)" in out and "placed on H100 (not V100)" in out, out[-3000:]
+
+
+def test_a_trial_its_estimate_fits_on_no_type_is_refused_with_the_numbers(loopback_cluster, tmp_path):
+    proc = subprocess.run(
+        trainlab_cmd("train", *ESTIMATED, f"cluster.address={loopback_cluster.gcs}", "model=7b", "parallel=ddp",
+                     f"hydra.run.dir={tmp_path}"),
+        env=loopback_cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    err = proc.stderr
+    assert proc.returncode == 2, proc.stdout[-3000:] + err[-3000:]
+    assert "no GPU type of the cluster can run this trial" in err
+    for kind in ("V100", "H100"):
+        assert re.search(rf"{kind}: by its estimate, rank \d needs [\d.]+ GB .* but its {kind} holds", err), err
+    assert "fix: parallel=fsdp" in err and "Traceback" not in err
 
 
 # ---- the README's Ray commands, run as printed (placeholders swapped for this cluster's) -------------
