@@ -10,6 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import assert_refused, trainlab_cmd
 from trainlab.config import compose_run_config
 from trainlab.estimate import ClusterSpec
@@ -31,7 +33,8 @@ def _tokens_per_s(text: str) -> list[float]:
 
 
 def test_a_trial_is_estimated_as_the_estimator_computes_it(cli_env, tmp_path):
-    args = ["model=tiny", "parallel=fsdp", "precision=bf16", "cluster.num_workers=4", "cluster.nodes=[2xH100,2xH100]"]
+    args = ["model=tiny", "parallel=fsdp", "precision=bf16", "cluster.num_workers=4", "train.global_batch_size=32",
+            "cluster.nodes=[2xH100,2xH100]"]
     proc, sessions = _cmd("estimate", args, tmp_path, cli_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -76,6 +79,19 @@ def test_bad_input_is_refused_as_train_refuses_it(cli_env, tmp_path):
     train, _ = _cmd("train", README_EXAMPLE, tmp_path, cli_env)
     assert [e for e in estimate.stderr.splitlines() if e.startswith("error:")] == [
         e for e in train.stderr.splitlines() if e.startswith("error:")]
-    small, sessions = _cmd("estimate", ["model=tiny", "cluster.num_workers=4", "cluster.nodes=[2xH100]"],
+    small, sessions = _cmd("estimate", ["model=tiny", "cluster.num_workers=4", "train.global_batch_size=32",
+                                        "cluster.nodes=[2xH100]"],
                            tmp_path, cli_env)
     assert_refused(small, ["cluster.num_workers=4", "2xH100"], sessions=sessions)
+
+
+@pytest.mark.ray
+def test_the_driver_plans_a_trial_with_its_estimate(ray_cluster, tmp_path):
+    """launch.plan puts the trial's estimate on the devices it was given in its plan (here: this
+    machine's CPU ranks), the one the workers and the trial's records read."""
+    from trainlab.launch.plan import plan_launch
+
+    run = compose_run_config(["model=tiny", "tracking=none", f"output_dir={tmp_path}"])
+    plan = plan_launch(run)
+    assert plan.estimate is not None
+    assert plan.estimate.ranks == estimate_trial(run, ClusterSpec.cpu(ranks=2)).ranks

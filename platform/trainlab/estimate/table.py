@@ -64,7 +64,7 @@ def rank_table(est: Estimate, *, title: str = "") -> Table:
     time = [(name, f) for name, f in TIME_KINDS if any(getattr(r.time, f) for _, r in groups)]
     nodes = len({r.device.node for r in est.ranks}) > 1
     table = Table(title=title or None, title_justify="left")
-    for name in ("ranks", "device", *(n for n, _ in memory), "total", "of", "headroom", *(n for n, _ in time),
+    for name in ("ranks", "device", *(n for n, _ in memory), "total", "capacity", "headroom", *(n for n, _ in time),
                  "step"):
         table.add_column(name, justify="left" if name in ("ranks", "device") else "right", no_wrap=True)
     for label, r in groups:
