@@ -90,7 +90,10 @@ def test_sharded_layouts_hold_exactly_the_model_once_per_replica(layout, world):
     whole, = _mems(*layout[1:])
     mems = _mems(*layout, world=world)
     replicas = {"parallel=hsdp": 2, "parallel=dp_tp": 2, "parallel=dp_pp": 2, "parallel=zero1": 2}.get(layout[0], 1)
-    assert sum(m.params for m in mems) == replicas * whole.params
+    run = _run(*layout, world=world)
+    # tensor parallel shards every matrix; each of its 2 ranks holds the RMSNorm gains whole
+    norms = (2 * run.model.n_layers + 1) * run.model.dim * 4 if run.parallel.tp == 2 else 0
+    assert sum(m.params for m in mems) == replicas * (whole.params + norms)
     if layout[0] != "parallel=zero1":
         assert max(m.params for m in mems) < whole.params
     if layout[0] == "parallel=zero1":  # states split, parameters whole
