@@ -158,3 +158,38 @@ def test_a_bad_calibration_file_is_refused_naming_the_field(tmp_path, content, s
         load_calibration(path)
     with pytest.raises(ValueError, match="does not exist"):
         load_calibration(tmp_path / "missing.json")
+
+
+# --- fit --------------------------------------------------------------------------------------
+CPU_TRIALS = [["model=tiny", "parallel=ddp", "cluster.num_workers=2"],
+              ["model=small", "parallel=ddp", "cluster.num_workers=2"],
+              ["model=small", "parallel=fsdp", "cluster.num_workers=2", "train.micro_batch_size=4"],
+              ["model=small", "parallel=zero1", "cluster.num_workers=2", "train.global_batch_size=32"],
+              ["model=small", "parallel=pp", "cluster.num_workers=2", "train.micro_batch_size=2"],
+              ["model=tiny", "parallel=tp", "cluster.num_workers=2", "precision=fp16"],
+              ["model=small", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.seq_len=256"]]
+
+
+def test_fit_recovers_the_coefficients_that_made_the_observations():
+    from trainlab.estimate.calibration import Observation, fit
+
+    truth = Calibration(cpu_efficiency=0.2, cpu_layer_overhead_s=0.004, cpu_step_overhead_s=0.03,
+                        cpu_comm_efficiency=0.3, cpu_emulation_cost=2.0)
+    observations = []
+    for overrides in CPU_TRIALS:
+        run, cluster = compose_run_config(overrides), ClusterSpec.cpu(ranks=2)
+        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster)),
+                                                     calibration=truth))
+        observations.append(Observation(run=run, cluster=cluster, step_time_s=measured))
+    cal = fit(observations)
+    assert cal.observations == len(CPU_TRIALS) and cal.source == "fit"
+    assert cal.step_error_before > 0.3 and cal.step_error_after < 0.05
+    assert cal.cpu_efficiency == pytest.approx(truth.cpu_efficiency, rel=0.15)
+    assert cal.gpu_efficiency == Calibration().gpu_efficiency  # no GPU observation moves the GPU's
+
+
+def test_fit_needs_observations():
+    from trainlab.estimate.calibration import fit
+
+    with pytest.raises(ValueError, match="no observations"):
+        fit([])
