@@ -23,6 +23,9 @@ from trainlab.compare import curves
 from trainlab.compare.records import Trial
 
 ESTIMATE_PNG = "estimate_vs_measured.png"
+STEP_BAND = 0.30
+"""The issue's bar after calibration: step time within 30 %, peak memory within 15 %."""
+PEAK_BAND = 0.15
 NA = "-"
 
 
@@ -200,6 +203,7 @@ def plot(rows: Sequence[EstimateRow], *, title: str, path: Path) -> Path | None:
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     if not rows:
         return None
@@ -207,9 +211,9 @@ def plot(rows: Sequence[EstimateRow], *, title: str, path: Path) -> Path | None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
     cmap = colormaps["tab10"]
-    panels = ((axes[0], "step time (s)", lambda r: (r.m.est_step_time_s, r.m.step_time_s)),
-              (axes[1], "peak memory of rank 0 (GB)", lambda r: (r.m.est_peak_mem_gb, r.m.peak_mem_gb)))
-    for ax, what, pick in panels:
+    panels = ((axes[0], "step time (s)", STEP_BAND, lambda r: (r.m.est_step_time_s, r.m.step_time_s)),
+              (axes[1], "rank 0 peak memory (GB)", PEAK_BAND, lambda r: (r.m.est_peak_mem_gb, r.m.peak_mem_gb)))
+    for ax, what, band, pick in panels:
         points = [(i, *pick(r)) for i, r in enumerate(rows)]
         points = [(i, e, m) for i, e, m in points if e and m and e > 0 and m > 0]
         if not points:
@@ -221,8 +225,14 @@ def plot(rows: Sequence[EstimateRow], *, title: str, path: Path) -> Path | None:
         lo = min(min(e, m) for _, e, m in points) / 1.5
         hi = max(max(e, m) for _, e, m in points) * 1.5
         ax.plot([lo, hi], [lo, hi], color="#888", lw=1, ls="--", label="measured = estimated")
+        ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)],
+                        color="#888", alpha=0.15, lw=0, label="within the issue's bar (shaded)")
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=f"estimated {what}",
-               ylabel=f"measured {what}", title=what)
+               ylabel=f"measured {what}", title=f"{what}, shaded ±{100 * band:.0f}%")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers (0.5, 2), not 5x10^-1, at 1-2-5 steps
+            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3, which="both")
     handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
     if handles:
