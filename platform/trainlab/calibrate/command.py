@@ -96,11 +96,11 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
         for when, est in (("before", before), ("after", after)):
             steps[when].append((est.step_time_s, obs.step_time_s))
         row += [f"{before.step_time_s:.4g}", f"{after.step_time_s:.4g}"]
-        # beside rank 0's measured peak (sys/peak_mem_gb), the estimate of rank 0
+        # the largest rank's peak, measured and estimated
         row.append("-" if obs.peak_mem_gb is None else f"{obs.peak_mem_gb:.3g}")
         for when, est in (("before", before), ("after", after)):
-            peaks[when].append((est.ranks[0].memory.total_gb, obs.peak_mem_gb))
-            row.append(f"{est.ranks[0].memory.total_gb:.3g}")
+            peaks[when].append((est.peak_mem_gb, obs.peak_mem_gb))
+            row.append(f"{est.peak_mem_gb:.3g}")
         table.add_row(*(Text(c) for c in row))
     console.print(table)
     for what, pairs, within in (("step time", steps, STEP_WITHIN), ("peak memory", peaks, PEAK_WITHIN)):

@@ -5,7 +5,8 @@ its cluster from its hardware tags, its step time and peak memory from its metri
     found.observations, found.skipped   # runs that could not be read back, each with why
 
 Measured as compare measures (compare.estimates.measured): the step time is the median of
-train/step_time_s over logged steps after the first, the peak rank 0's largest sys/peak_mem_gb.
+train/step_time_s over logged steps after the first; the peak the largest rank's (the largest
+sys/peak_mem_gb_max, else rank 0's sys/peak_mem_gb), as Observation and Estimate.peak_mem_gb.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainlab import names
+from trainlab.compare import curves
 from trainlab.compare.estimates import measured
 from trainlab.compare.load import _experiments, _search_all, _tag_filter, read_trial
 from trainlab.config import RunConfig, from_dict
@@ -130,8 +132,10 @@ def read_observations(*, tracking_uri: str, experiment: str | None = None, sweep
         try:
             if m.step_time_s is None:
                 raise ValueError(f"no {names.STEP_TIME_S} after its first step (train.max_steps >= 2 measures one)")
+            # the largest rank's peak, as the estimate's (sys/peak_mem_gb_max where ranks reported theirs)
+            peak = curves.max_finite(trial.series(names.PEAK_MEM_GB_MAX)) or m.peak_mem_gb
             obs = Observation(run=run_config_of(dict(trial.params)), cluster=cluster_of(r.data.tags, trial.params),
-                              step_time_s=m.step_time_s, peak_mem_gb=m.peak_mem_gb)
+                              step_time_s=m.step_time_s, peak_mem_gb=peak)
         except ValueError as e:
             found.skipped.append(f"{who}: {e}")
             continue
