@@ -53,8 +53,8 @@ def store(mlflow_server, tmp_path_factory):
     parent, _ = open_sweep_parent(tracking_uri=uri, experiment=EXPERIMENT, sweep_name=SWEEP, sid="est-records",
                                   definition={"sweep": SWEEP})
     children = {}
-    for label, overrides in CONFIGS.items():
-        run = compose_run_config([*BASE, *overrides, f"tracking.uri={uri}", f"output_dir={out / label}"])
+    for i, (label, overrides) in enumerate(CONFIGS.items()):
+        run = compose_run_config([*BASE, *overrides, f"tracking.uri={uri}", f"output_dir={out / str(i)}"])
         plan = plan_here(run, tracking_uri=uri)
         plan = dataclasses.replace(plan, estimate=estimate_trial(run, ClusterSpec.cpu(ranks=1)))
         trial = open_trial(plan, resuming=False, parent_run_id=parent, tags={
@@ -97,11 +97,11 @@ def test_compare_shows_estimate_vs_measured(store, cli_env, tmp_path, browser):
     assert "estimate vs measured" in proc.stdout
     client = MlflowClient(tracking_uri=uri)
     md = (out / "summary.md").read_text()
-    assert "## Estimate vs measured" in md
+    section = md.split("## Estimate vs measured", 1)[1]
     for label, (run_id, _run, est) in children.items():
         steps = [v for _, v in _history(client, run_id, names.STEP_TIME_S)[1:]]
         ratio = statistics.median(steps) / est.step_time_s  # measured as compare measures, worked out here
-        row = next(line for line in md.splitlines() if line.startswith(f"| {label} |") and "x |" in line)
+        row = next(line for line in section.splitlines() if line.startswith(f"| {label} |"))
         assert f"{ratio:.2f}x" in row, (label, row)
     assert (out / "estimate_vs_measured.png").read_bytes()[:4] == b"\x89PNG"
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
