@@ -127,7 +127,7 @@ def read_observations(*, tracking_uri: str, experiment: str | None = None, sweep
     found = Found(observations=[], labels=[])
     for r in runs:
         trial = read_trial(client, r)
-        who = f"{r.info.run_name or r.info.run_id} ({r.info.run_id})"
+        who = f"{r.data.tags.get(names.TAG_CONFIG_LABEL) or r.info.run_name or '?'} ({r.info.run_id})"
         m = measured(trial)
         try:
             if m.step_time_s is None:
