@@ -15,6 +15,8 @@ commands:
                          or a sweep's trials, before anything runs (cluster.nodes=[8xH100,...],
                          a running Ray cluster at cluster.address, or this machine)
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
+  calibrate [-o PATH]    fit the estimate to a store's finished trials (--tracking-uri, --experiment,
+                         --sweep); writes the JSON cluster.calibration=PATH reads
   bench overhead|sweep|prune|fp8|parallel|determinism|balance|checkpoint
                          benchmarks; each prints ratios measured side by side
   submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         from trainlab.compare import main as compare_main
 
         compare_main(rest)
+    elif command == "calibrate":
+        from trainlab.calibrate import main as calibrate_main
+
+        calibrate_main(rest)
     elif command == "bench":
         from trainlab.bench import main as bench_main
 

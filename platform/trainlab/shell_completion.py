@@ -18,7 +18,8 @@ import re
 import sys
 
 SHELL_COMPLETION_FLAGS = ("-sc", "--shell-completion")
-SUBCOMMANDS = ("train", "estimate", "compare", "bench", "submit", "status", "logs", "stop", "import-spill")
+SUBCOMMANDS = ("train", "estimate", "compare", "bench", "submit", "status", "logs", "stop", "import-spill",
+               "calibrate")
 
 
 def is_completion_call(args: list[str]) -> bool:
