@@ -13,7 +13,17 @@ calibration fitted to recorded runs (`trainlab calibrate`), or defaults.
 
 from trainlab.estimate.cluster import ClusterSpec, NodeSpec
 from trainlab.estimate.result import DeviceSpec, Estimate, RankEstimate, RankMemory, RankTime
-from trainlab.estimate.trial import estimate_trial
+
+
+def __getattr__(name: str):
+    """estimate_trial on first use: config validates cluster.nodes with estimate.cluster, and the
+    config layer must not import torch (the model and the layouts estimate_trial reads)."""
+    if name == "estimate_trial":
+        from trainlab.estimate.trial import estimate_trial
+
+        return estimate_trial
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ClusterSpec", "DeviceSpec", "Estimate", "NodeSpec", "RankEstimate", "RankMemory", "RankTime",
            "estimate_trial"]
