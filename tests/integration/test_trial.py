@@ -73,6 +73,8 @@ def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
     assert [s for s, _ in ref] == [0, 10, 20]  # a line beside every val/loss point
     assert len({v for _, v in ref}) == 1 and 2.0 < ref[0][1] < 5.6  # English bytes: below log(256)
     assert any(k.startswith("system/") for k in mrun.data.metrics), sorted(mrun.data.metrics)
+    # the driver's estimate of the trial on the CPU ranks it was given (launch.plan), beside its measurements
+    assert {names.EST_STEP_TIME_S, names.EST_PEAK_MEM_GB} <= set(mrun.data.metrics), sorted(mrun.data.metrics)
 
 
 @pytest.mark.slow
