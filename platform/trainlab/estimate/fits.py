@@ -120,19 +120,19 @@ def fixes(run: RunConfig, est: Estimate) -> list[str]:
     checkpointing, a smaller micro-batch (only those the config does not already use)."""
     m = est.tightest.memory
     state, acts = m.state, m.activations + m.buffers
-    out = []
     layout = run.parallel.name
     shard = {"ddp": "parallel=fsdp (or parallel=zero1 / zero2: optimizer state and gradients sharded)",
              "zero1": "parallel=zero2 or parallel=fsdp (gradients and parameters sharded too)",
              "zero2": "parallel=fsdp (parameters sharded too)"}.get(
         layout, f"more ranks to shard over (cluster.num_workers={run.cluster.num_workers} now) or parallel=fsdp_tp")
+    if run.cluster.num_workers == 1:  # one rank has nothing to shard over
+        shard = "parallel=fsdp over more GPUs (cluster.num_workers=1 now)"
     act = []
     if run.parallel.activation_checkpoint != "block":
         act.append(f"parallel.activation_checkpoint=block (now {run.parallel.activation_checkpoint})")
     if run.train.micro_batch_size > 1:
         act.append(f"a smaller train.micro_batch_size (now {run.train.micro_batch_size})")
-    out = [shard, *act] if state >= acts else [*act, shard]
-    return out
+    return [shard, *act] if state >= acts else [*act, shard]
 
 
 def refusal(run: RunConfig, est: Estimate) -> str | None:

@@ -29,7 +29,9 @@ def size(num_bytes: float) -> str:
 
 
 def seconds(s: float) -> str:
-    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+    if s == 0:
+        return "0"
+    return f"{s * 1e6:.3g} µs" if s < 1e-3 else f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
 
 
 def mfu_text(est: Estimate) -> str:
