@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_refused, trainlab_cmd
+from conftest import assert_refused, closed_port, trainlab_cmd
 from trainlab.config import compose_run_config
 from trainlab.estimate import ClusterSpec
 from trainlab.estimate.trial import estimate_trial
@@ -83,6 +83,10 @@ def test_bad_input_is_refused_as_train_refuses_it(cli_env, tmp_path):
                                         "cluster.nodes=[2xH100]"],
                            tmp_path, cli_env)
     assert_refused(small, ["cluster.num_workers=4", "2xH100"], sessions=sessions)
+    # a running cluster to read that is not there: refused before ray.init would retry for minutes
+    address = f"127.0.0.1:{closed_port()}"
+    absent, sessions = _cmd("estimate", ["model=tiny", "cluster=ray", f"cluster.address={address}"], tmp_path, cli_env)
+    assert_refused(absent, [f"cluster.address='{address}'", "nothing answers"], sessions=sessions)
 
 
 @pytest.mark.ray

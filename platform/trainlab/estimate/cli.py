@@ -79,6 +79,9 @@ def main(argv: list[str]) -> None:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
     trials = estimate_jobs(jobs)
+    if len(trials) == 1 and trials[0].estimate is None:  # bad input: one error line, as train's
+        print(f"error: {redact(trials[0].error)}", file=sys.stderr)
+        sys.exit(2)
     for t in trials:
         for item in trial_renderables(t):
             console.print(item)
@@ -86,9 +89,6 @@ def main(argv: list[str]) -> None:
     if len(trials) > 1:
         console.print(ranking_table(trials))
     failed = [t for t in trials if t.estimate is None]
-    if len(trials) == 1 and failed:
-        print(f"error: {redact(failed[0].error)}", file=sys.stderr)
-        sys.exit(2)
     if failed:
         each = "; ".join(f"{t.label}: {t.error}" for t in failed)
         print(f"error: {len(failed)} of {len(trials)} trials have no estimate: {redact(each)}", file=sys.stderr)

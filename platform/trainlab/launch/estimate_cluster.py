@@ -94,8 +94,10 @@ def described_cluster(run: RunConfig) -> tuple[ClusterSpec, str]:
         device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
                                 logical_gpus=run.debug.logical_gpus)
         return local_cluster(run, device=device), ""
+    from trainlab.launch.preflight import check_cluster
     from trainlab.launch.ray_trial import connect
 
+    check_cluster(run)  # ValueError now, not ray.init retrying for minutes, when nothing answers there
     connect(run)
     import ray
 
