@@ -35,8 +35,12 @@ TWO_RANK_LAYOUTS = {
     "pp_interleaved": ("parallel=pp", "parallel.pp_schedule=interleaved_1f1b"),
 }
 """Layouts on 2 ranks: name -> overrides (() = parallel=<name>)."""
-FOUR_RANK_LAYOUTS = ("hsdp", "dp_tp", "dp_pp", "fsdp_tp")
-"""Layouts whose data-parallel degree needs 4 ranks."""
+FOUR_RANK_LAYOUTS = {"hsdp": (), "dp_tp": (), "dp_pp": (), "fsdp_tp": (),
+                     "ddp_x4": ("parallel=ddp",), "fsdp_x4": ("parallel=fsdp",)}
+"""Layouts whose data-parallel degree needs 4 ranks, and ddp / fsdp on 4 (the time model's world
+size). Their micro-batch is 4, so that the global batch of 16 splits over 4 data-parallel ranks
+(hsdp) and a pipeline's 2 data-parallel ranks get 2 micro-batches (1f1b needs >= pp)."""
+FOUR_RANK_FIXED = ("train.micro_batch_size=4",)
 MODELS = ("tiny", "small")
 PRECISION_LAYOUTS = ("ddp", "fsdp")
 VARIANTS = {
@@ -58,8 +62,9 @@ def full_matrix() -> list[Case]:
     for model in MODELS:
         for layout, extra in TWO_RANK_LAYOUTS.items():
             cases.append(Case(f"{model}/{layout}/fp32", 2, (f"model={model}", *(extra or (f"parallel={layout}",)))))
-        for layout in FOUR_RANK_LAYOUTS:
-            cases.append(Case(f"{model}/{layout}/fp32", 4, (f"model={model}", f"parallel={layout}")))
+        for layout, extra in FOUR_RANK_LAYOUTS.items():
+            cases.append(Case(f"{model}/{layout}/fp32", 4,
+                              (f"model={model}", *(extra or (f"parallel={layout}",)), *FOUR_RANK_FIXED)))
     for layout in PRECISION_LAYOUTS:
         for precision in precisions()[1:]:  # fp32 is above
             cases.append(Case(f"tiny/{layout}/{precision}", 2,
