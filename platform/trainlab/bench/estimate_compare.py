@@ -38,6 +38,8 @@ class Estimated:
     """Per rank, the estimate's total (state + activations + buffers + runtime), GB."""
     step_time_s: float
     bound: str
+    runtime_gb: list[float] = field(default_factory=list)
+    """Per rank, the part of peak_gb that is the process's runtime (CPU: calibrated), GB."""
 
 
 @dataclass
@@ -124,7 +126,8 @@ def _estimate_row(row: Row, run, cluster, calibrations: dict) -> None:
         if kind == "default":
             row.state = [(r.memory.params, r.memory.grads, r.memory.optim_state) for r in est.ranks]
         row.est[kind] = Estimated(peak_gb=[r.memory.total_gb for r in est.ranks],
-                                  step_time_s=est.step_time_s, bound=est.bound)
+                                  step_time_s=est.step_time_s, bound=est.bound,
+                                  runtime_gb=[r.memory.runtime / 1e9 for r in est.ranks])
 
 
 # ---------------------------------------------------------------------------------------

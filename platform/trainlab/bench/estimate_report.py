@@ -59,8 +59,11 @@ CSV_FIELDS = ("trial", "world", "status", "reason", "wall_s", "tokens_per_step",
               "est_optim_state_b", "state_exact", "base_gb", "meas_peak_gb",
               *(f"est_peak_gb_{k}" for k in KINDS), *(f"peak_ratio_{k}" for k in KINDS),
               "meas_step_s", *(f"est_step_s_{k}" for k in KINDS), *(f"step_ratio_{k}" for k in KINDS),
-              "bound", "estimate_error")
-"""Per-rank values are ';'-joined in rank order."""
+              "meas_above_base_mb", "est_above_runtime_mb", "bound", "estimate_error")
+"""Per-rank values are ';'-joined in rank order. above_base / above_runtime: the peak less what the
+process held before the trial was built (measured) or the estimate's runtime (held-out
+calibration): the trial's own memory, without the interpreter and libraries that dominate a CPU
+rank's resident set."""
 
 
 def _joined(values) -> str:
@@ -78,11 +81,14 @@ def write_csv(rows: list[Row], path: Path) -> None:
                    "tokens_per_step": m.tokens_per_step, "meas_params_b": _joined(m.params),
                    "meas_grads_b": _joined(m.grads), "meas_optim_state_b": _joined(m.optim_state),
                    "base_gb": _joined(m.base_gb), "meas_peak_gb": _joined(m.peak_gb),
-                   "meas_step_s": f"{m.step_time_s:.6g}", "estimate_error": r.error}
+                   "meas_step_s": f"{m.step_time_s:.6g}", "estimate_error": r.error,
+                   "meas_above_base_mb": _joined((p - b) * 1e3 for p, b in zip(m.peak_gb, m.base_gb))}
             if r.est:
                 rec |= {"est_params_b": _joined(s[0] for s in r.state), "est_grads_b": _joined(s[1] for s in r.state),
                         "est_optim_state_b": _joined(s[2] for s in r.state), "state_exact": r.state_exact,
-                        "bound": r.est["held_out"].bound}
+                        "bound": r.est["held_out"].bound,
+                        "est_above_runtime_mb": _joined((p - b) * 1e3 for p, b in
+                                                        zip(r.est["held_out"].peak_gb, r.est["held_out"].runtime_gb))}
                 for k in KINDS:
                     rec |= {f"est_peak_gb_{k}": _joined(r.est[k].peak_gb), f"peak_ratio_{k}": f"{r.peak_ratio(k):.4f}",
                             f"est_step_s_{k}": f"{r.est[k].step_time_s:.6g}",
