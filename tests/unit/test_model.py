@@ -22,7 +22,7 @@ from trainlab.models import (
 )
 
 CONF_MODEL = Path(__file__).resolve().parents[2] / "conf" / "model"
-PRESETS = ("tiny", "small", "125m", "350m", "1b", "7b")
+PRESETS = ("tiny", "small", "125m", "350m", "1b", "7b", "llama3_8b")
 BYTE_VOCAB = 256
 
 

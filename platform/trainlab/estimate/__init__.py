@@ -13,5 +13,7 @@ calibration fitted to recorded runs (`trainlab calibrate`), or defaults.
 
 from trainlab.estimate.cluster import ClusterSpec, NodeSpec
 from trainlab.estimate.result import DeviceSpec, Estimate, RankEstimate, RankMemory, RankTime
+from trainlab.estimate.trial import estimate_trial
 
-__all__ = ["ClusterSpec", "DeviceSpec", "Estimate", "NodeSpec", "RankEstimate", "RankMemory", "RankTime"]
+__all__ = ["ClusterSpec", "DeviceSpec", "Estimate", "NodeSpec", "RankEstimate", "RankMemory", "RankTime",
+           "estimate_trial"]

@@ -103,6 +103,66 @@ def _check_seq_len(_model: nn.Module, inputs: tuple, *, tp: int) -> None:
             f"train.seq_len to a multiple of {tp} (or turn sequence parallelism off)")
 
 
+def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str, dict[str, ParallelStyle]]:
+    """The tensor-parallel plan of `model`: submodule path ("" = the model itself, then
+    "layers.<i>" per block) -> {child name: its ParallelStyle}. What `apply_tp` applies and
+    what the memory estimate reads (`param_shard_dims`): one place decides the shards."""
+    # Layout of the residual stream between the sharded matmuls: sequence-sharded
+    # activations under sequence parallelism, full replicated ones otherwise.
+    residual = Shard(1) if sequence_parallel else Replicate()
+    norm_style = SequenceParallel if sequence_parallel else _Replicated
+
+    ends = {
+        # Vocab-sharded rows: each rank looks up its rows, the partial sums are reduced.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
+        "norm": norm_style(),
+        # Full logits on every rank (all-gather over the vocab): no loss parallelism.
+        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(),
+                                  use_local_output=True),
+    }
+    # A pipeline stage lacks some ends (None) and holds its blocks in an nn.ModuleDict.
+    plan = {"": {k: v for k, v in ends.items() if getattr(model, k, None) is not None}}
+    for key, _ in model.layers.named_children():
+        plan[f"layers.{key}"] = {
+            "attention_norm": norm_style(),
+            # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.
+            "attention": PrepareModuleInput(input_layouts=(residual, None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "ffn_norm": norm_style(),
+            "feed_forward": PrepareModuleInput(input_layouts=(residual,),
+                                               desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w3": ColwiseParallel(),
+        }
+    return plan
+
+
+def param_shard_dims(model: Transformer, *, sequence_parallel: bool = False) -> dict[str, int]:
+    """Parameter name (as model.named_parameters()) -> the dim `apply_tp` shards it on; a
+    parameter not named is replicated. torch's styles: ColwiseParallel shards a Linear's
+    weight and bias on dim 0 (output features) and an Embedding's weight on dim 1;
+    RowwiseParallel a Linear's weight on dim 1 (its bias is replicated) and an Embedding's
+    weight on dim 0 (rows of the vocabulary)."""
+    dims: dict[str, int] = {}
+    for path, styles in tp_plan(model, sequence_parallel=sequence_parallel).items():
+        for child, style in styles.items():
+            name = f"{path}.{child}" if path else child
+            module = model.get_submodule(name)
+            embedding = isinstance(module, nn.Embedding)
+            if isinstance(style, ColwiseParallel):
+                dims[f"{name}.weight"] = 1 if embedding else 0
+                if getattr(module, "bias", None) is not None:
+                    dims[f"{name}.bias"] = 0
+            elif isinstance(style, RowwiseParallel):
+                dims[f"{name}.weight"] = 0 if embedding else 1
+    return dims
+
+
 def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
     """Shard `model` in place over the 1-D tensor-parallel `mesh` and return it.
 
@@ -118,45 +178,16 @@ def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = 
         raise ValueError(f"apply_tp needs the 1-D tensor-parallel mesh (e.g. world_mesh['tp']), "
                          f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
     check_tp(model.args, mesh.size())
-    # Layout of the residual stream between the sharded matmuls: sequence-sharded
-    # activations under sequence parallelism, full replicated ones otherwise.
-    residual = Shard(1) if sequence_parallel else Replicate()
-    norm_style = SequenceParallel if sequence_parallel else _Replicated
-
-    ends = {
-        # Vocab-sharded rows: each rank looks up its rows, the partial sums are reduced.
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "norm": norm_style(),
-        # Full logits on every rank (all-gather over the vocab): no loss parallelism.
-        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(),
-                                  use_local_output=True),
-    }
-    # A pipeline stage lacks some ends (None) and holds its blocks in an nn.ModuleDict.
-    parallelize_module(model, mesh, {k: v for k, v in ends.items()
-                                     if getattr(model, k, None) is not None})
+    plan = tp_plan(model, sequence_parallel=sequence_parallel)
+    parallelize_module(model, mesh, plan.pop(""))
     if sequence_parallel:
         # SequenceParallel takes each rank's local activations as equal slices of the
         # sequence; an uneven split would desynchronise the collectives (gloo aborts,
         # NCCL hangs), so refuse it before any of them runs.
         model.register_forward_pre_hook(partial(_check_seq_len, tp=mesh.size()))
-    for block in model.blocks():
-        parallelize_module(block, mesh, {
-            "attention_norm": norm_style(),
-            # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.
-            "attention": PrepareModuleInput(input_layouts=(residual, None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-            "ffn_norm": norm_style(),
-            "feed_forward": PrepareModuleInput(input_layouts=(residual,),
-                                               desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+    for path, styles in plan.items():
+        parallelize_module(model.get_submodule(path), mesh, styles)
     return model
 
 
-__all__ = ["apply_tp", "check_tp"]
+__all__ = ["apply_tp", "check_tp", "param_shard_dims", "tp_plan"]

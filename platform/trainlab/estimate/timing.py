@@ -1,0 +1,198 @@
+"""Seconds of one optimizer step on each rank: compute, communication, bubble, overheads.
+
+    terms = step_terms(run, layout=Layout.of(run, cluster))   # per rank, free of calibration
+    times = rank_times(terms, calibration=cal)                # per rank RankTime, slowest-rank waits
+
+Two stages, so that `calibration.fit` can solve for the coefficients by least squares: the
+terms say what the step costs at 100 % of every peak and bandwidth (FLOPs over the device's
+peak, bytes over a link), the calibration how much of each peak is reached.
+
+Compute: the rank's share of the model's matmul FLOPs (its pipeline stages' blocks, its 1/tp of
+each, its sequences of the global batch), recomputation by activation_checkpoint (block: one more
+forward of every block, selective: of every other block), at the peak of the precision's matmul
+dtype (precision.spec.matmul_dtype; the FP8 linears at the FP8 peak, from the same layer policy
+the recipe applies: precision.policy.plan_layers), plus the optimizer's memory-bound update
+(its state read and written once over HBM). Emulated casts (fp16 on CPU, FP8 emulated or on CPU,
+precision=emulated) run their matmuls in high precision and add a calibrated cost per matmul.
+
+Communication per layout (the bytes each collective moves, estimate.links for its time): DDP's
+gradient all-reduce in parallel.comm_dtype on the last micro-batch, overlapped with its backward;
+ZeRO-1's parameter broadcast after the step; FSDP2's all-gathers in the mode's param_dtype (one
+per micro-batch for zero2, two for fsdp/hsdp) and one reduce-scatter on the last micro-batch,
+prefetched behind compute (the first block's gather exposed); HSDP's all-reduce across replicas;
+TP's two all-reduces per block forward and two backward (reduce-scatter + all-gather pairs of the
+same volume with sequence parallel); PP's activations and gradients between stages per
+micro-batch. The pipeline bubble by schedule (parallel.pp.bubble_fraction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlab.config.schema import RunConfig
+from trainlab.config.validate import parallel_dims, pp_microbatches, pp_virtual_stages
+from trainlab.estimate.calibration import Calibration
+from trainlab.estimate.layout import Layout
+from trainlab.estimate.links import (
+    all_gather_s,
+    all_reduce_s,
+    broadcast_s,
+    p2p_s,
+    reduce_scatter_s,
+)
+from trainlab.estimate.result import RankTime
+from trainlab.estimate.shape import ModelShape, model_shape
+from trainlab.parallel.pp import bubble_fraction
+from trainlab.precision.spec import emulates, spec_of
+
+_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """What one rank's step costs at every peak (calibration.fit's columns)."""
+
+    kind: str
+    """'cpu' or 'gpu': which coefficients apply."""
+    compute_ideal_s: float
+    """High-precision matmul FLOPs over the device's peak for the mode's matmul dtype."""
+    fp8_ideal_s: float
+    """FP8 linears' FLOPs over the device's FP8 peak."""
+    emulated_ideal_s: float
+    """Matmul seconds (at the hp peak) of linears whose casts are emulated: their extra cost's unit."""
+    memory_s: float
+    """The optimizer's update over the device memory's bandwidth (not calibrated)."""
+    comm_fixed_ideal_s: float
+    """Communication nothing hides (ZeRO-1's broadcast, TP, PP p2p, FSDP's first gather)."""
+    comm_overlap_ideal_s: float
+    """Communication the layout overlaps with compute (DDP buckets, FSDP prefetch)."""
+    overlap_share: float
+    """Share of the compute that can hide it (DDP: the last micro-batch's backward; FSDP: all)."""
+    micro_batches: int
+    layer_passes: int
+    """Blocks x micro-batches (forward + backward each): the per-layer overhead's count."""
+    bubble_fraction: float
+
+
+def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None = None) -> list[StepTerms]:
+    """Each rank's StepTerms; `state_bytes` (per rank, RankMemory.state) sizes the optimizer update."""
+    shape = model_shape(run)
+    spec = spec_of(run.precision.name)
+    dims = parallel_dims(run)
+    p, t = run.parallel, run.train
+    pp_m = pp_microbatches(run) if dims.pp > 1 else 1
+    virtual = pp_virtual_stages(run) if dims.pp > 1 else 1
+    bubble = bubble_fraction(pp=dims.pp, n_microbatches=pp_m, virtual_stages=virtual) if dims.pp > 1 else 0.0
+    shares = layout.shares
+    out = []
+    for r in range(layout.world):
+        hw = layout.hardware[r]
+        kind = "cpu" if hw.type == "cpu" else "gpu"
+        emulated = emulates(run.precision, device_type="cpu" if kind == "cpu" else "cuda")
+        dtype = spec.matmul_dtype(run.precision.hp_dtype)
+        if dtype == "fp32" and run.precision.tf32 and kind == "gpu":
+            dtype = "tf32"
+        peak = layout.peak_tflops(r, dtype) or layout.peak_tflops(r, "fp32")
+        c = layout.coords[r]
+        sequences, micro = shares[c.dp_rank] if dims.pp == 1 else (t.global_batch_size // dims.dp, pp_m)
+        tokens = sequences * t.seq_len
+        blocks = layout.blocks_of(r, shape=shape, virtual=virtual)
+        hp, lowp, attention = shape.flops_per_token(blocks=blocks, head=layout.holds_head(r, virtual=virtual),
+                                                    seq_len=t.seq_len, checkpoint=p.activation_checkpoint)
+        hp, lowp, attention = (x * tokens / dims.tp for x in (hp, lowp, attention))
+        fp8_s = emul_s = 0.0
+        if spec.name == "fp16" and emulated:  # every autocast matmul rounds its operands
+            hp, emul_s = hp + lowp, (hp + lowp) / (peak * 1e12)
+        elif (spec.fp8 or spec.name == "emulated") and (emulated or kind == "cpu"):
+            hp, emul_s = hp + lowp, lowp / (peak * 1e12)
+        elif spec.fp8:
+            fp8_s = lowp / ((layout.peak_tflops(r, "fp8") or 2 * peak) * 1e12)
+        else:
+            hp += lowp
+        compute = (hp + attention) / (peak * 1e12)
+        memory_s = 2 * (state_bytes[r] if state_bytes else 16 * shape.local_params(blocks, dims.tp)) \
+            / (hw.hbm_gb_s * 1e9)
+        fixed, overlapped, share = _comm(run, layout=layout, rank=r, shape=shape, blocks=blocks,
+                                         sequences=sequences, micro=micro, virtual=virtual)
+        out.append(StepTerms(kind=kind, compute_ideal_s=compute, fp8_ideal_s=fp8_s, emulated_ideal_s=emul_s,
+                             memory_s=memory_s, comm_fixed_ideal_s=fixed, comm_overlap_ideal_s=overlapped,
+                             overlap_share=share, micro_batches=micro, layer_passes=len(blocks) * micro,
+                             bubble_fraction=bubble))
+    return out
+
+
+def _comm(run: RunConfig, *, layout: Layout, rank: int, shape: ModelShape, blocks: list[int],
+          sequences: int, micro: int, virtual: int) -> tuple[float, float, float]:
+    """(fixed, overlappable, share of compute that hides it) seconds of `rank`'s collectives at
+    the links' full bandwidth."""
+    p, prec = run.parallel, run.precision
+    spec = spec_of(prec.name)
+    dims = parallel_dims(run)
+    pure = spec.low_precision_params  # bf16_pure: parameters and gradients are bf16
+    grad_b = 2 if pure else _BYTES[p.comm_dtype]
+    param_dtype = "bf16" if pure else (prec.hp_dtype if spec.param_dtype == "hp" else spec.param_dtype) or "fp32"
+    gather_b = _BYTES[param_dtype]
+    act_b = _BYTES.get(spec.matmul_dtype(prec.hp_dtype), 4)
+    n_local = shape.local_params(blocks, dims.tp)
+    fixed = overlapped = 0.0
+    share = 0.0
+    dp_group = layout.dp_group(rank)
+    dp = len(dp_group)
+    dp_link = layout.link(dp_group)
+    dpk = p.data_parallel
+    if dp > 1 and dpk in ("ddp", "zero1"):
+        overlapped += all_reduce_s(n_local * grad_b, n=dp, link=dp_link)
+        share = 2 / 3 / micro  # the last micro-batch's backward: DDP reduces buckets as they fill
+        if dpk == "zero1":  # each rank broadcasts its updated shard: every parameter once
+            fixed += broadcast_s(n_local * (2 if pure else 4), n=dp, link=dp_link)
+    elif dpk in ("zero2", "fsdp", "hsdp") and dp > 1:
+        shard = layout.shard_group(rank) if dpk == "hsdp" else dp_group
+        link = layout.link(shard)
+        gathers = 1 if dpk == "zero2" else 2
+        overlapped += micro * gathers * all_gather_s(n_local * gather_b, n=len(shard), link=link)
+        overlapped += reduce_scatter_s(n_local * grad_b, n=len(shard), link=link)
+        fixed += all_gather_s(n_local / max(1, len(blocks)) * gather_b, n=len(shard), link=link)
+        if dpk == "hsdp":
+            replicas = layout.replica_group(rank)
+            overlapped += all_reduce_s(n_local / len(shard) * grad_b, n=len(replicas),
+                                       link=layout.link(replicas))
+        share = 1.0  # FSDP2 prefetches the next block's gather while this one computes
+    activation = sequences / micro * run.train.seq_len * shape.dim * act_b  # one micro-batch's stream
+    if dims.tp > 1:
+        tp_group = layout.tp_group(rank)
+        passes = 4 + {"none": 0, "block": 2, "selective": 1}[p.activation_checkpoint]
+        fixed += micro * len(blocks) * passes * all_reduce_s(activation, n=dims.tp, link=layout.link(tp_group))
+    if dims.pp > 1:
+        pp_group = layout.pp_group(rank)
+        fixed += micro * virtual * 2 * p2p_s(activation / dims.tp if p.sequence_parallel else activation,
+                                             link=layout.link(pp_group))
+    return fixed, overlapped, share
+
+
+def rank_times(terms: list[StepTerms], *, calibration: Calibration) -> list[RankTime]:
+    """Each rank's RankTime; a rank faster than the slowest waits for it (wait_s)."""
+    times = [_rank_time(t, calibration) for t in terms]
+    slowest = max(t.step_s for t in times)
+    return [RankTime(compute_s=t.compute_s, comm_s=t.comm_s, bubble_s=t.bubble_s, overhead_s=t.overhead_s,
+                     wait_s=max(0.0, slowest - t.step_s)) for t in times]
+
+
+def _rank_time(t: StepTerms, cal: Calibration) -> RankTime:
+    k = t.kind
+    compute = (t.compute_ideal_s / cal.of(k, "efficiency") + t.memory_s
+               + (t.fp8_ideal_s / cal.gpu_fp8_efficiency if t.fp8_ideal_s else 0.0)
+               + t.emulated_ideal_s * cal.of(k, "emulation_cost"))
+    comm = exposed_comm(t, cal, compute_s=compute)
+    overhead = (cal.of(k, "step_overhead_s") + t.micro_batches * cal.of(k, "microbatch_overhead_s")
+                + t.layer_passes * cal.of(k, "layer_overhead_s"))
+    busy = compute + comm + overhead
+    bubble = busy * t.bubble_fraction / (1 - t.bubble_fraction)
+    return RankTime(compute_s=compute, comm_s=comm, bubble_s=bubble, overhead_s=overhead)
+
+
+def exposed_comm(t: StepTerms, cal: Calibration, *, compute_s: float) -> float:
+    """Communication seconds not hidden behind compute."""
+    eff = cal.of(t.kind, "comm_efficiency")
+    hidden = cal.overlap * t.overlap_share * compute_s
+    return t.comm_fixed_ideal_s / eff + max(0.0, t.comm_overlap_ideal_s / eff - hidden)
+

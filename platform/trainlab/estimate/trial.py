@@ -1,0 +1,63 @@
+"""One trial on one cluster, before it runs: memory (estimate.memory) and time (estimate.timing).
+
+    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), calibration=load_calibration(path))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainlab.config.schema import RunConfig
+from trainlab.estimate.calibration import Calibration
+from trainlab.estimate.cluster import CPU, ClusterSpec
+from trainlab.estimate.hardware import NOTES
+from trainlab.estimate.layout import Layout
+from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
+from trainlab.estimate.shape import model_shape
+from trainlab.estimate.timing import rank_times, step_terms
+from trainlab.models.accounting import flops_per_token
+from trainlab.precision.spec import spec_of
+
+
+def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibration | None = None) -> Estimate:
+    """Memory and time of `run` (validated) on `cluster`; ValueError naming the field, value and
+    fix for a cluster that cannot hold the gang (too few devices, an unknown GPU type)."""
+    cal = calibration or Calibration()
+    layout = Layout.of(run, cluster)
+    device_type = "cpu" if layout.hardware[0].type == CPU else "cuda"
+    memories = [_calibrated(m, cal, device_type=device_type) for m in _rank_memories(run, device_type)]
+    times = rank_times(step_terms(run, layout=layout, state_bytes=[m.state for m in memories]), calibration=cal)
+    dtype = spec_of(run.precision.name).matmul_dtype(run.precision.hp_dtype)
+    if dtype == "fp32" and run.precision.tf32 and device_type == "cuda":
+        dtype = "tf32"
+    ranks = tuple(
+        RankEstimate(rank=r, device=DeviceSpec(name=hw.type, memory_gb=_memory_gb(hw.memory_gb, layout, r),
+                                               peak_tflops=layout.peak_tflops(r, dtype), node=layout.nodes[r]),
+                     memory=memories[r], time=times[r])
+        for r, hw in enumerate(layout.hardware))
+    tokens = run.train.global_batch_size * run.train.seq_len
+    args = model_shape(run).args
+    notes = tuple(sorted({NOTES[hw.type] for hw in layout.hardware if hw.type in NOTES}))
+    return Estimate(ranks=ranks, tokens_per_step=tokens,
+                    flops_per_step=flops_per_token(args, seq_len=run.train.seq_len) * tokens,
+                    calibration=cal.source, notes=notes)
+
+
+def _rank_memories(run: RunConfig, device_type: str) -> list[RankMemory]:
+    from trainlab.estimate.memory import rank_memories
+
+    return rank_memories(run, device_type=device_type)
+
+
+def _calibrated(m: RankMemory, cal: Calibration, *, device_type: str) -> RankMemory:
+    """The modelled parts scaled by the calibration; a CPU worker's runtime (its RSS besides tensors)."""
+    return dataclasses.replace(
+        m, activations=round(m.activations * cal.activation_factor), buffers=round(m.buffers * cal.activation_factor),
+        runtime=round(cal.cpu_runtime_gb * GB) if device_type == "cpu" else 0)
+
+
+def _memory_gb(total_gb: float, layout: Layout, rank: int) -> float:
+    """A GPU's memory is its own; a host's is shared by the ranks on it."""
+    if layout.hardware[rank].type != CPU:
+        return total_gb
+    return total_gb / layout.nodes.count(layout.nodes[rank])
