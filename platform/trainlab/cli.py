@@ -12,7 +12,7 @@ commands:
   train -m [sweeps...]   a Hydra multirun: every job a Ray trial, a parent MLflow run
                          (`trainlab train -m precision=fp32,fp16 seed=0,1`, `-m +sweep=NAME`)
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
-  bench overhead|sweep|prune|fp8|parallel|determinism|balance|checkpoint
+  bench overhead|sweep|prune|fp8|parallel|determinism|balance|checkpoint|acceptance|estimate
                          benchmarks; each prints ratios measured side by side
   submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
   status|logs|stop JOB_ID --address URL         follow a submitted job
