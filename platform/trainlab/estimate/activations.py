@@ -146,7 +146,7 @@ def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, dev
     if run.parallel.activation_checkpoint != "none":
         acts += full  # the block being recomputed in backward
     shards = rank_shards(model, run, rank=rank)
-    grads = sum(s.nbytes for s in shards)
+    grads = sum(s.grad_nbytes for s in shards)
     vocab = model.args.vocab_size
     holds_head = any(getattr(part, "output", None) is not None for part in parts)
     logits = tokens * vocab * (a + 3 * F32) if holds_head else 0
