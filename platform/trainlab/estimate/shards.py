@@ -137,17 +137,20 @@ def stage_modules(model: nn.Module, layout: Layout, pp_rank: int) -> list[nn.Mod
     return _stages(model, pp_rank, layout.dims.pp, layout.virtual_stages)
 
 
-_STAGES: dict[tuple[int, int, int, int], list[nn.Module]] = {}
+_STAGES: dict[tuple[int, int, int, int], tuple[nn.Module, list[nn.Module]]] = {}
 
 
 def _stages(model: nn.Module, pp_rank: int, pp: int, virtual: int) -> list[nn.Module]:
     from trainlab.parallel.pp import split_stages
 
     key = (id(model), pp_rank, pp, virtual)
-    if key not in _STAGES:  # deep copies of a meta model: cheap, but once per rank is enough
-        _STAGES.clear() if len(_STAGES) > 64 else None
-        _STAGES[key] = split_stages(model, pp_rank=pp_rank, pp_size=pp, virtual_stages=virtual)
-    return _STAGES[key]
+    cached = _STAGES.get(key)
+    if cached is None or cached[0] is not model:  # the id of a collected model may come back
+        if len(_STAGES) > 64:
+            _STAGES.clear()
+        # deep copies of a meta model: cheap, but once per rank and model is enough
+        cached = _STAGES[key] = (model, split_stages(model, pp_rank=pp_rank, pp_size=pp, virtual_stages=virtual))
+    return cached[1]
 
 
 def rank_shards(model: nn.Module, run: RunConfig, *, rank: int) -> list[Shard]:
