@@ -12,6 +12,8 @@ commands:
   train -m [sweeps...]   a Hydra multirun: every job a Ray trial, a parent MLflow run
                          (`trainlab train -m precision=fp32,fp16 seed=0,1`, `-m +sweep=NAME`)
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
+  calibrate [-o PATH]    fit the estimate to a store's finished trials (--tracking-uri, --experiment,
+                         --sweep); writes the JSON cluster.calibration=PATH reads
   bench overhead|sweep|prune|fp8|parallel|determinism|balance|checkpoint|acceptance|estimate
                          benchmarks; each prints ratios measured side by side
   submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         from trainlab.compare import main as compare_main
 
         compare_main(rest)
+    elif command == "calibrate":
+        from trainlab.calibrate import main as calibrate_main
+
+        calibrate_main(rest)
     elif command == "bench":
         from trainlab.bench import main as bench_main
 

@@ -344,6 +344,47 @@ PP_BUBBLE_THEORY = "sys/pp_bubble_theory"
 PP_BUBBLE = "sys/pp_bubble"
 """Pipelines: the measured idle share of this step on rank 0 (1 - its busy fraction)."""
 
+# -- the estimate (issue 20) ---------------------------------------------------------------
+# trainlab.estimate: what the driver estimated for the trial before it started (TrialPlan.estimate),
+# logged at its first step beside what it then measured, and at its end the ratios of the two
+EST_PREFIX = "est/"
+EST_PEAK_MEM_GB = "est/peak_mem_gb"
+"""Estimated peak memory of rank 0 (as sys/peak_mem_gb), GB."""
+EST_PEAK_MEM_GB_MAX = "est/peak_mem_gb_max"
+"""Estimated peak memory of the largest rank (as sys/peak_mem_gb_max), GB."""
+EST_STEP_TIME_S = "est/step_time_s"
+"""Estimated optimizer step time (the slowest rank's), as train/step_time_s."""
+EST_TOKENS_PER_S = "est/tokens_per_s"
+EST_MFU = "est/mfu"
+EST_PARAM_GB = "est/param_gb"
+"""Largest per-rank parameter GB over ranks, as sys/param_gb."""
+EST_GRAD_GB = "est/grad_gb"
+EST_OPTIM_STATE_GB = "est/optim_state_gb"
+"""Largest per-rank optimizer state (moments, steps, Kahan buffers) GB, as sys/optim_state_gb."""
+EST_ACTIVATION_GB = "est/activation_gb"
+"""Largest per-rank activations (micro-batches in flight) GB."""
+EST_COMPUTE_S = "est/compute_s"
+"""The slowest rank's compute seconds per step (its step: compute + comm + bubble + overhead + wait)."""
+EST_COMM_S = "est/comm_s"
+"""The slowest rank's exposed communication seconds per step."""
+EST_BUBBLE_S = "est/bubble_s"
+"""The slowest rank's pipeline bubble and waiting seconds per step."""
+EST_METRICS = (EST_PEAK_MEM_GB, EST_PEAK_MEM_GB_MAX, EST_STEP_TIME_S, EST_TOKENS_PER_S, EST_MFU, EST_PARAM_GB,
+               EST_GRAD_GB, EST_OPTIM_STATE_GB, EST_ACTIVATION_GB, EST_COMPUTE_S, EST_COMM_S, EST_BUBBLE_S)
+"""Logged once, at the step the trial starts from."""
+EST_PEAK_MEM_RATIO = "est/peak_mem_ratio"
+"""At the trial's end: measured / estimated peak memory of rank 0 (sys/peak_mem_gb / est/peak_mem_gb)."""
+EST_STEP_TIME_RATIO = "est/step_time_ratio"
+"""At the trial's end: measured / estimated step time (tokens per step over the trial's median tokens/s)."""
+EST_TOKENS_PER_S_RATIO = "est/tokens_per_s_ratio"
+"""At the trial's end: measured / estimated tokens/s (the trial's median train/tokens_per_s)."""
+TAG_EST_BOUND = "est/bound"
+"""What the estimate says limits the trial: compute, memory, communication, bubble or overhead."""
+TAG_EST_CALIBRATION = "est/calibration"
+"""Where the estimate's efficiencies came from: 'default' or a calibration file (cluster.calibration)."""
+TAG_EST_CLUSTER = "est/cluster"
+"""The cluster the estimate was made for, e.g. '8xH100 + 8xH100' or '4xcpu'."""
+
 # -- reproducibility (issue 6) -----------------------------------------------------------
 # trainlab.telemetry.checksum: at the end of every trial; compare groups the runs that should
 # match (compare/repro.py) and says whether these agree and, if not, by how much

@@ -17,7 +17,7 @@ import re
 import sys
 
 SHELL_COMPLETION_FLAGS = ("-sc", "--shell-completion")
-SUBCOMMANDS = ("train", "compare", "bench", "submit", "status", "logs", "stop", "import-spill")
+SUBCOMMANDS = ("train", "compare", "bench", "submit", "status", "logs", "stop", "import-spill", "calibrate")
 
 
 def is_completion_call(args: list[str]) -> bool:

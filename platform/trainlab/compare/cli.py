@@ -52,7 +52,7 @@ def _console():
 def _print_result(result) -> None:
     from rich.markup import escape
 
-    from trainlab.compare import tables
+    from trainlab.compare import estimates, tables
     from trainlab.compare.answer import answer
     from trainlab.compare.compare_sweep import title_of
 
@@ -65,6 +65,9 @@ def _print_result(result) -> None:
         console.print(table)
     for line in tables.headline(result.summary):
         console.print(line, markup=False)
+    est_rows = estimates.estimate_rows(result.sweep.trials)
+    if est_rows:
+        console.print(estimates.rich_table(est_rows, title=title_of(result.sweep)))
     for t in result.sweep.trials:
         if t.status in (names.STATUS_FAILED, names.STATUS_DIVERGED):
             why = t.error.strip().splitlines()[-1][:200] if t.error.strip() else (

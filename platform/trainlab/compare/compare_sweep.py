@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainlab import names
-from trainlab.compare import plots, tables
+from trainlab.compare import estimates, plots, tables
 from trainlab.compare.html_report import write_report
 from trainlab.compare.layer_plots import write_layer_heatmaps
 from trainlab.compare.load import load_sweep
@@ -62,13 +62,16 @@ def write_outputs(data: SweepData, summary: Summary, *, out_dir: Path) -> tuple[
         raise ValueError(f"cannot create output folder {out_dir} ({e.strerror}); pass --out DIR "
                          f"somewhere writable") from None
     title, context = title_of(data), context_lines(data)
+    est_rows = estimates.estimate_rows(data.trials)  # [] where no trial was estimated: no section, no plot
     md = out_dir / SUMMARY_MD
-    md.write_text(tables.markdown_document(summary, title=title, context=context), encoding="utf-8")
+    md.write_text("\n".join(filter(None, [tables.markdown_document(summary, title=title, context=context),
+                                         estimates.markdown(est_rows)])), encoding="utf-8")
     csv_path = tables.write_csv(summary, out_dir / SUMMARY_CSV)
     images = plots.write_all(summary, data.trials, sweep=data.name, out_dir=out_dir)
+    images += [p for p in (estimates.plot(est_rows, title=data.name, path=out_dir / estimates.ESTIMATE_PNG),) if p]
     images += [p for p in (write_layer_heatmaps(data, summary, out_dir=out_dir),) if p]  # per layer, last
     report = write_report(summary, data.trials, title=title, context=context, images=images,
-                          path=out_dir / REPORT_HTML)
+                          path=out_dir / REPORT_HTML, estimates_html=estimates.html_section(est_rows))
     return (md, csv_path, *images, report)
 
 

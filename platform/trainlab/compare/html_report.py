@@ -53,9 +53,10 @@ def _trials_table(trials: Sequence[Trial]) -> str:
 
 
 def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, context: list[str],
-                 images: Sequence[Path], path: Path) -> Path:
+                 images: Sequence[Path], path: Path, estimates_html: str = "") -> Path:
     """The answer (compare.answer) first, then the title, what the table was computed against,
-    the summary table, the plots, the trials."""
+    the summary table, estimate vs measured (compare.estimates, where trials were estimated), the
+    plots, the trials."""
     result = answer(summary)
     meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
     defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
@@ -75,6 +76,7 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
 {tables.html_table(summary)}
 <ul class="defs">{defs}</ul>
 <div class="scroll">{repro.html_section(summary.repro) if summary.repro else ""}</div>
+{estimates_html}
 <h2>Plots</h2>
 {imgs}
 <h2>Trials</h2>

@@ -18,6 +18,7 @@ METRICS = (
     names.VAL_LOSS, names.TOKENS_PER_S, names.MFU, names.PEAK_MEM_GB, names.GRAD_NORM,
     names.LOSS_SCALE, names.SKIPPED_STEPS, names.NONFINITE_STEPS, names.LOSS_SPIKES,
     names.TOKENS_SEEN, names.LOSS, names.PARAM_NORM, names.by_tokens(names.LOSS), names.by_tokens(names.VAL_LOSS),
+    names.STEP_TIME_S, names.PEAK_MEM_GB_MAX, *names.EST_METRICS,  # estimate vs measured (compare.estimates)
     *(names.cast_max_metric(kind, stat) for kind in names.CAST_TENSORS
       for stat in (names.CAST_UNDERFLOW, names.CAST_OVERFLOW)),
 )
@@ -151,6 +152,7 @@ def read_trial(client, run) -> Trial:
         metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},
         params=config_of(dict(run.data.params), tags), params_sha=tags.get(names.TAG_PARAMS_SHA, ""),
         loss_curve_sha=tags.get(names.TAG_LOSS_CURVE_SHA, ""),
+        est_bound=tags.get(names.TAG_EST_BOUND, ""), est_calibration=tags.get(names.TAG_EST_CALIBRATION, ""),
     )
 
 

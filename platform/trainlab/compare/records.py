@@ -37,6 +37,8 @@ class Trial:
     """The flattened config as MLflow params ('train.max_steps' -> '200'): which runs should match."""
     params_sha: str = ""  # names.TAG_PARAMS_SHA; empty for runs from before the checksums
     loss_curve_sha: str = ""  # names.TAG_LOSS_CURVE_SHA
+    est_bound: str = ""  # names.TAG_EST_BOUND: what its estimate said limits it ('' = not estimated)
+    est_calibration: str = ""  # names.TAG_EST_CALIBRATION
 
     def series(self, key: str) -> Series:
         """The history of metric `key`; empty when the trial never logged it."""

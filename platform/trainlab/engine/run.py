@@ -53,6 +53,7 @@ from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer
+from trainlab.estimate.record import estimate_metrics, estimate_tags, ratio_metrics
 from trainlab.events import (
     RESIZED,
     RESUMED,
@@ -190,6 +191,7 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
     if isinstance(plan, RunConfig):
         plan = plan_here(plan)
     run = plan.run
+    estimate = plan.estimate  # the driver's (or plan_here's), logged beside what this trial measures
     set_deterministic(run.train.deterministic)  # before CUDA starts: cuBLAS reads its workspace env once
     dist_info = setup_distributed(plan.device, local_rank=local_rank)
     if dist_info.device.type == "cpu":
@@ -211,7 +213,7 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
         restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
         trainer = attempt.start(resume_from, rollback_of(resume_from), restarts=restarts)
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
-                             **elastic_metrics(elastic, run)}, step=trainer.step)
+                             **elastic_metrics(elastic, run), **estimate_metrics(estimate)}, step=trainer.step)
         if resumed:
             tracker.set_tags({names.TAG_RESUMED_FROM: str(resume_from.path)})
         corpus = trainer.corpus
@@ -228,6 +230,7 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
             names.TAG_PRECISION_EMULATED: str(trainer.recipe.emulated).lower(),
             names.TAG_COMPILE: trainer.run.train.compile_unit if trainer.run.train.compile == "true" else "off",
             **_layer_tags(trainer.recipe),
+            **estimate_tags(estimate),
         })
         plan = trainer.recipe.plan
         if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
@@ -249,7 +252,9 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
-        tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM]}, step=result.steps)
+        tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM],
+                             **ratio_metrics(estimate, peak_mem_gb=result.peak_mem_gb,
+                                             tokens_per_s=result.tokens_per_s)}, step=result.steps)
         result.extra.update(corpus=corpus.name, unigram_entropy=corpus.unigram_entropy,
                             true_entropy=corpus.true_entropy, device=device_name(dist_info.device),
                             world_size=dist_info.world_size, rollbacks=trainer.rollback.history)
