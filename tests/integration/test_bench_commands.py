@@ -42,7 +42,8 @@ SMOKE = {
 }
 ELSEWHERE = {"sweep": "integration/test_bench_sweep.py", "prune": "integration/test_bench_prune.py",
              "parallel": "distributed/test_bench_parallel.py",
-             "checkpoint": "distributed/test_bench_checkpoint.py", "acceptance": "distributed/test_acceptance.py"}
+             "checkpoint": "distributed/test_bench_checkpoint.py", "acceptance": "distributed/test_acceptance.py",
+             "estimate": "integration/test_bench_estimate.py"}
 
 
 def test_every_bench_the_readme_names_has_a_smoke_test():

@@ -79,9 +79,10 @@ def test_every_trial_logs_its_estimate_beside_what_it_measured(store):
         assert metrics[names.EST_PEAK_MEM_GB] == pytest.approx(est.ranks[0].memory.total_gb)
         assert metrics[names.EST_TOKENS_PER_S] == pytest.approx(est.tokens_per_s)
         assert set(names.EST_METRICS) - {names.EST_MFU} <= set(metrics), label
-        # at the end, measured over estimated: the peak is the last steady-state sys/peak_mem_gb
+        # at the end, measured over estimated: the peak is the trial's, read at its end, which can be
+        # a few pages above the last sys/peak_mem_gb logged (the process goes on after that step)
         last = run.data.metrics[names.PEAK_MEM_GB]
-        assert metrics[names.EST_PEAK_MEM_RATIO] * est.ranks[0].memory.total_gb == pytest.approx(last, rel=1e-6)
+        assert metrics[names.EST_PEAK_MEM_RATIO] * est.ranks[0].memory.total_gb == pytest.approx(last, rel=1e-3)
         tps = [v for s, v in _history(client, run_id, names.TOKENS_PER_S) if s > 1]
         measured_tps = metrics[names.EST_TOKENS_PER_S_RATIO] * est.tokens_per_s
         assert min(tps) <= measured_tps <= max(tps), label  # the trial's median tokens/s

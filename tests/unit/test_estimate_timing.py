@@ -193,3 +193,21 @@ def test_fit_needs_observations():
 
     with pytest.raises(ValueError, match="no observations"):
         fit([])
+
+
+def test_more_cpu_ranks_than_cores_share_them(monkeypatch):
+    """4 ranks on a 2-core host compute at half a core each: twice the compute and overheads of
+    the same per-rank work on 2 ranks with a core each (an integer floor of 1 core hid this)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    cal = Calibration()
+
+    def step(world: int) -> tuple[float, float]:
+        run = compose_run_config(["model=tiny", "parallel=ddp", f"cluster.num_workers={world}",
+                                  f"train.global_batch_size={4 * world}", "train.micro_batch_size=4"])
+        layout = Layout.of(run, ClusterSpec.cpu(ranks=world))
+        t = rank_times(step_terms(run, layout=layout), calibration=cal)[0]
+        return layout.threads[0], t.compute_s + t.overhead_s
+
+    (share2, busy2), (share4, busy4) = step(2), step(4)
+    assert (share2, share4) == (1.0, 0.5)
+    assert busy4 == pytest.approx(2 * busy2, rel=0.15)  # the optimizer's memory-bound update is not scaled

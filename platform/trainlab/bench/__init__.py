@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 BENCHES = ("overhead", "sweep", "prune", "fp8", "parallel", "determinism", "balance", "checkpoint",
-           "acceptance")
+           "acceptance", "estimate")
 
 
 def main(argv: list[str]) -> None:
@@ -49,3 +49,7 @@ def main(argv: list[str]) -> None:
         from trainlab.bench.acceptance import main as acceptance_main
 
         sys.exit(acceptance_main(argv[1:]))
+    elif argv[0] == "estimate":
+        from trainlab.bench.estimate import main as estimate_main
+
+        estimate_main(argv[1:])

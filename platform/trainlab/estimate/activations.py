@@ -67,26 +67,51 @@ def autocasts(run: RunConfig, *, model: nn.Module, recipe) -> bool:
         p.dtype == torch.bfloat16 for p in model.parameters())
 
 
-def block_bytes(run: RunConfig, *, a: int, cast: bool, tokens: int) -> tuple[int, int]:
+def block_bytes(run: RunConfig, *, model: nn.Module, recipe, tokens: int) -> tuple[int, int]:
     """(bytes one block keeps for backward, bytes of its input alone: what a checkpointed
     block keeps) for `tokens` tokens of one micro-batch on one rank."""
-    m, p = run.model, run.parallel
-    tp = max(1, p.tp) if p.pp == 1 else 1
-    sp = tp if p.sequence_parallel else 1
-    d, f, h = m.dim, _ffn_dim(run), m.n_heads
+    par = run.parallel
+    tp = max(1, par.tp) if par.pp == 1 else 1
+    sp = tp if par.sequence_parallel else 1
+    a = compute_bytes(run, model=model, recipe=recipe)
+    cast = autocasts(run, model=model, recipe=recipe)
+    args = model.args
+    d, f, h = args.dim, args.ffn_dim, args.n_heads
     norms = 2 * 2 * F32 * d
     inputs = (3 + 2 if cast else 2) * a * d
-    sharded = 5 * a * d + F32 * h + 4 * a * f
-    residual = (a if a == 2 and not cast else F32) * d
+    sharded = 4 * a * d + F32 * h + 4 * a * f
+    bf16_params = any(p.dtype == torch.bfloat16 for p in model.parameters())
+    residual = (2 if bf16_params else F32) * d
     per_token = (norms + inputs) / sp + sharded / tp
-    return int(tokens * per_token), int(tokens * residual / sp)
+    per_block = _weight_casts(model, recipe, cast=cast) / tp
+    if bf16_params:  # apply_rope's float32 copies of the bf16 cos/sin tables, for q and for k
+        per_block += 4 * F32 * run.train.seq_len * args.head_dim
+    if getattr(recipe, "emulated", False) and run.precision.name == "fp16":
+        per_token += 4 * F32 * d  # measured: the emulated casts' float32 rounded operands
+    return int(tokens * per_token + per_block), int(tokens * residual / sp)
 
 
-def _ffn_dim(run: RunConfig) -> int:
-    from trainlab.estimate.shards import corpus_vocab_size
-    from trainlab.models import resolve_dims
-
-    return resolve_dims(run.model, vocab_size=corpus_vocab_size(run)).ffn_dim
+def _weight_casts(model: nn.Module, recipe, *, cast: bool) -> int:
+    """Bytes of one block's weights as its linears save them for backward, when they are
+    copies: autocast's low-precision casts (2 bytes), FP8 linears' float8 casts (1 byte),
+    emulated fp16's float32 rounded copies (4 bytes). Plain fp32 and bf16 parameters are
+    saved as themselves (no copy)."""
+    block = model.blocks()[0]
+    lowp = {n.split(".", 2)[2] for n in (recipe.plan.lowp if recipe.plan is not None else ())
+            if n.startswith("layers.0.")}
+    run_fp8 = getattr(recipe, "all_gather", None) is not None  # an Fp8Recipe
+    total = 0
+    for name, module in block.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        n = module.weight.numel()
+        if run_fp8 and name in lowp:
+            total += n
+        elif cast:
+            total += 2 * n
+        elif getattr(recipe, "emulated", False) and recipe.name == "fp16":
+            total += F32 * n
+    return total
 
 
 def checkpointed(run: RunConfig, block_index: int) -> bool:
@@ -129,9 +154,8 @@ def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, dev
     layout = Layout.of(run)
     at = coords(rank, layout.dims)
     a = compute_bytes(run, model=model, recipe=recipe)
-    cast = autocasts(run, model=model, recipe=recipe)
     tokens = micro_batch(run) * run.train.seq_len
-    full, kept = block_bytes(run, a=a, cast=cast, tokens=tokens)
+    full, kept = block_bytes(run, model=model, recipe=recipe, tokens=tokens)
     parts = stage_modules(model, layout, at.pp_rank)
     chunks, stages = in_flight(run, pp_rank=at.pp_rank)
     # one stage's saved activations per micro-batch, the stages of this rank alike in depth
@@ -141,17 +165,15 @@ def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, dev
         saved = sum(kept if checkpointed(run, i) else full for i in indices)
         per_stage.append(saved)
     per_chunk = max(per_stage)
-    micro_batches_held = chunks if stages == 1 else chunks  # chunks already count (stage, micro-batch)
-    acts = per_chunk * micro_batches_held
+    acts = per_chunk * chunks  # interleaved: chunks count (stage, micro-batch) pairs
     if run.parallel.activation_checkpoint != "none":
         acts += full  # the block being recomputed in backward
     shards = rank_shards(model, run, rank=rank)
-    grads = sum(s.nbytes for s in shards)
+    grads = sum(s.grad_nbytes for s in shards)
     vocab = model.args.vocab_size
     holds_head = any(getattr(part, "output", None) is not None for part in parts)
     logits = tokens * vocab * (a + 3 * F32) if holds_head else 0
     buffers = logits + _comm_buffers(run, model=model, layout=layout, grads=grads, rank=rank)
-    buffers += _fp8_weight_casts(parts, recipe) * min(chunks, 2 if layout.dims.pp == 1 else chunks)
     if layout.dims.pp > 1:
         # the activation a stage sends/receives per micro-batch in flight: [mb, T, D]
         buffers += 2 * tokens * model.args.dim * a
@@ -180,14 +202,6 @@ def _comm_buffers(run: RunConfig, *, model: nn.Module, layout: Layout, grads: in
     if layout.dims.dp > 1:
         return grads  # DDP's buckets: a flat copy of every gradient
     return 0
-
-
-def _fp8_weight_casts(parts: list[nn.Module], recipe) -> int:
-    """Float8 copies of the FP8 linears' weights kept for backward (one byte per element)."""
-    if recipe.plan is None or not getattr(recipe, "all_gather", None):
-        return 0
-    names = set(recipe.plan.lowp)
-    return sum(m.weight.numel() for part in parts for n, m in part.named_modules() if n in names)
 
 
 __all__ = ["Activations", "block_bytes", "in_flight", "rank_activations"]

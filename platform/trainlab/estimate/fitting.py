@@ -77,7 +77,9 @@ def _row(t: StepTerms, prior: Calibration) -> list[float]:
     k = t.kind
     compute = rank_times([t], calibration=prior)[0].compute_s
     comm = exposed_comm(t, prior, compute_s=compute) * prior.of(k, "comm_efficiency")
-    return [t.compute_ideal_s, t.fp8_ideal_s, t.emulated_ideal_s, comm, 1.0, t.micro_batches, t.layer_passes]
+    slow = 1 / t.core_share  # the overheads of a rank on a share of a core
+    return [t.compute_ideal_s, t.fp8_ideal_s, t.emulated_ideal_s, comm, slow, t.micro_batches * slow,
+            t.layer_passes * slow]
 
 
 def _fit_time(kind: str, cases: list, *, at: Calibration, prior: Calibration) -> dict[str, float]:

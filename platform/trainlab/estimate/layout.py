@@ -36,9 +36,9 @@ class Layout:
     coords: tuple[MeshCoords, ...]
     shares: tuple[tuple[int, int], ...]
     """Per data-parallel rank: (sequences, micro-batches) of every optimizer step."""
-    threads: tuple[int, ...]
-    """CPU ranks: the cores each one computes on (cluster.cpus_per_worker, fewer when the node's
-    ranks ask for more cores than the host has); GPUs: 1."""
+    threads: tuple[float, ...]
+    """CPU ranks: the cores each one computes on (cluster.cpus_per_worker; a share of one when the
+    node's ranks ask for more cores than the host has); GPUs: 1."""
 
     @classmethod
     def of(cls, run: RunConfig, cluster: ClusterSpec) -> Layout:
@@ -51,7 +51,7 @@ class Layout:
                              "trial computes on one device kind: describe only GPU nodes or only cpu")
         hws = {t: hardware(t) for t in set(types)}
         dims = parallel_dims(run)
-        threads = [1] * world
+        threads = [1.0] * world
         if kinds == {"cpu"}:
             threads = [_cpu_threads(run, cluster, n, nodes) for n in nodes]
         layout = cls(run=run, cluster=cluster, world=world, hardware=tuple(hws[t] for t in types),
@@ -113,13 +113,14 @@ class Layout:
         return self.coords[rank].pp_rank == pp - 1  # the last stage (of the last virtual chunk)
 
 
-def _cpu_threads(run: RunConfig, cluster: ClusterSpec, node: int, nodes: list[int]) -> int:
+def _cpu_threads(run: RunConfig, cluster: ClusterSpec, node: int, nodes: list[int]) -> float:
     import os
 
     ranks_here = nodes.count(node)
     cores = len(os.sched_getaffinity(0)) if cluster.source == "local" else run.cluster.cpus_per_worker * ranks_here
-    # ranks asking for more cores than the host has share them (the OS time-slices their threads)
-    return max(1, min(run.cluster.cpus_per_worker, cores // ranks_here))
+    # ranks asking for more cores than the host has share them (the OS time-slices their threads):
+    # 4 ranks on 2 cores compute at half a core each
+    return min(run.cluster.cpus_per_worker, cores / ranks_here)
 
 
 def _with_shares(layout: Layout) -> Layout:

@@ -81,7 +81,8 @@ def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int) -> State
     owned = optimizer_shards(shards, run, rank=rank)
     layout = Layout.of(run)
     parts = stage_modules(model, layout, coords(rank, layout.dims).pp_rank)
-    return StateBytes(params=params, grads=params, optim_state=optim_state_bytes(owned, run, all_shards=shards),
+    return StateBytes(params=params, grads=sum(s.grad_nbytes for s in shards),
+                      optim_state=optim_state_bytes(owned, run, all_shards=shards),
                       fp8_state=fp8_state_bytes(parts, recipe),
                       model_buffers=sum(b.numel() * b.dtype.itemsize for part in parts for b in part.buffers()
                                         if not _is_fp8_buffer(part, b)))

@@ -38,6 +38,8 @@ class Shard:
     """In the optimizer's weight-decay group (matrices; engine.schedule.build_optimizer)."""
     full_numel: int
     """Elements of the whole parameter (what ZeRO-1 balances by)."""
+    grad_shape: tuple[int, ...] | None = None
+    """The gradient's local shape where it differs from the parameter's (None: the same)."""
 
     @property
     def numel(self) -> int:
@@ -46,6 +48,10 @@ class Shard:
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
+
+    @property
+    def grad_nbytes(self) -> int:
+        return (self.numel if self.grad_shape is None else math.prod(self.grad_shape)) * self.dtype.itemsize
 
 
 def chunk_len(size: int, parts: int, index: int) -> int:
@@ -131,17 +137,20 @@ def stage_modules(model: nn.Module, layout: Layout, pp_rank: int) -> list[nn.Mod
     return _stages(model, pp_rank, layout.dims.pp, layout.virtual_stages)
 
 
-_STAGES: dict[tuple[int, int, int, int], list[nn.Module]] = {}
+_STAGES: dict[tuple[int, int, int, int], tuple[nn.Module, list[nn.Module]]] = {}
 
 
 def _stages(model: nn.Module, pp_rank: int, pp: int, virtual: int) -> list[nn.Module]:
     from trainlab.parallel.pp import split_stages
 
     key = (id(model), pp_rank, pp, virtual)
-    if key not in _STAGES:  # deep copies of a meta model: cheap, but once per rank is enough
-        _STAGES.clear() if len(_STAGES) > 64 else None
-        _STAGES[key] = split_stages(model, pp_rank=pp_rank, pp_size=pp, virtual_stages=virtual)
-    return _STAGES[key]
+    cached = _STAGES.get(key)
+    if cached is None or cached[0] is not model:  # the id of a collected model may come back
+        if len(_STAGES) > 64:
+            _STAGES.clear()
+        # deep copies of a meta model: cheap, but once per rank and model is enough
+        cached = _STAGES[key] = (model, split_stages(model, pp_rank=pp_rank, pp_size=pp, virtual_stages=virtual))
+    return cached[1]
 
 
 def rank_shards(model: nn.Module, run: RunConfig, *, rank: int) -> list[Shard]:
@@ -157,15 +166,24 @@ def rank_shards(model: nn.Module, run: RunConfig, *, rank: int) -> list[Shard]:
             if id(p) in seen or not p.requires_grad:
                 continue
             seen.add(id(p))
-            shape = list(p.shape)
+            shape, grad_shape = list(p.shape), None
             if name in tp_dims:
                 d = tp_dims[name]
                 shape[d] = chunk_len(shape[d], layout.dims.tp, at.tp_rank)
+                if layout.dims.dp == 1 and _is_embedding(part, name):
+                    # measured (torch 2.13): the vocab-sharded embedding's gradient comes back a
+                    # Replicate DTensor of the whole table; a data-parallel wrapper (FSDP2, its
+                    # replicate) reduces it to the parameter's own shard
+                    grad_shape = tuple(p.shape)
             if layout.fsdp:
                 shape[0] = chunk_len(shape[0], layout.shard_size, _shard_index(at, layout))
             shards.append(Shard(name=name, shape=tuple(shape), dtype=p.dtype, decay=p.dim() >= 2,
-                                full_numel=p.numel()))
+                                full_numel=p.numel(), grad_shape=grad_shape))
     return shards
+
+
+def _is_embedding(part: nn.Module, param_name: str) -> bool:
+    return isinstance(part.get_submodule(param_name.rpartition(".")[0]), nn.Embedding)
 
 
 def _tp_dims(part: nn.Module, layout: Layout, sequence_parallel: bool) -> dict[str, int]:

@@ -72,6 +72,9 @@ class StepTerms:
     layer_passes: int
     """Blocks x micro-batches (forward + backward each): the per-layer overhead's count."""
     bubble_fraction: float
+    core_share: float = 1.0
+    """CPU ranks on fewer cores than ranks: the share of a core each gets. Its Python and kernel
+    launches (the overheads) run that much slower too."""
 
 
 def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None = None) -> list[StepTerms]:
@@ -117,7 +120,7 @@ def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None 
         out.append(StepTerms(kind=kind, compute_ideal_s=compute, fp8_ideal_s=fp8_s, emulated_ideal_s=emul_s,
                              memory_s=memory_s, comm_fixed_ideal_s=fixed, comm_overlap_ideal_s=overlapped,
                              overlap_share=share, micro_batches=micro, layer_passes=len(blocks) * micro,
-                             bubble_fraction=bubble))
+                             bubble_fraction=bubble, core_share=min(1.0, layout.threads[r])))
     return out
 
 
@@ -184,7 +187,7 @@ def _rank_time(t: StepTerms, cal: Calibration) -> RankTime:
                + t.emulated_ideal_s * cal.of(k, "emulation_cost"))
     comm = exposed_comm(t, cal, compute_s=compute)
     overhead = (cal.of(k, "step_overhead_s") + t.micro_batches * cal.of(k, "microbatch_overhead_s")
-                + t.layer_passes * cal.of(k, "layer_overhead_s"))
+                + t.layer_passes * cal.of(k, "layer_overhead_s")) / t.core_share
     busy = compute + comm + overhead
     bubble = busy * t.bubble_fraction / (1 - t.bubble_fraction)
     return RankTime(compute_s=compute, comm_s=comm, bubble_s=bubble, overhead_s=overhead)
