@@ -98,7 +98,9 @@ def test_pipeline_bubble_is_the_schedules():
     _, terms, rt = times(run, ClusterSpec.of_nodes(["2xH100"]))
     f = bubble_fraction(pp=2, n_microbatches=4)
     busy = rt[0].step_s - rt[0].bubble_s - rt[0].wait_s
-    assert terms[0].bubble_fraction == f and rt[0].bubble_s == pytest.approx(busy * f / (1 - f))
+    # the optimizer step (its update, the step's fixed overhead) runs once, after the flush
+    piped = busy - Calibration().gpu_step_overhead_s - terms[0].memory_s
+    assert terms[0].bubble_fraction == f and rt[0].bubble_s == pytest.approx(piped * f / (1 - f))
 
 
 def test_activation_checkpointing_costs_recompute():

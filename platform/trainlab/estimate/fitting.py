@@ -18,19 +18,33 @@ import numpy as np
 from trainlab.estimate.calibration import Calibration, Observation
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.result import GB
-from trainlab.estimate.timing import StepTerms, exposed_comm, rank_times, step_terms
+from trainlab.estimate.timing import (
+    CALL_SHARE_POWER,
+    StepTerms,
+    exposed_comm,
+    pipeline_factor,
+    rank_times,
+    step_terms,
+)
 
 RIDGE = 0.003
 """Weight of the pull toward the prior, relative to one observation's relative error."""
 
 # coefficient, how the calibration field holds it (inverted: an efficiency), the term it multiplies
-_COLUMNS = (("efficiency", True), ("fp8_efficiency", True), ("emulation_cost", False),
-            ("comm_efficiency", True), ("step_overhead_s", False), ("microbatch_overhead_s", False),
-            ("layer_overhead_s", False))
+_COLUMNS = (("efficiency", True), ("half_efficiency", True), ("fp8_efficiency", True), ("emulation_cost", False),
+            ("fp16_emulation_cost", False), ("comm_efficiency", True), ("call_s", False),
+            ("step_overhead_s", False), ("microbatch_overhead_s", False), ("layer_overhead_s", False),
+            ("redistribute_s", False), ("unit_overhead_s", False), ("contended_comm_cost", False))
 
 
 def _field(kind: str, name: str) -> str:
-    return "gpu_fp8_efficiency" if name == "fp8_efficiency" else f"{kind}_{name}"
+    if name in _ONE_KIND:
+        return _ONE_KIND[name]
+    return f"{kind}_{name}"
+
+
+_ONE_KIND = {"fp8_efficiency": "gpu_fp8_efficiency", "contended_comm_cost": "cpu_contended_comm_cost"}
+"""Coefficients only one device kind has."""
 
 
 def fit_calibration(observations: list[Observation], *, prior: Calibration) -> Calibration:
@@ -72,14 +86,22 @@ def _slowest(case: tuple, cal: Calibration) -> tuple[StepTerms, Observation]:
     return terms[max(range(len(times)), key=lambda r: (times[r].step_s, -times[r].wait_s))], o
 
 
-def _row(t: StepTerms, prior: Calibration) -> list[float]:
-    """The terms each coefficient multiplies, exposed communication as the prior exposes it."""
+def _row(t: StepTerms, prior: Calibration) -> tuple[list[float], float]:
+    """The terms each coefficient multiplies (exposed communication as the prior exposes it),
+    and the part of the step no coefficient scales (the update, the links' latency)."""
     k = t.kind
     compute = rank_times([t], calibration=prior)[0].compute_s
     comm = exposed_comm(t, prior, compute_s=compute) * prior.of(k, "comm_efficiency")
     slow = 1 / t.core_share  # the overheads of a rank on a share of a core
-    return [t.compute_ideal_s, t.fp8_ideal_s, t.emulated_ideal_s, comm, slow, t.micro_batches * slow,
-            t.layer_passes * slow]
+    calls = 1 / t.core_share ** CALL_SHARE_POWER
+    piped = pipeline_factor(t)  # all but the optimizer step wait out the pipeline's bubble
+    full, half = (0.0, t.compute_ideal_s) if t.half_matmuls else (t.compute_ideal_s, 0.0)
+    row = [full * piped, half * piped, t.fp8_ideal_s * piped, t.emulated_ideal_s * piped,
+           t.fp16_emulated_ideal_s * piped, comm * piped, t.calls * calls * piped, slow,
+           t.micro_batches * slow * piped, t.layer_passes * slow * piped, t.redistributes * slow * piped,
+           t.unit_gathers * slow * piped,
+           t.comm_contended_ideal_s * max(0.0, slow - 1) * piped if k == "cpu" else 0.0]
+    return row, t.memory_s + t.latency_s * calls * piped
 
 
 def _fit_time(kind: str, cases: list, *, at: Calibration, prior: Calibration) -> dict[str, float]:
@@ -87,9 +109,9 @@ def _fit_time(kind: str, cases: list, *, at: Calibration, prior: Calibration) ->
     x0 = np.array([_coef(prior, kind, name, inverted) for name, inverted in _COLUMNS])
     rows, ys = [], []
     for t, o in cases:
-        y = (1 - t.bubble_fraction) * o.step_time_s - t.memory_s
-        rows.append(np.array(_row(t, at)) / o.step_time_s)
-        ys.append(y / o.step_time_s)
+        row, fixed = _row(t, at)
+        rows.append(np.array(row) / o.step_time_s)
+        ys.append((o.step_time_s - fixed) / o.step_time_s)
     a = np.vstack([np.array(rows), np.diag(math.sqrt(RIDGE) / x0)])
     b = np.concatenate([np.array(ys), np.full(len(x0), math.sqrt(RIDGE))])
     x = _positive_lstsq(a, b, floor=x0 * 1e-3)
@@ -97,6 +119,8 @@ def _fit_time(kind: str, cases: list, *, at: Calibration, prior: Calibration) ->
     for (name, inverted), value in zip(_COLUMNS, x):
         if kind == "cpu" and name == "fp8_efficiency":
             continue  # CPUs run no FP8 matmuls: the GPU's coefficient is not theirs to move
+        if kind == "gpu" and name == "contended_comm_cost":
+            continue  # a GPU rank has its device to itself
         out[_field(kind, name)] = float(1 / value if inverted else value)
     return out
 
