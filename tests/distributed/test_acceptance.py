@@ -68,6 +68,10 @@ def test_acceptance_command_prints_the_table_and_ends_with_fp8_over_bf16(tmp_pat
     result = json.loads((out / "acceptance.json").read_text())
     bf16, fp8 = result["rows"]
     assert bf16["tokens_seen"] == fp8["tokens_seen"] > 0  # the same tokens
+    for row in (bf16, fp8):  # trainlab.estimate's numbers for the same gang, beside the measured
+        assert row["est_tokens_per_s"] > 0 and row["est_peak_mem_gb"] > 0
+        assert f"{row['est_tokens_per_s']:,.0f}" in next(line for line in report.splitlines()
+                                                          if f"  {row['precision']} " in line)
     assert bf16["val_loss"] == pytest.approx(fp8["val_loss"], rel=0.05)
     assert fp8["tokens_per_s"] / bf16["tokens_per_s"] == pytest.approx(float(lines[-1][10:-1]), abs=0.006)
     assert result["overhead"]["status"] == "finished" and result["overhead"]["ratio"] > 0

@@ -250,3 +250,11 @@ def test_short_val_split_gives_fewer_batches_then_an_error():
     assert len(batches) == 1  # one whole round of 2 x 2 windows
     with pytest.raises(ValueError, match=r"data\.val_fraction"):
         val_batches(tokens, seq_len=8, micro_batch_size=4, num_batches=8, dp_rank=0, dp_size=2)
+
+
+@pytest.mark.parametrize("cfg", [DataConfig(name="text"), DataConfig(name="markov", vocab_size=64, num_tokens=5000)])
+def test_corpus_vocab_size_is_what_build_corpus_gives(cfg):
+    """Estimates size the embedding without building the corpus: the same vocabulary."""
+    from trainlab.data.build import build_corpus, corpus_vocab_size
+
+    assert corpus_vocab_size(cfg) == build_corpus(cfg).vocab_size

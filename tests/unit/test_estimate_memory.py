@@ -104,13 +104,13 @@ def test_sharded_layouts_hold_exactly_the_model_once_per_replica(layout, world):
 def _saved_bytes(run) -> int:
     """Bytes autograd keeps for backward of one micro-batch's forward of the real model (every
     storage a saved tensor holds, once; parameters and buffers themselves excluded)."""
-    from trainlab.estimate.shards import corpus_vocab_size
+    from trainlab.data.build import corpus_vocab_size
     from trainlab.models import build_model
     from trainlab.parallel.checkpoint import apply_activation_checkpointing
     from trainlab.precision import build_recipe
 
     torch.manual_seed(0)
-    model = build_model(run.model, vocab_size=corpus_vocab_size(run))
+    model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))
     recipe = build_recipe(run.precision, device_type="cpu")
     model = recipe.prepare(model)
     if run.parallel.activation_checkpoint != "none":

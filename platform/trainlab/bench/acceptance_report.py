@@ -44,6 +44,11 @@ def targets(result: dict, *, gpu: bool) -> list[dict]:
             for name, value, ok, fmt in rows]
 
 
+def _est(row: dict, key: str, spec: str) -> str:
+    """trainlab.estimate's number for the row, beside what it measured ('-' where none)."""
+    return format(row[key], spec) if row.get(key) is not None else "-"
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -62,17 +67,20 @@ def format_report(result: dict) -> str:
         ref = _row(result, "bf16")
         width = max(len(str(r.get("device", env["device"]))) for r in result["rows"])
         lines.append(f"{'device':<{width}}  {'mode':<15} {'compile':>7} {'tokens/s':>11} {'MFU':>6} "
-                     f"{'MFU fp8':>7} {'val loss':>9} {'vs bf16':>8} {'peak GB':>8}  status")
+                     f"{'MFU fp8':>7} {'val loss':>9} {'vs bf16':>8} {'peak GB':>8} {'est tok/s':>10} "
+                     f"{'est GB':>7}  status")
         for r in result["rows"]:
             if r.get("status") != "finished":
                 compiled = "yes" if r.get("compile") else "no"
                 lines.append(f"{env['device']:<{width}}  {r['precision']:<15} {compiled:>7} "
-                             f"{'-':>11} {'-':>6} {'-':>7} {'-':>9} {'-':>8} {'-':>8}  {r['status']}")
+                             f"{'-':>11} {'-':>6} {'-':>7} {'-':>9} {'-':>8} {'-':>8} {'-':>10} {'-':>7}  "
+                             f"{r['status']}")
                 continue
             gap = f"{100 * (r['val_loss'] - ref['val_loss']) / ref['val_loss']:+.2f}%" if ref else "-"
             lines.append(f"{r['device']:<{width}}  {r['precision']:<15} {'yes' if r['compile'] else 'no':>7} "
                          f"{r['tokens_per_s']:>11,.0f} {_pct(r['mfu']):>6} {_pct(r['mfu_fp8']):>7} "
-                         f"{r['val_loss']:>9.4f} {gap:>8} {r['peak_mem_gb']:>8.2f}  {r['status']}")
+                         f"{r['val_loss']:>9.4f} {gap:>8} {r['peak_mem_gb']:>8.2f} {_est(r, 'est_tokens_per_s', ',.0f'):>10} "
+                         f"{_est(r, 'est_peak_mem_gb', '.2f'):>7}  {r['status']}")
     overhead = result.get("overhead")
     if overhead is not None:
         model = next((o.split("=")[1] for o in overhead["overrides"] if o.startswith("model=")), "?")

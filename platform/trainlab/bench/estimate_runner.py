@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -177,16 +176,9 @@ def measure(cases: list[Case], *, steps: int, on_case: Callable[[Measured, int, 
 def _one_group(world: int, cases: list[Case], *, steps: int, timeout: float):
     """Spawn `world` ranks for `cases`; yield each case's Measured until all are done or one
     failed (yielded as 'failed'; the rest are left for a fresh group)."""
-    import torch.multiprocessing as mp
+    from trainlab.bench.spawn import start_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, out, cases, steps)) for r in range(world)]
-    for p in procs:
-        p.start()
+    procs, out = start_ranks(_rank_main, world=world, args=(cases, steps))
     clean = False
     try:
         for case in cases:

@@ -61,11 +61,24 @@ def run_precision(overrides: list[str], precision: str, world: int) -> dict:
            "device": device_name(dist_info.device), "steps": result.steps, "tokens_seen": result.tokens_seen,
            "peak_mem_gb": result.peak_mem_gb, "elapsed_s": result.elapsed_s, "model": run.model.name,
            "compile": run.train.compile, "mfu_peak": trainer.throughput.peak.source}
+    row.update(_estimated(run, device=dist_info.device.type))
     del trainer
     # the next mode compiles its own graphs: dynamo's per-function recompile limit counts
     # every mode's, and past it the later modes would silently run eager
     torch._dynamo.reset()
     return row
+
+
+def _estimated(run, *, device: str) -> dict:
+    """What trainlab.estimate said of this mode on this gang before it ran (est_tokens_per_s,
+    est_peak_mem_gb, est_bound), beside what it measured; {} where it cannot say."""
+    from trainlab.estimate.fits import estimate_run, torchrun_cluster
+
+    try:
+        est = estimate_run(run, torchrun_cluster(run, device=device))
+    except (ValueError, NotImplementedError):
+        return {}
+    return {"est_tokens_per_s": est.tokens_per_s, "est_peak_mem_gb": est.peak_mem_gb, "est_bound": est.bound}
 
 
 def _pct(x: float | None) -> str:

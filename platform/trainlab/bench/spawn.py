@@ -14,7 +14,7 @@ import queue as queue_mod
 from typing import Callable
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable, kwargs: dict, queue) -> None:
+def _worker(rank: int, world: int, port: int, queue, fn: Callable, kwargs: dict) -> None:
     import torch
 
     from trainlab.distributed import close_distributed
@@ -30,9 +30,9 @@ def _worker(rank: int, world: int, port: int, fn: Callable, kwargs: dict, queue)
         close_distributed()
 
 
-def spawn_rows(fn: Callable, *, world: int, **kwargs) -> list[dict]:
-    """Run the module-level function `fn` in `world` spawned gloo workers; rank 0's result.
-    SystemExit with the exit codes if a worker failed."""
+def start_ranks(target: Callable, *, world: int, args: tuple = ()) -> tuple[list, object]:
+    """`world` spawned processes running ``target(rank, world, port, queue, *args)`` around a free
+    127.0.0.1 rendezvous port; (the started processes, the queue they report on)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -42,9 +42,16 @@ def spawn_rows(fn: Callable, *, world: int, **kwargs) -> list[dict]:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, kwargs, queue)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, queue, *args)) for r in range(world)]
     for p in procs:
         p.start()
+    return procs, queue
+
+
+def spawn_rows(fn: Callable, *, world: int, **kwargs) -> list[dict]:
+    """Run the module-level function `fn` in `world` spawned gloo workers; rank 0's result.
+    SystemExit with the exit codes if a worker failed."""
+    procs, queue = start_ranks(_worker, world=world, args=(fn, kwargs))
     rows = None
     try:
         while rows is None:  # fail fast when a worker dies instead of waiting out the timeout

@@ -13,17 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
+from trainlab.data.build import corpus_vocab_size
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.precision.spec import spec_of
 
 RECOMPUTE = 4 / 3
 """A recomputed block costs one more forward: forward is 2 of training's 6 FLOPs per weight."""
-
-
-def vocab_of(run: RunConfig) -> int:
-    """The vocabulary the engine builds the model with: model.vocab_size, else the corpus's
-    (text: bytes, 256; markov and tokens: data.vocab_size)."""
-    return run.model.vocab_size or (256 if run.data.name == "text" else run.data.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -71,7 +66,7 @@ class ModelShape:
 
 
 def model_shape(run: RunConfig) -> ModelShape:
-    args = resolve_dims(run.model, vocab_size=vocab_of(run))
+    args = resolve_dims(run.model, vocab_size=corpus_vocab_size(run.data))
     d, hd = args.dim, args.head_dim
     linear = d * args.n_heads * hd * 2 + 2 * d * args.n_kv_heads * hd + 3 * d * args.ffn_dim
     spec = spec_of(run.precision.name)

@@ -22,6 +22,7 @@ from torch import nn
 
 from trainlab.config import RunConfig, parallel_dims
 from trainlab.config.validate import ParallelDims, pp_virtual_stages
+from trainlab.data.build import corpus_vocab_size
 from trainlab.parallel.mesh import MeshCoords, coords
 
 
@@ -79,14 +80,6 @@ def zero1_partition(numels: list[list[int]], world: int) -> list[list[list[int]]
 
 
 # ---------------------------------------------------------------------------------------
-def corpus_vocab_size(run: RunConfig) -> int:
-    """The corpus's vocabulary without building the corpus (data.text: its byte vocabulary)."""
-    if run.data.name == "text":
-        from trainlab.data.text import VOCAB_SIZE
-
-        return VOCAB_SIZE
-    return int(run.data.vocab_size)
-
 
 def prepared_model(run: RunConfig, *, device_type: str, fsdp_backend: str = "") -> tuple[nn.Module, object]:
     """(the model on the meta device after the precision recipe's prepare, the recipe), as
@@ -95,7 +88,7 @@ def prepared_model(run: RunConfig, *, device_type: str, fsdp_backend: str = "") 
     from trainlab.precision.spec import spec_of
 
     with torch.device("meta"):
-        model = build_model(run.model, vocab_size=corpus_vocab_size(run))
+        model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))
     spec = spec_of(run.precision.name)
     # the recipe class's own build, not precision.build_recipe: that also switches TF32 on this
     # process's CUDA backend, a side effect an estimate must not have
