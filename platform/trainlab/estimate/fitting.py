@@ -19,7 +19,6 @@ from trainlab.estimate.calibration import Calibration, Observation
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.result import GB
 from trainlab.estimate.timing import (
-    CALL_SHARE_POWER,
     StepTerms,
     exposed_comm,
     pipeline_factor,
@@ -93,15 +92,14 @@ def _row(t: StepTerms, prior: Calibration) -> tuple[list[float], float]:
     compute = rank_times([t], calibration=prior)[0].compute_s
     comm = exposed_comm(t, prior, compute_s=compute) * prior.of(k, "comm_efficiency")
     slow = 1 / t.core_share  # the overheads of a rank on a share of a core
-    calls = 1 / t.core_share ** CALL_SHARE_POWER
     piped = pipeline_factor(t)  # all but the optimizer step wait out the pipeline's bubble
     full, half = (0.0, t.compute_ideal_s) if t.half_matmuls else (t.compute_ideal_s, 0.0)
     row = [full * piped, half * piped, t.fp8_ideal_s * piped, t.emulated_ideal_s * piped,
-           t.fp16_emulated_ideal_s * piped, comm * piped, t.calls * calls * piped, slow,
+           t.fp16_emulated_ideal_s * piped, comm * piped, t.calls * slow * piped, slow,
            t.micro_batches * slow * piped, t.layer_passes * slow * piped, t.redistributes * slow * piped,
            t.unit_gathers * slow * piped,
            t.comm_contended_ideal_s * max(0.0, slow - 1) * piped if k == "cpu" else 0.0]
-    return row, t.memory_s + t.latency_s * calls * piped
+    return row, t.memory_s + t.latency_s * slow * piped
 
 
 def _fit_time(kind: str, cases: list, *, at: Calibration, prior: Calibration) -> dict[str, float]:

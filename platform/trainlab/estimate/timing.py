@@ -22,7 +22,16 @@ per micro-batch for zero2, two for fsdp/hsdp) and one reduce-scatter on the last
 prefetched behind compute (the first block's gather exposed); HSDP's all-reduce across replicas;
 TP's two all-reduces per block forward and two backward (reduce-scatter + all-gather pairs of the
 same volume with sequence parallel); PP's activations and gradients between stages per
-micro-batch. The pipeline bubble by schedule (parallel.pp.bubble_fraction).
+micro-batch, and the stage replicas' all-reduce after the flush. Bytes cost their time over the
+link at comm_efficiency; each call costs call_s more and its links' latency (estimate.calls
+counts the calls of every layout), a tensor-parallel one a DTensor redistribute (redistribute_s),
+an FSDP2 unit's gather or reduce-scatter its hooks and copies (unit_overhead_s). CPU ranks that
+outnumber the cores pay their Python at their share of a core, and the communication that runs
+while other ranks compute waits for descheduled peers (contended_comm_cost).
+
+The pipeline bubble by schedule (parallel.pp.bubble_fraction) stretches the micro-batches'
+work, not the optimizer step after the flush; on ranks that share cores an idle stage's core
+goes to the others, so the bubble costs only what the cores leave (pipeline_factor).
 """
 
 from __future__ import annotations
@@ -256,10 +265,7 @@ def pipeline_factor(t: StepTerms) -> float:
 def call_seconds(t: StepTerms, cal: Calibration) -> float:
     """The collective calls' own cost: call_s each, plus their links' latency. A rank on a share
     of a core pays both that many times over: each call waits for peers the OS has descheduled."""
-    return (t.calls * cal.of(t.kind, "call_s") + t.latency_s) / t.core_share ** CALL_SHARE_POWER
-
-
-CALL_SHARE_POWER = 1.0
+    return (t.calls * cal.of(t.kind, "call_s") + t.latency_s) / t.core_share
 
 
 def contended_seconds(t: StepTerms, cal: Calibration) -> float:
