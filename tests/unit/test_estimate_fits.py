@@ -90,3 +90,23 @@ def test_a_trial_planned_in_process_carries_its_estimate():
     assert plan.estimate is not None
     assert [r.device.name for r in plan.estimate.ranks] == ["cpu", "cpu"]
     assert plan.estimate.tokens_per_step == estimate_trial(run, ClusterSpec.cpu(ranks=2)).tokens_per_step
+
+
+def test_a_planned_estimate_refuses_a_gpu_gang_warns_a_cpu_one_and_lets_an_unknown_device_go_on():
+    """The one rule the Ray driver and torchrun apply (estimate.fits.checked_estimate)."""
+    from trainlab.config import ConfigError
+    from trainlab.estimate.fits import checked_estimate
+
+    run = compose_run_config(["model=7b", "parallel=ddp", "precision=fp16", "cluster.num_workers=2"])
+    est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]))
+    warned: list[str] = []
+    with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* holds [\d.]+ GB .*fix: parallel=fsdp"):
+        checked_estimate(run, lambda: est, gpus=True, warn=warned.append)
+    assert checked_estimate(run, lambda: est, gpus=False, warn=warned.append) is est
+    assert len(warned) == 1 and "does not fit" in warned[0]
+
+    def unknown():
+        raise ValueError("cluster.nodes entry 'X1' is not a GPU type the estimate knows")
+
+    assert checked_estimate(run, unknown, gpus=True, warn=warned.append) is None
+    assert warned[-1].startswith("no estimate of the trial: cluster.nodes")

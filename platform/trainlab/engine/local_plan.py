@@ -30,22 +30,11 @@ def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
 
 
 def local_estimate(run: RunConfig, *, device: str):
-    """The trial's estimate on the gang torchrun started (trainlab.estimate); ConfigError with the
-    numbers and the fix where it does not fit its GPUs (on CPU, a warning: the host's memory is
-    shared). None where the estimate cannot be made: the trial goes on unestimated."""
+    """The trial's estimate on the gang torchrun started (estimate.fits.checked_estimate: refused
+    where it does not fit its GPUs, warned on CPU, None where it cannot be made)."""
     import warnings
 
-    from trainlab.config import ConfigError
-    from trainlab.estimate.fits import estimate_run, refusal, torchrun_cluster
+    from trainlab.estimate.fits import checked_estimate, estimate_run, torchrun_cluster
 
-    try:
-        est = estimate_run(run, torchrun_cluster(run, device=device))
-    except (ValueError, NotImplementedError) as e:  # a device or layout it has no numbers for
-        warnings.warn(f"no estimate of the trial: {e}", stacklevel=2)
-        return None
-    why = refusal(run, est)
-    if why and device == "cuda":
-        raise ConfigError(why)
-    if why:
-        warnings.warn(why, stacklevel=2)
-    return est
+    return checked_estimate(run, lambda: estimate_run(run, torchrun_cluster(run, device=device)),
+                            gpus=device == "cuda", warn=lambda m: warnings.warn(m, stacklevel=3))

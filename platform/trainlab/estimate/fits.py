@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
 
@@ -142,3 +142,24 @@ def refusal(run: RunConfig, est: Estimate) -> str | None:
     where = " + ".join(sorted({f"{r.device.name}" for r in est.ranks}))
     return (f"the trial does not fit its devices ({where}), by its estimate (trainlab estimate): "
             f"{memory_line(est)}; fix: {'; or '.join(fixes(run, est))}")
+
+
+def checked_estimate(run: RunConfig, estimate: Callable[[], Estimate], *, gpus: bool,
+                     warn: Callable[[str], None]) -> Estimate | None:
+    """`estimate()` where a trial is planned (the Ray driver, torchrun): ConfigError with the numbers
+    and the fix when it does not fit a GPU gang; on CPU a warning only (the host's memory is shared
+    with everything else it runs). None, warned, where it cannot be made (a device or layout it has
+    no numbers for): the trial goes on unestimated."""
+    from trainlab.config import ConfigError
+
+    try:
+        est = estimate()
+    except (ValueError, NotImplementedError) as e:
+        warn(f"no estimate of the trial: {e}")
+        return None
+    why = refusal(run, est)
+    if why and gpus:
+        raise ConfigError(why)
+    if why:
+        warn(why)
+    return est

@@ -59,25 +59,14 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
 
 
 def launch_estimate(run: RunConfig, gang: GangShape):
-    """The trial's estimate on the devices it was placed on; ConfigError, with the numbers and
-    the fix, for a GPU gang it does not fit (placement let the type through: a mixed gang's
-    weighted split can still overfill one). A CPU trial that may not fit is warned about only:
-    its host memory is shared with everything else the machine runs. None where the estimate
-    cannot be made (a device type it has no numbers for): the trial goes on unestimated."""
-    from trainlab.estimate.fits import refusal
+    """The trial's estimate on the devices it was placed on (estimate.fits.checked_estimate):
+    refused for a GPU gang it does not fit (placement let the type through: a mixed gang's
+    weighted split can still overfill one), warned for CPU, None where it cannot be made."""
+    from trainlab.estimate.fits import checked_estimate
     from trainlab.launch.estimate_cluster import placed_estimate
 
-    try:
-        est = placed_estimate(run, gang)
-    except (ValueError, NotImplementedError) as e:  # a device or layout it has no numbers for
-        console.print(f"[yellow]warning:[/] no estimate of the trial: {e}")
-        return None
-    why = refusal(run, est)
-    if why and gang.gpus:
-        raise ConfigError(why)
-    if why:
-        console.print(f"[yellow]warning:[/] {why}")
-    return est
+    return checked_estimate(run, lambda: placed_estimate(run, gang), gpus=gang.gpus,
+                            warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 
 def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
