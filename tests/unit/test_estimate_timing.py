@@ -131,6 +131,22 @@ def test_a_slower_gpu_makes_the_step_and_the_weighted_split_recovers_it():
     assert max(t.step_s for t in weighted) < max(t.step_s for t in equal)
 
 
+def test_a_weighted_splits_faster_gpu_holds_its_larger_micro_batches():
+    """dp_balance=weighted cuts every rank's share into the same number of micro-batches: the
+    H100's are larger, and so are its activations and logits (the state is the same)."""
+    from trainlab.estimate import estimate_trial
+
+    base = ["model=1b", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.global_batch_size=32",
+            "train.micro_batch_size=4"]
+    mixed = ClusterSpec.of_nodes(["1xH100", "1xA100"])
+    equal = estimate_trial(compose_run_config(base), mixed)
+    weighted = estimate_trial(compose_run_config(base + ["parallel.dp_balance=weighted"]), mixed)
+    h100, a100 = (r.memory for r in weighted.ranks)
+    assert h100.state == a100.state == equal.ranks[0].memory.state
+    assert h100.activations > equal.ranks[0].memory.activations > a100.activations
+    assert h100.buffers > a100.buffers
+
+
 def test_too_few_devices_are_refused_naming_the_workers():
     with pytest.raises(ValueError, match="cluster.num_workers=8"):
         times(BIG + ["parallel=fsdp", "cluster.num_workers=8"], ClusterSpec.of_nodes(["4xH100"]))

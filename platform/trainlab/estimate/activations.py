@@ -35,7 +35,7 @@ from torch import nn
 
 from trainlab.config import RunConfig
 from trainlab.config.validate import pp_microbatches
-from trainlab.estimate.shards import Layout, rank_shards, stage_modules
+from trainlab.estimate.shards import Sharding, rank_shards, stage_modules
 from trainlab.parallel.mesh import coords
 
 F32 = 4
@@ -126,7 +126,7 @@ def in_flight(run: RunConfig, *, pp_rank: int) -> tuple[int, int]:
     """(micro-batches whose activations a pipeline rank holds at its peak, in chunks of one
     stage; stages per rank). Without a pipeline: one micro-batch (accumulation frees each
     micro-batch's activations in its backward)."""
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     pp, v = layout.dims.pp, layout.virtual_stages
     if pp == 1:
         return 1, 1
@@ -144,17 +144,19 @@ def in_flight(run: RunConfig, *, pp_rank: int) -> tuple[int, int]:
 
 def micro_batch(run: RunConfig) -> int:
     """Sequences of one micro-batch: train.micro_batch_size, or a pipeline's batch over its m."""
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     if layout.dims.pp == 1:
         return run.train.micro_batch_size
     return run.train.global_batch_size // layout.dims.dp // pp_microbatches(run)
 
 
-def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, device_type: str) -> Activations:
-    layout = Layout.of(run)
+def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, device_type: str,
+                     sequences: int | None = None) -> Activations:
+    """`sequences`: this rank's micro-batch where it is not the config's (a weighted split)."""
+    layout = Sharding.of(run)
     at = coords(rank, layout.dims)
     a = compute_bytes(run, model=model, recipe=recipe)
-    tokens = micro_batch(run) * run.train.seq_len
+    tokens = (sequences or micro_batch(run)) * run.train.seq_len
     full, kept = block_bytes(run, model=model, recipe=recipe, tokens=tokens)
     parts = stage_modules(model, layout, at.pp_rank)
     chunks, stages = in_flight(run, pp_rank=at.pp_rank)
@@ -180,7 +182,7 @@ def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, dev
     return Activations(activations=int(acts), buffers=int(buffers))
 
 
-def _comm_buffers(run: RunConfig, *, model: nn.Module, layout: Layout, grads: int, rank: int) -> int:
+def _comm_buffers(run: RunConfig, *, model: nn.Module, layout: Sharding, grads: int, rank: int) -> int:
     if layout.dims.dp == 1 and layout.dims.tp == 1:
         return 0
     if layout.fsdp:

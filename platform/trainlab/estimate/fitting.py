@@ -71,11 +71,11 @@ ITERATIONS = 4
 
 def _case(o: Observation) -> tuple[list[StepTerms], Observation, list, Layout]:
     """The observation's terms of every rank, with its memories."""
-    from trainlab.estimate.trial import _rank_memories
+    from trainlab.estimate.trial import memories_on
 
     layout = Layout.of(o.run, o.cluster)
     device_type = "cpu" if layout.hardware[0].type == "cpu" else "cuda"
-    memories = _rank_memories(o.run, device_type)
+    memories = memories_on(layout, device_type=device_type)
     return step_terms(o.run, layout=layout, state_bytes=[m.state for m in memories]), o, memories, layout
 
 

@@ -14,6 +14,7 @@ micro-batches in flight and the transient buffers at the peak.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,8 @@ from torch import nn
 from trainlab.config import RunConfig
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
-    Layout,
     Shard,
+    Sharding,
     optimizer_shards,
     prepared_model,
     rank_shards,
@@ -49,24 +50,30 @@ class StateBytes:
     """The model's own buffers (rotary tables), one copy per pipeline stage held."""
 
 
-def rank_memories(run: RunConfig, *, device_type: str) -> list[RankMemory]:
+def rank_memories(run: RunConfig, *, device_type: str,
+                  micro_batches: Sequence[int] | None = None) -> list[RankMemory]:
     """One RankMemory per global rank of `run` on devices of `device_type` ("cuda" or "cpu":
-    it decides which casts are emulated, as on the workers). `runtime` is left 0."""
+    it decides which casts are emulated, as on the workers). `runtime` is left 0.
+    `micro_batches`: per data-parallel rank, the sequences of its largest micro-batch where the
+    batch is not split equally (parallel.dp_balance=weighted gives faster ranks larger ones);
+    None = the config's micro-batch on every rank."""
     from trainlab.distributed import backend_for
     from trainlab.estimate.activations import rank_activations
     from trainlab.parallel import fsdp_shards
 
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     backend = backend_for(device_type) if fsdp_shards(layout.dims, run.parallel) else ""
     model, recipe = prepared_model(run, device_type=device_type, fsdp_backend=backend)
     out: list[RankMemory] = []
     cache: dict[tuple, RankMemory] = {}
     for rank in range(layout.dims.world_size):
         at = coords(rank, layout.dims)
-        key = (at.pp_rank, at.tp_rank, at.dp_rank if layout.fsdp or layout.zero1 else 0)
+        sequences = micro_batches[at.dp_rank] if micro_batches else None
+        key = (at.pp_rank, at.tp_rank, at.dp_rank if layout.fsdp or layout.zero1 else 0, sequences)
         if key not in cache:
             state = state_bytes(run, model=model, recipe=recipe, rank=rank)
-            act = rank_activations(run, model=model, recipe=recipe, rank=rank, device_type=device_type)
+            act = rank_activations(run, model=model, recipe=recipe, rank=rank, device_type=device_type,
+                                   sequences=sequences)
             cache[key] = RankMemory(params=state.params, grads=state.grads, optim_state=state.optim_state,
                                     fp8_state=state.fp8_state, activations=act.activations,
                                     buffers=act.buffers + state.model_buffers)
@@ -79,7 +86,7 @@ def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int) -> State
     shards = rank_shards(model, run, rank=rank)
     params = sum(s.nbytes for s in shards)
     owned = optimizer_shards(shards, run, rank=rank)
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     parts = stage_modules(model, layout, coords(rank, layout.dims).pp_rank)
     return StateBytes(params=params, grads=sum(s.grad_nbytes for s in shards),
                       optim_state=optim_state_bytes(owned, run, all_shards=shards),

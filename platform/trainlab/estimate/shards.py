@@ -98,7 +98,7 @@ def prepared_model(run: RunConfig, *, device_type: str, fsdp_backend: str = "") 
 
 
 @dataclass(frozen=True)
-class Layout:
+class Sharding:
     """The layout's degrees and sharding, as parallelize() decides them."""
 
     dims: ParallelDims
@@ -111,7 +111,7 @@ class Layout:
     virtual_stages: int
 
     @classmethod
-    def of(cls, run: RunConfig) -> Layout:
+    def of(cls, run: RunConfig) -> Sharding:
         from trainlab.parallel import fsdp_shards
 
         dims = parallel_dims(run)
@@ -123,7 +123,7 @@ class Layout:
                    virtual_stages=pp_virtual_stages(run) if dims.pp > 1 else 1)
 
 
-def stage_modules(model: nn.Module, layout: Layout, pp_rank: int) -> list[nn.Module]:
+def stage_modules(model: nn.Module, layout: Sharding, pp_rank: int) -> list[nn.Module]:
     """The modules this pipeline rank holds: its stages (split_stages' copies), or the model."""
     if layout.dims.pp == 1:
         return [model]
@@ -149,7 +149,7 @@ def _stages(model: nn.Module, pp_rank: int, pp: int, virtual: int) -> list[nn.Mo
 def rank_shards(model: nn.Module, run: RunConfig, *, rank: int) -> list[Shard]:
     """The parameters global rank `rank` stores, in the optimizer's order (model.parameters()
     of what the trainer trains), each with its local shape."""
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     at = coords(rank, layout.dims)
     shards: list[Shard] = []
     for part in stage_modules(model, layout, at.pp_rank):
@@ -179,7 +179,7 @@ def _is_embedding(part: nn.Module, param_name: str) -> bool:
     return isinstance(part.get_submodule(param_name.rpartition(".")[0]), nn.Embedding)
 
 
-def _tp_dims(part: nn.Module, layout: Layout, sequence_parallel: bool) -> dict[str, int]:
+def _tp_dims(part: nn.Module, layout: Sharding, sequence_parallel: bool) -> dict[str, int]:
     if layout.dims.tp == 1 or layout.dims.pp > 1:  # parallelize() applies no TP to pipeline stages
         return {}
     from trainlab.parallel.tp import param_shard_dims
@@ -187,7 +187,7 @@ def _tp_dims(part: nn.Module, layout: Layout, sequence_parallel: bool) -> dict[s
     return param_shard_dims(part, sequence_parallel=sequence_parallel)
 
 
-def _shard_index(at: MeshCoords, layout: Layout) -> int:
+def _shard_index(at: MeshCoords, layout: Sharding) -> int:
     """This rank's place in its FSDP2 group: HSDP's mesh is (dp_replicate, dp_shard), the
     shard dimension inner."""
     return at.dp_rank % layout.shard_size
@@ -196,7 +196,7 @@ def _shard_index(at: MeshCoords, layout: Layout) -> int:
 def optimizer_shards(shards: list[Shard], run: RunConfig, *, rank: int) -> list[Shard]:
     """The parameters whose optimizer states rank `rank` holds: all of its own, or under
     ZeRO-1 its partition (engine.schedule's groups: decay first, then no-decay)."""
-    layout = Layout.of(run)
+    layout = Sharding.of(run)
     if not layout.zero1:
         return shards
     groups = [[s for s in shards if s.decay], [s for s in shards if not s.decay]]

@@ -25,7 +25,7 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibra
     cal = calibration or Calibration()
     layout = Layout.of(run, cluster)
     device_type = "cpu" if layout.hardware[0].type == CPU else "cuda"
-    memories = [_calibrated(m, cal, device_type=device_type) for m in _rank_memories(run, device_type)]
+    memories = [_calibrated(m, cal, device_type=device_type) for m in memories_on(layout, device_type=device_type)]
     times = rank_times(step_terms(run, layout=layout, state_bytes=[m.state for m in memories]), calibration=cal)
     dtype = spec_of(run.precision.name).matmul_dtype(run.precision.hp_dtype)
     if dtype == "fp32" and run.precision.tf32 and device_type == "cuda":
@@ -43,10 +43,19 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibra
                     calibration=cal.source, notes=notes)
 
 
-def _rank_memories(run: RunConfig, device_type: str) -> list[RankMemory]:
+def memories_on(layout: Layout, *, device_type: str) -> list[RankMemory]:
+    """Each rank's memory (estimate.memory, uncalibrated) with its share of the batch."""
     from trainlab.estimate.memory import rank_memories
 
-    return rank_memories(run, device_type=device_type)
+    return rank_memories(layout.run, device_type=device_type, micro_batches=_largest_micro_batches(layout))
+
+
+def _largest_micro_batches(layout: Layout) -> list[int] | None:
+    """Per data-parallel rank, its largest micro-batch where the split is not equal (the engine's
+    shares, estimate.layout): a faster rank of a weighted split holds a larger one."""
+    if layout.run.parallel.dp_balance == "equal" or len(layout.shares) <= 1:
+        return None
+    return [-(-sequences // micro) for sequences, micro in layout.shares]
 
 
 def _calibrated(m: RankMemory, cal: Calibration, *, device_type: str) -> RankMemory:
