@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Callable
 
 USAGE = """usage: trainlab <command> [args]
 
@@ -26,61 +28,66 @@ commands:
 """
 
 
+def _train(_command: str, rest: list[str]) -> None:
+    from trainlab.ray_job import job_overrides
+    from trainlab.shell_completion import hydra_argv
+
+    rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
+    sys.argv = hydra_argv(sys.argv[0], rest)  # Hydra parses sys.argv
+    try:
+        from trainlab import train
+
+        train.main()
+    except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
+        from trainlab.launch.interrupt import release_cluster
+
+        release_cluster()
+        print("interrupted before training started", file=sys.stderr)
+        sys.exit(130)
+
+
+def _entry(module: str, *, with_command: bool = False) -> Callable[[str, list[str]], None]:
+    """A subcommand whose `main(rest)` (or `main(command, rest)`) lives in `module`, imported
+    only when it runs: `trainlab compare` must not pay for Ray, nor a TAB for anything."""
+    def run(command: str, rest: list[str]) -> None:
+        entry = importlib.import_module(module).main
+        entry(command, rest) if with_command else entry(rest)
+
+    return run
+
+
+COMMANDS: dict[str, Callable[[str, list[str]], None]] = {
+    "train": _train,
+    "estimate": _entry("trainlab.estimate.cli"),
+    "compare": _entry("trainlab.compare"),
+    "calibrate": _entry("trainlab.calibrate"),
+    "bench": _entry("trainlab.bench"),
+    "submit": _entry("trainlab.jobs", with_command=True),
+    "status": _entry("trainlab.jobs", with_command=True),
+    "logs": _entry("trainlab.jobs", with_command=True),
+    "stop": _entry("trainlab.jobs", with_command=True),
+    "import-spill": _entry("trainlab.tracking.import_spill"),
+}
+"""Every subcommand, in the order completion offers them (shell_completion reads this table)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
-    from trainlab.shell_completion import hydra_argv, is_completion_call
+    from trainlab.shell_completion import is_completion_call
 
     if is_completion_call(argv):  # Hydra's bash hook runs `trainlab -sc query=bash` at every TAB
         command, rest = "train", argv
+    if command not in COMMANDS:
+        print(f"trainlab: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
     from trainlab.launch.ray_auth import token_mode
 
     token_mode()  # before anything imports ray
-    if command == "train":
-        from trainlab.ray_job import job_overrides
-
-        rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
-        sys.argv = hydra_argv(sys.argv[0], rest)  # Hydra parses sys.argv
-        try:
-            from trainlab import train
-
-            train.main()
-        except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
-            from trainlab.launch.interrupt import release_cluster
-
-            release_cluster()
-            print("interrupted before training started", file=sys.stderr)
-            sys.exit(130)
-    elif command == "estimate":
-        from trainlab.estimate.cli import main as estimate_main
-
-        estimate_main(rest)
-    elif command == "compare":
-        from trainlab.compare import main as compare_main
-
-        compare_main(rest)
-    elif command == "calibrate":
-        from trainlab.calibrate import main as calibrate_main
-
-        calibrate_main(rest)
-    elif command == "bench":
-        from trainlab.bench import main as bench_main
-
-        bench_main(rest)
-    elif command == "import-spill":
-        from trainlab.tracking.import_spill import main as import_main
-
-        import_main(rest)
-    elif command in ("submit", "status", "logs", "stop"):
-        from trainlab.jobs import main as jobs_main
-
-        jobs_main(command, rest)
-    else:
-        print(f"trainlab: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-        sys.exit(2)
+    COMMANDS[command](command, rest)
 
 
 if __name__ == "__main__":

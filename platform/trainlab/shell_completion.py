@@ -18,8 +18,6 @@ import re
 import sys
 
 SHELL_COMPLETION_FLAGS = ("-sc", "--shell-completion")
-SUBCOMMANDS = ("train", "estimate", "compare", "bench", "submit", "status", "logs", "stop", "import-spill",
-               "calibrate")
 
 
 def is_completion_call(args: list[str]) -> bool:
@@ -55,7 +53,9 @@ def _retarget_query() -> None:
     words = line.split()
     cursor = len(words) if not line or line[-1].isspace() else len(words) - 1  # the word's index
     if cursor == 1:
-        print("\n".join(SUBCOMMANDS))  # the hook keeps those that start with the word typed
+        from trainlab.cli import COMMANDS
+
+        print("\n".join(COMMANDS))  # the hook keeps those that start with the word typed
         # (a line each: bash's compgen -W splits on newlines too, fish's hook reads lines)
         sys.exit(0)
     # `estimate` takes `train`'s overrides: the same Hydra app completes them
