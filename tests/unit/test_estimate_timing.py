@@ -229,3 +229,14 @@ def test_more_cpu_ranks_than_cores_share_them(monkeypatch):
     (share2, busy2), (share4, busy4) = step(2), step(4)
     assert (share2, share4) == (1.0, 0.5)
     assert busy4 == pytest.approx(2 * busy2, rel=0.15)  # the optimizer's memory-bound update is not scaled
+
+
+def test_fsdp_gathers_in_the_dtype_the_spec_gives_parallelize():
+    """fp16 emulated on CPU gathers fp32 parameters (PrecisionSpec.fsdp_param_dtype), as the
+    engine does, not the fp16 a copy of the spec's rule took: the same bytes as fp32 there."""
+    base = ["model=small", "parallel=fsdp", "cluster.num_workers=2"]
+    cpu = ClusterSpec.cpu(ranks=2)
+    fp16, fp32, bf16 = (times(base + [f"precision={p}"], cpu)[1][0].comm_overlap_ideal_s
+                        for p in ("fp16", "fp32", "bf16"))
+    assert fp16 == pytest.approx(fp32)
+    assert bf16 < fp32  # bf16 autocast gathers bf16 parameters

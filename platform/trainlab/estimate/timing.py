@@ -167,8 +167,11 @@ def _comm(run: RunConfig, *, layout: Layout, rank: int, shape: ModelShape, block
     dims = parallel_dims(run)
     pure = spec.low_precision_params  # bf16_pure: parameters and gradients are bf16
     grad_b = 2 if pure else _BYTES[p.comm_dtype]
-    param_dtype = "bf16" if pure else (prec.hp_dtype if spec.param_dtype == "hp" else spec.param_dtype) or "fp32"
-    gather_b = _BYTES[param_dtype]
+    # FSDP2 gathers in the dtype parallelize() gives it (the spec decides; emulated casts gather
+    # full precision), else in the parameters' own: bf16 for bf16_pure, fp32 masters otherwise
+    emulated = emulates(prec, device_type="cpu" if layout.hardware[rank].type == "cpu" else "cuda")
+    gathered = spec.fsdp_param_dtype(prec.hp_dtype, emulated=emulated)
+    gather_b = gathered.itemsize if gathered is not None else (2 if pure else 4)
     act_b = _BYTES.get(spec.matmul_dtype(prec.hp_dtype), 4)
     n_local = shape.local_params(blocks, dims.tp)
     fixed = overlapped = contended = 0.0
