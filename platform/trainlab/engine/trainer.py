@@ -49,6 +49,7 @@ from trainlab.engine.state import (
 from trainlab.events import TrialResult
 from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
+from trainlab.parallel.tp import clip_grads_with_norm_
 from trainlab.precision import PrecisionRecipe
 from trainlab.telemetry import (
     GradNormWindow,
@@ -251,7 +252,7 @@ class Trainer:
         if self.run.optim.grad_clip:
             # a non-finite norm clips by 0 + eps: the coefficient clamps to 1, gradients unchanged
             finite = torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
-            torch.nn.utils.clip_grads_with_norm_(params, self.run.optim.grad_clip, finite)
+            clip_grads_with_norm_(params, self.run.optim.grad_clip, finite)
         return norm
 
     def _nonfinite_origin(self, inputs: list[torch.Tensor], *, loss_finite: bool) -> str:

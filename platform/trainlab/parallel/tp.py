@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
@@ -190,4 +191,23 @@ def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = 
     return model
 
 
-__all__ = ["apply_tp", "check_tp", "param_shard_dims", "tp_plan"]
+def clip_grads_with_norm_(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """torch.nn.utils.clip_grads_with_norm_ (scale every gradient by max_norm / total_norm when
+    that is below 1), except that gradients held as Partial DTensors are scaled one by one.
+
+    Under tensor parallelism the replicated norms' gradients come back Partial (one addend per
+    rank). torch 2.11's in-place foreach multiply, which clip_grads_with_norm_ uses, leaves a
+    Partial DTensor unscaled (checked with two gloo ranks: [Shard, Partial] * 0.5 scales only
+    the Shard one; 2.13 scales both); a per-tensor mul_ scales it on both."""
+    def partial_grad(p: torch.Tensor) -> bool:
+        return isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)
+
+    one_by_one = [p for p in params if p.grad is not None and partial_grad(p)]
+    rest = [p for p in params if p.grad is not None and not partial_grad(p)]
+    if rest:
+        torch.nn.utils.clip_grads_with_norm_(rest, max_norm, total_norm)
+    if one_by_one:
+        torch.nn.utils.clip_grads_with_norm_(one_by_one, max_norm, total_norm, foreach=False)
+
+
+__all__ = ["apply_tp", "check_tp", "clip_grads_with_norm_", "param_shard_dims", "tp_plan"]
