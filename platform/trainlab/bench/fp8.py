@@ -202,8 +202,10 @@ def main(argv: list[str]) -> None:
             print0(f"{mode} failed: {type(e).__name__}: {e}")
             rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}"})
         if args.json and int(os.environ.get("RANK", "0")) == 0:  # after each mode: a crash keeps the rest
-            with open(args.json, "w") as f:
+            # whole or not at all: a driver reads it while this process runs
+            with open(f"{args.json}.part", "w") as f:
                 json.dump({"overrides": overrides, "world_size": world, "rows": rows}, f, indent=1)
+            os.replace(f"{args.json}.part", args.json)
         # dynamo's compiled code, torch flags (fp32+tf32's TF32), RNG, memory: back to capture
         state.after_trial(barrier=world > 1 and "tokens_per_s" in rows[-1])
     done = [r for r in rows if "tokens_per_s" in r]
