@@ -310,19 +310,22 @@ def run_overhead(children: Children, *, overrides: list[str], repeats: int) -> d
     return result
 
 
-def run_tests(children: Children, *, select: str, out: Path, deadline: float) -> dict:
-    """pytest tests/gpu, its output echoed as it comes (tests/gpu/conftest.py prints each
-    failure's reason under its name), SIGINT at `deadline` so the summary and XML are written."""
+def run_tests(children: Children, *, select: str, out: Path, deadline: float, path: str = "tests/gpu",
+              cwd: Path = REPO) -> dict:
+    """pytest `path`, its output echoed as it comes (tests/gpu/conftest.py prints each failure's
+    reason under its name), SIGINT at `deadline` so the summary and XML are still written."""
     junit = out / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", select, "-v", "-p", "no:cacheprovider", "-rfEs",
+    cmd = [sys.executable, "-m", "pytest", path, "-m", select, "-v", "-p", "no:cacheprovider", "-rfEs",
            f"--junitxml={junit}"]
-    code, output = children.run("tests", cmd, cwd=REPO, echo=True, deadline=deadline,
+    code, output = children.run("tests", cmd, cwd=cwd, echo=True, deadline=deadline,
                                 interrupt_s=PYTEST_INTERRUPT_S)
-    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
-    failed = [line for line in output.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    if not failed:  # cut before pytest's own summary: the names and reasons printed as they came
-        failed = [line.strip() for line in output.splitlines() if re.search(r"(FAILED|ERROR)\s*(\[|$)", line)
-                  or line.startswith("  -> ")]
+    lines = output.splitlines()
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
+    # each failure with its reason as it happened (the conftest's '  -> ' lines), then what only
+    # pytest's summary names (a module that failed to import)
+    reasons = [line.strip() for line in lines if line.startswith("  -> ")]
+    listed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    failed = reasons + [line for line in listed if not any(f" {line.split()[1]}:" in r for r in reasons)]
     text = summary[-1].strip("= ") if summary else ("out of time" if code is None else error_line(output))
     if code is None:
         text += " (stopped at the deadline)"
