@@ -275,7 +275,7 @@ def test_children_interrupt_before_kill_and_poll_while_running(tmp_path):
     polls = []
     t0 = time.monotonic()
     code, output = children.run("sleeper", [sys.executable, "-c", script], poll=lambda: polls.append(1),
-                                deadline=time.monotonic() + 3, interrupt_s=10)
+                                deadline=time.monotonic() + 6, interrupt_s=10)
     assert code is None and time.monotonic() - t0 < 15
     assert "started" in output and "interrupted: writing the summary" in output
     assert len(polls) >= 2 and "interrupted" in (tmp_path / "log").read_text()
