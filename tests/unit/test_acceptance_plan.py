@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO
 from trainlab.bench import acceptance as acc
 from trainlab.bench import acceptance_plan as plan_mod
+from trainlab.bench import acceptance_table as acc_table
 from trainlab.bench.acceptance_children import Children
 from trainlab.bench.acceptance_report import format_report, same_tokens, table_lines
 from trainlab.bench.fp8 import step_timing, watch_tokens
@@ -194,8 +195,8 @@ def _table_run(tmp_path, children: FakeChildren, groups: list[list[str]]) -> dic
     modes = [m for g in groups for m in g]
     result = _result([{"precision": m, "status": "pending"} for m in modes])
     children.out = tmp_path
-    table = acc.Table(result, flush=lambda: write_report(tmp_path, result), estimate_s={m: 30.0 for m in modes})
-    acc.run_table(children, [plan_mod.Group(g) for g in groups], overrides=[], work=tmp_path, table=table)
+    table = acc_table.Table(result, flush=lambda: write_report(tmp_path, result), estimate_s={m: 30.0 for m in modes})
+    acc_table.run_table(children, [plan_mod.Group(g) for g in groups], overrides=[], work=tmp_path, table=table)
     return result
 
 
