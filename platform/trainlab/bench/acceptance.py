@@ -110,9 +110,14 @@ def _version(name: str) -> str:
 
 
 # ---- the plan ------------------------------------------------------------------------------
-def base_overrides(*, device: str, extra: list[str]) -> list[str]:
+QUICK_OVERRIDES = ("precision.keep_hp=[output]",)
+"""--quick's tiny model: its linears are all too small for FP8 to pay (keep_hp 'small'), so the
+FP8 modes would convert none; the plumbing run converts them anyway."""
+
+
+def base_overrides(*, device: str, extra: list[str], quick: bool = False) -> list[str]:
     """What every table row shares besides the model and steps (plan_mod.TABLE_DATA: the corpus)."""
-    return [*plan_mod.TABLE_DATA, "train.eval_every=0",
+    return [*plan_mod.TABLE_DATA, *(QUICK_OVERRIDES if quick else ()), "train.eval_every=0",
             # sampled numerics steps add passes and (compiled) a second graph: speed only here
             "train.numerics_every=0", "train.checkpoint_every=0", "tracking=none", "optim.lr=3e-4",
             f"cluster.device={device}", "cluster.num_workers=1", f"train.compile_unit={plan_mod.COMPILE_UNIT}",
@@ -140,7 +145,7 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
     from trainlab.engine.isolation import compiles
 
     dev, costs = device.type, plan_mod.COSTS[device.type]
-    base = base_overrides(device=dev, extra=args.overrides)
+    base = base_overrides(device=dev, extra=args.overrides, quick=args.quick)
     configs = mode_configs(base, modes)
     corpus = build_corpus(next(iter(configs.values())).data)
     groups = plan_mod.group_modes(configs, device=dev)
@@ -179,6 +184,8 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
                            **({"overhead": overhead_s} if overhead_s else {})},
             "budget_s": args.budget_s}
     total = (table.total_s if "table" in parts else costs.env_s) + overhead_s + tests_s
+    # the tests run to the end of the budget at most, SIGINT PYTEST_INTERRUPT_S before it
+    tests_until = args.budget_s - REPORT_S - PYTEST_INTERRUPT_S - (total - tests_s)
     if "table" in parts:
         print(f"plan: model {sizing.model} ({sizing.params / 1e6:,.3g}M params, fp32 estimate {sizing.memory_gb:.1f} GB "
               f"of {env['memory_gb']:.0f}), {plan['data']}, {table.steps} steps x {micro} x {sizing.seq_len} "
@@ -187,16 +194,19 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
         print("processes: " + " ".join(f"[{', '.join(g.modes)}{': fresh, ' + g.why if g.why else ''}]"
                                        for g in groups), flush=True)
     print("estimate: " + ", ".join([f"{m} {s:.0f} s" for m, s in plan["estimate_s"].items()]
-                                   + ([f"tests up to {args.budget_s - total + tests_s:.0f} s"] if tests_s else []))
-          + f"; total {total:.0f} s of a {args.budget_s:.0f} s budget", flush=True)
+                                   + ([f"tests up to {tests_until:.0f} s (then stopped, names and reasons kept)"]
+                                      if tests_s else []))
+          + f"; total {total - tests_s:.0f} s{' before the tests' if tests_s else ''} of a "
+            f"{args.budget_s:.0f} s budget", flush=True)
     if total > args.budget_s:
         print("warning: the estimate is over the budget; what runs past it is stopped and reported as such",
               flush=True)
-    later_s = None
-    if "table" in parts and env["matmul_tflops"].get("bf16"):
+    later_s = None  # the later command's estimate: the headline's model and steps on this device
+    if "table" in parts and not args.quick and env["matmul_tflops"].get("bf16"):
         later_s = later_seconds(sizing, steps=table.steps, env=env, costs=costs, base=base, dev=dev,
                                 eval_batches=eval_batches, overhead=ov_sizing, overhead_shape=(ov_steps, ov_repeats))
-    plan["lease"] = plan_mod.lease_commands(model=sizing.model if "table" in parts else "", steps=table.steps,
+    plan["lease"] = plan_mod.lease_commands(model=sizing.model if "table" in parts and not args.quick else "",
+                                            steps=table.steps,
                                             later_s=later_s, tests_select=TESTS_SELECT)
     for line in lease_lines(plan["lease"]):
         print(line, flush=True)
@@ -332,7 +342,7 @@ def main(argv: list[str]) -> int:
     flush()  # the plan is in --out before anything trains
     if "table" in parts:
         print("table:", flush=True)
-        base = base_overrides(device=device.type, extra=args.overrides)
+        base = base_overrides(device=device.type, extra=args.overrides, quick=args.quick)
         overrides = table_overrides(base, sizing=plan_mod.Sizing(**plan["sizing"]), steps=plan["steps"],
                                     eval_batches=plan["eval_batches"])
         result["table_overrides"] = overrides
@@ -349,8 +359,8 @@ def main(argv: list[str]) -> int:
             f"train.max_steps={steps}", "tracking=none", f"cluster.device={device.type}", "cluster.num_workers=1"])
         flush()
     if "tests" in parts:
-        print(f"tests (-m '{args.tests}'), stopped {deadline - time.monotonic():.0f} s from now at the latest:",
-              flush=True)
+        print(f"tests (-m '{args.tests}'), stopped {deadline - PYTEST_INTERRUPT_S - time.monotonic():.0f} s "
+              "from now at the latest:", flush=True)
         result["tests"] = run_tests(children, select=args.tests, out=out.resolve(),
                                     deadline=deadline - PYTEST_INTERRUPT_S)
     flush()
