@@ -194,13 +194,15 @@ def main(argv: list[str]) -> None:
     rows = []
     state = GangState.capture()  # each mode starts as in a fresh process (engine.isolation)
     for mode in modes:
+        t0 = time.perf_counter()
         try:
             rows.append(run_precision(overrides, mode, world))
         except Exception as e:
             if not args.keep_going:
                 raise
             print0(f"{mode} failed: {type(e).__name__}: {e}")
-            rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}"})
+            rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}",
+                         "mode_s": time.perf_counter() - t0})
         if args.json and int(os.environ.get("RANK", "0")) == 0:  # after each mode: a crash keeps the rest
             # whole or not at all: a driver reads it while this process runs
             with open(f"{args.json}.part", "w") as f:
