@@ -46,6 +46,7 @@ def test_fp8_compiles_by_default_and_keeps_small_linears_in_bf16(tmp_path):
     assert tracker.tags[names.TAG_HP_LAYERS].startswith("small: layers.0.attention.wq,")
 
 
+@pytest.mark.slow  # two whole-model compiles of 1b: the acceptance table's headline measures the same
 def test_fp8_tensorwise_beats_bf16_where_its_gemms_are_big_enough(tmp_path):
     """model=1b at M = 4 x 2048 tokens per GEMM, both compiled (auto): FP8's winning regime
     (torchao: tensorwise pays from about M, K, N = 4096; 80 of 113 linears pass its filter)."""
