@@ -48,6 +48,7 @@ from trainlab.bench.acceptance_children import Children, child_env, error_line, 
 from trainlab.bench.acceptance_plan import Group
 from trainlab.bench.acceptance_report import FINISHED, format_report, lease_lines, targets, write_report
 from trainlab.bench.acceptance_table import Table, run_table
+from trainlab.bench.acceptance_tests import PYTEST_INTERRUPT_S, run_tests
 from trainlab.devices import resolve_device
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,8 +58,6 @@ TESTS_SELECT = "gpu and not slow"
 """The second command's tests: the slow one is the FP8 bench, which the table covers."""
 REPORT_S = 10.0
 """Kept at the end of every command for writing the report (and pytest's XML after SIGINT)."""
-PYTEST_INTERRUPT_S = 10.0
-"""From SIGINT to SIGKILL: pytest finishes its summary and JUnit XML meanwhile."""
 EVAL_BATCHES = 8
 OVERHEAD_BATCH = 8
 
@@ -249,30 +248,6 @@ def run_overhead(children: Children, *, overrides: list[str], repeats: int) -> d
     return result
 
 
-def run_tests(children: Children, *, select: str, out: Path, deadline: float, path: str = "tests/gpu",
-              cwd: Path = REPO) -> dict:
-    """pytest `path`, its output echoed as it comes (tests/gpu/conftest.py prints each failure's
-    reason under its name), SIGINT at `deadline` so the summary and XML are still written."""
-    junit = out / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", path, "-m", select, "-v", "-p", "no:cacheprovider", "-rfEs",
-           f"--junitxml={junit}"]
-    code, output = children.run("tests", cmd, cwd=cwd, echo=True, deadline=deadline,
-                                interrupt_s=PYTEST_INTERRUPT_S)
-    lines = output.splitlines()
-    summary = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
-    # each failure with its reason as it happened (the conftest's '  -> ' lines), then what only
-    # pytest's summary names (a module that failed to import)
-    reasons = [line.strip() for line in lines if line.startswith("  -> ")]
-    listed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
-    failed = reasons + [line for line in listed if not any(f" {line.split()[1]}:" in r for r in reasons)]
-    text = summary[-1].strip("= ") if summary else ("out of time" if code is None else error_line(output))
-    if code is None:
-        text += " (stopped at the deadline)"
-    print(f"  tests/gpu: {text}", flush=True)
-    return {"exit_code": code, "summary": text, "failed": failed,
-            "junit": str(junit) if junit.is_file() else None}
-
-
 # ---- the command ---------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="trainlab bench acceptance", description=__doc__,
@@ -362,7 +337,7 @@ def main(argv: list[str]) -> int:
         print(f"tests (-m '{args.tests}'), stopped {deadline - PYTEST_INTERRUPT_S - time.monotonic():.0f} s "
               "from now at the latest:", flush=True)
         result["tests"] = run_tests(children, select=args.tests, out=out.resolve(),
-                                    deadline=deadline - PYTEST_INTERRUPT_S)
+                                    deadline=deadline - PYTEST_INTERRUPT_S, cwd=REPO)
     flush()
     print(format_report(result), flush=True)
     return 0
