@@ -134,12 +134,24 @@ def clear_dtensor_caches() -> None:
     (close_distributed) and between the trials of a warm gang (engine.isolation)."""
     import sys
 
-    try:  # private torch API (2.13): without it a group may outlive the run
+    if "torch.distributed.tensor._api" not in sys.modules:
+        return  # no DTensor was made in this process: nothing cached
+    # Not torch.distributed.tensor.debug._clear_sharding_prop_cache, which makes the same two
+    # calls: importing that module imports torch._dynamo and through it
+    # torch.distributed.nn.functional, whose functions default to group=group.WORLD, evaluated
+    # at import. Imported while a group exists (here, always), they hold the group past
+    # destroy_process_group, gloo threads and all (measured on torch 2.11 and 2.13 where
+    # nothing had imported them before the group).
+    try:  # private torch API (2.11, 2.13): without it a group may outlive the run
+        from torch.distributed.tensor._api import DTensor
         from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
-        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    except ImportError:
+
+        clear_python_cache = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear
+        clear_cpp_cache = torch._C._clear_DTensor_sharding_propagator_cache
+    except (ImportError, AttributeError):
         return
-    _clear_sharding_prop_cache()
+    clear_python_cache()
+    clear_cpp_cache()
     clear_redistribute_planner_cache()
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith("torch.distributed.tensor"):

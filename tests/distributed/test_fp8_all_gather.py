@@ -16,6 +16,7 @@ import pytest
 from conftest import RecordingTracker, finish_reporting, rank0_unless_failed, rank_env, spawn_ranks
 from trainlab import names
 from trainlab.distributed import close_distributed
+from trainlab.precision.capability import cpu_rowwise_scaled_mm
 
 pytestmark = pytest.mark.distributed
 
@@ -31,7 +32,10 @@ CASES = {
     # bytes: bf16 parameters against fp8 weights + bf16 rest
     "fsdp_bf16": ["parallel=fsdp", "precision=bf16"],
     "fsdp_fp8_bf16": ["parallel=fsdp", "precision=fp8_tensorwise", "precision.hp_dtype=bf16"],
-    "fsdp_rowwise": ["parallel=fsdp", "precision=fp8_rowwise", "precision.hp_dtype=fp32"],
+    # emulated where torch's CPU _scaled_mm has no rowwise scales (2.11): the all-gather
+    # decision is the same either way
+    "fsdp_rowwise": ["parallel=fsdp", "precision=fp8_rowwise", "precision.hp_dtype=fp32",
+                     *([] if cpu_rowwise_scaled_mm() else ["precision.fp8_impl=emulated"])],
 }
 BYTES = {"unsigned char": 1, "c10::Float8_e4m3fn": 1, "c10::BFloat16": 2, "c10::Half": 2, "float": 4}
 

@@ -18,10 +18,11 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import KEEP_HP_SELECTORS, PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
-from trainlab.launch.preflight import check_module_names
+from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
 from trainlab.precision import build_recipe, check_precision_supported
-from trainlab.precision.capability import MIN_CUDA_CAPABILITY
+from trainlab.precision import capability as precision_capability
+from trainlab.precision.capability import MIN_CUDA_CAPABILITY, cpu_rowwise_scaled_mm
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
 from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS
@@ -82,6 +83,16 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
+ROWWISE = ("fp8_rowwise", "fp8_rowwise_gw_hp")
+
+
+def skip_native_rowwise_without_cpu_kernels(precision: str, impl: str = "native") -> None:
+    """torch 2.11's CPU _scaled_mm has no rowwise scales: those modes run there emulated only
+    (the refusal is tested below); on CUDA and on torch 2.13's CPU they run natively."""
+    if precision in ROWWISE and impl == "native" and not cpu_rowwise_scaled_mm():
+        pytest.skip(f"torch {torch.__version__}: CPU _scaled_mm takes no rowwise scales")
+
+
 # ---------------------------------------------------------------------------- keep_hp policy
 ATTENTION = [f"layers.{b}.attention.{w}" for b in range(N_BLOCKS) for w in ("wq", "wk", "wv", "wo")]
 
@@ -104,6 +115,7 @@ KEEP_HP_CASES = {
 @pytest.mark.parametrize("case", sorted(KEEP_HP_CASES))
 @pytest.mark.parametrize("precision", FP8_PRECISIONS)
 def test_keep_hp_decides_which_modules_are_converted(precision, case, tiny_cfg, float8_linear):
+    skip_native_rowwise_without_cpu_kernels(precision)
     keep_hp, kept, head_reason = KEEP_HP_CASES[case]
     model = tiny_model(tiny_cfg)
     names_before = linear_names(model)
@@ -195,6 +207,7 @@ TRAINED = [(p, "native") for p in FP8_PRECISIONS] + [
 
 @pytest.mark.parametrize(("precision", "impl"), TRAINED)
 def test_every_fp8_mode_trains_the_tiny_model(precision, impl, dist_info, fp32_final_loss, float8_linear):
+    skip_native_rowwise_without_cpu_kernels(precision, impl)
     trainer, result, tracker = _train(dist_info, precision, f"precision.fp8_impl={impl}")
 
     # the model really ran FP8 linears, natively or emulated as asked
@@ -226,6 +239,10 @@ def test_every_fp8_mode_trains_the_tiny_model(precision, impl, dist_info, fp32_f
 def test_fp8_impl_emulated_converts_to_emulating_modules(precision, tiny_cfg, float8_linear):
     for impl, emulated in [("emulated", True), ("native", False)]:
         cfg = PrecisionConfig(name=precision, fp8_impl=impl, hp_dtype="fp32", keep_hp=EVERY_ALIGNED)
+        if impl == "native" and precision in ROWWISE and not cpu_rowwise_scaled_mm():
+            with pytest.raises(ValueError, match="precision.fp8_impl=emulated"):  # torch 2.11's CPU
+                build_recipe(cfg, device_type="cpu").prepare(tiny_model(tiny_cfg))
+            continue
         recipe = build_recipe(cfg, device_type="cpu")
         model = recipe.prepare(tiny_model(tiny_cfg))
         fp8_modules = [m for m in model.modules() if isinstance(m, fp8_type(precision, float8_linear))]
@@ -238,6 +255,8 @@ def test_plain_torchao_gw_hp_fails_under_bf16_autocast_where_the_recipe_trains(t
     """Why fp8.convert_torchao adds its input cast: without it torchao's rowwise_with_gw_hp
     weight-gradient matmul mixes the bf16 gradient with the fp32 saved input."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    skip_native_rowwise_without_cpu_kernels("fp8_rowwise_gw_hp")
 
     def loss_of(model: nn.Module, autocast) -> torch.Tensor:
         tokens = torch.randint(0, UNALIGNED_VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -286,8 +305,44 @@ def test_fp8_capability_table(precision):
 
 def test_every_mode_runs_on_cpu_and_has_a_cuda_requirement():
     for precision in PRECISIONS:
-        check_precision_supported(precision, device="cpu")
+        check_precision_supported(precision, device="cpu", emulated=True)
+        if precision not in ROWWISE or cpu_rowwise_scaled_mm():
+            check_precision_supported(precision, device="cpu")
     assert set(PRECISIONS) <= set(MIN_CUDA_CAPABILITY)
+
+
+@pytest.mark.parametrize("precision", ROWWISE)
+def test_native_rowwise_on_a_cpu_torch_without_its_matmul_is_refused_naming_the_fix(precision, monkeypatch,
+                                                                                   tiny_cfg):
+    monkeypatch.setattr(precision_capability, "cpu_rowwise_scaled_mm", lambda: False)  # torch 2.11's CPU
+    overrides = TINY_RUN + [f"precision={precision}"]  # cluster.device=cpu
+    with pytest.raises(ValueError) as info:
+        check_device(compose_run_config(overrides))
+    msg = str(info.value)
+    assert f"precision={precision}" in msg and "precision.fp8_impl=emulated" in msg
+    assert "precision=fp8_tensorwise" in msg and torch.__version__ in msg
+    # emulated, and the modes with per-tensor scales, still run
+    assert check_device(compose_run_config(overrides + ["precision.fp8_impl=emulated"])) == "cpu"
+    assert check_device(compose_run_config(TINY_RUN + ["precision=fp8_tensorwise"])) == "cpu"
+    recipe = build_recipe(PrecisionConfig(name=precision), device_type="cpu")
+    with pytest.raises(ValueError, match="precision.fp8_impl=emulated"):  # a worker's own torch
+        recipe.prepare(tiny_model(tiny_cfg))
+
+
+def test_the_cpu_rowwise_probe_says_what_torchaos_rowwise_linear_does(tiny_cfg, float8_linear):
+    """The probe's answer is what a native rowwise FP8 layer meets on this CPU: it runs
+    (torch 2.13) or torch's _scaled_mm fails an internal assert (2.11)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = convert_to_float8_training(nn.Sequential(nn.Linear(32, 16)),
+                                       config=Float8LinearConfig.from_recipe_name("rowwise"))
+    try:
+        model(torch.randn(16, 32)).sum().backward()
+        ran = True
+    except RuntimeError as e:
+        assert "per-tensor scaling" in str(e)
+        ran = False
+    assert cpu_rowwise_scaled_mm() is ran
 
 
 # ---------------------------------------------------------------------------- MFU
@@ -330,7 +385,9 @@ def test_fp8_trial_on_cpu_reports_mfu_against_its_high_precision_peak_only(dist_
 
 # ---------------------------------------------------------------------------- tags
 def test_layer_tags_record_the_plan(tiny_cfg, float8_linear):
-    cfg = PrecisionConfig(name="fp8_rowwise", keep_hp=["first_block", "output"], hp_dtype="fp32")
+    # the plan is the same emulated; torch 2.11's CPU runs rowwise emulated only
+    cfg = PrecisionConfig(name="fp8_rowwise", keep_hp=["first_block", "output"], hp_dtype="fp32",
+                          fp8_impl="native" if cpu_rowwise_scaled_mm() else "emulated")
     recipe = build_recipe(cfg, device_type="cpu")
     model = recipe.prepare(tiny_model(tiny_cfg))
     tags = _layer_tags(recipe)

@@ -66,6 +66,9 @@ def test_a_worker_computes_on_the_plans_device_and_checks_nothing_again(tmp_path
         raise AssertionError("the worker validated or rebuilt the config again")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # torch's optimizers then ask CUDA whether a graph is being captured: a CPU build answers
+    # no, a CUDA build without a driver (torch 2.11.0+cu130 here) raises
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     for name in ("check_run", "from_dict", "to_run_config"):
         monkeypatch.setattr(config_load, name, refuse)
     tracker = RecordingTracker()

@@ -249,7 +249,7 @@ class EmulatedFormats:
     """precision=emulated: the format each kind of tensor is cast to; "" = left in high precision.
 
     A format is eXmY (exponent and mantissa bits, with infinities, IEEE-style) or eXmYfn (no
-    infinities, saturating, like torch's float8_e4m3fn); e4m3 means e4m3fn, fp16 = e5m10,
+    infinities, saturating, like float8_e4m3fn in FP8 recipes); e4m3 means e4m3fn, fp16 = e5m10,
     bf16 = e8m7. Casts use a per-tensor scale (precision.scaling)."""
 
     activations: str = ""

@@ -25,6 +25,7 @@ from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
+from trainlab.precision.spec import emulates
 from trainlab.tracking.runs import resolve_tracking_uri
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
 from trainlab.tracking.store_uri import tracking_field
@@ -185,8 +186,10 @@ def check_device(run: RunConfig) -> str:
                 f"{torch.cuda.device_count()} GPU(s); lower cluster.num_workers or join a cluster"
             )
     else:
-        for name in filter(None, (run.precision.name, run.train.rollback_precision)):
-            check_precision_supported(name, device=device)
+        check_precision_supported(run.precision.name, device=device,
+                                  emulated=emulates(run.precision, device_type=device))
+        if run.train.rollback_precision:
+            check_precision_supported(run.train.rollback_precision, device=device)
     return device
 
 

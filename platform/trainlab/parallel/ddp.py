@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+# No buffer broadcast at each forward: the only buffers are the same on every rank already
+# (rotary tables are computed; delayed-FP8 amaxes are max-all-reduced over the dp group by
+# precision.fp8_delayed, which then sets the same scales everywhere).
+# torch 2.13 spells it forward_sync_buffers=False (buffers are still broadcast once at init) and
+# deprecates broadcast_buffers; 2.11 has only broadcast_buffers=False, which also skips that
+# init broadcast. Skipping it changes nothing here: _allocate gives the buffers uninitialised
+# storage and models.init.materialize sets them in place after DDP, the same on every rank (a
+# model built with storage computes them the same on every rank). Chosen by the signature, so
+# a torch that has the new argument gets it.
+_NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
@@ -21,7 +38,7 @@ def apply_ddp(model: nn.Module, *, device: torch.device, bucket_cap_mb: float,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
         process_group=process_group,
-        forward_sync_buffers=False,  # the only buffers (rotary tables) are identical on every rank
+        **_NO_FORWARD_BUFFER_SYNC,
     )
 
 

@@ -20,6 +20,7 @@ pp rank 0 and the last on pp rank pp - 1 for every schedule.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Callable
@@ -146,27 +147,41 @@ class _TimedStage(PipelineStage):
     def backward_weight_one_chunk(self, *args, **kwargs):
         return self._clock.timed(super().backward_weight_one_chunk)(*args, **kwargs)
 
+    # On its first step torch learns the shapes a stage sends by running it once more: on
+    # uninitialized tensors (2.13 also runs its backward) or zeros (2.11, forward only) for every
+    # stage but the first. In eval mode no layer learns from that pass (delayed FP8 amax
+    # histories, the numerics and SwiGLU probes and NaN injection look at module.training); a
+    # backward pass is traced by this forward, so it records nothing either. Shapes and dtypes
+    # are the same. torch 2.13 calls the pass _forward_metadata_inference, 2.11 _shape_inference;
+    # each torch calls only its own.
+
     def _forward_metadata_inference(self, *args, **kwargs):
-        # On its first step torch learns the shapes a stage sends by running it, and its
-        # backward, once more: on uninitialized tensors for every stage but the first. In eval
-        # mode no layer learns from that pass (delayed FP8 amax histories, the numerics and
-        # SwiGLU probes and NaN injection look at module.training); the backward pass is
-        # traced by this forward, so it records nothing either. Shapes and dtypes are the same.
-        modes = [(m, m.training) for m in self.submod.modules()]
-        self.submod.eval()
-        try:
+        with _eval_mode(self.submod):
             return super()._forward_metadata_inference(*args, **kwargs)
-        finally:
-            for module, training in modes:
-                module.training = training
+
+    def _shape_inference(self, *args, **kwargs):
+        with _eval_mode(self.submod):
+            return super()._shape_inference(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module):
+    """`module` and its children in eval mode inside, each back to its own mode after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 class Pipeline:
     """This rank's part of a pipeline: its stage modules and the schedule that runs them."""
 
-    def __init__(self, *, stages: list[nn.Module], schedule, group: dist.ProcessGroup | None,
-                 pp_rank: int, pp_size: int, n_microbatches: int, virtual_stages: int,
-                 clock: _Clock, device: torch.device) -> None:
+    def __init__(self, *, stages: list[nn.Module], new_schedule: Callable[[], object],
+                 group: dist.ProcessGroup | None, pp_rank: int, pp_size: int, n_microbatches: int,
+                 virtual_stages: int, clock: _Clock, device: torch.device) -> None:
         self.stages = stages
         """This rank's stage modules (for the optimizer, checkpoints and clipping)."""
         self.group = group
@@ -182,7 +197,14 @@ class Pipeline:
         """The last step's compute spans on this rank (forward, backward, loss), as clock marks
         (telemetry.clock) for a RankTimer of the same device."""
         self._last_wall: tuple[Mark, Mark] | None = None
-        self._schedule = schedule
+        # One torch schedule (and its PipelineStages, over the same modules) per pass and batch
+        # shape: a stage learns the shapes it receives and sends on its first call and keeps
+        # them. torch 2.11 keeps them for good, so an evaluation batch of another size than the
+        # training one is refused (PipeliningShapeError); 2.13 infers them again after every
+        # switch between step and eval, forward and backward. Built on first use, the same
+        # call on every rank (every rank is given the same batch shape).
+        self._new_schedule = new_schedule
+        self._schedules: dict[tuple[str, tuple[int, ...]], object] = {}
         self._clock = clock
         self._device = torch.device(device)
 
@@ -198,7 +220,7 @@ class Pipeline:
         clock = self._clock.clock
         self._clock.spans = []
         start = clock.mark()
-        loss = self._run(self._schedule.step, inputs, targets)
+        loss = self._run("step", inputs, targets)
         self._last_wall = (start, clock.mark())
         self.last_busy_spans = self._clock.spans
         return self._share(loss, broadcast_loss)
@@ -222,17 +244,23 @@ class Pipeline:
     @torch.no_grad()
     def eval(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only (validation): the batch's mean micro-batch loss, on every rank."""
-        return self._share(self._run(self._schedule.eval, inputs, targets), True)
+        return self._share(self._run("eval", inputs, targets), True)
 
-    def _run(self, fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    def _run(self, how: str, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         if inputs.shape[0] % self.n_microbatches:
             raise ValueError(f"batch={inputs.shape[0]} does not split into parallel.pp_microbatches="
                              f"{self.n_microbatches} equal micro-batches; use a divisor of it")
         losses: list[torch.Tensor] = []
-        # non_blocking: a blocking copy from pageable memory would wait for the device's queue
-        args = (inputs.to(self._device, non_blocking=True),) if self.is_first else ()
+        # non_blocking: a blocking copy from pageable memory would wait for the device's queue.
+        # contiguous: torch 2.11 records the first stage's input layout from a contiguous copy
+        # and refuses micro-batches with other strides, e.g. x[:, :-1] of [B, T + 1] windows
+        # ("stride mismatch: expected (T, 1) actual (T + 1, 1)"); a no-op for contiguous input.
+        args = (inputs.to(self._device, non_blocking=True).contiguous(),) if self.is_first else ()
         kwargs = dict(target=targets.to(self._device, non_blocking=True), losses=losses) if self.is_last else {}
-        fn(*args, **kwargs)
+        key = (how, tuple(inputs.shape))
+        if key not in self._schedules:
+            self._schedules[key] = self._new_schedule()
+        getattr(self._schedules[key], how)(*args, **kwargs)
         return torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else None
 
     def _share(self, loss: torch.Tensor | None, broadcast_loss: bool) -> torch.Tensor | None:
@@ -267,15 +295,17 @@ def build_pipeline(model: Transformer, *, mesh_or_group, pp_rank: int, pp_size: 
                for m in split_stages(model, pp_rank=pp_rank, pp_size=pp_size, virtual_stages=virtual_stages)]
     num_stages = pp_size * virtual_stages
     run_as = [wrap(m) if wrap is not None else m for m in modules]
-    stages = [_TimedStage(m, v * pp_size + pp_rank, num_stages, torch.device(device), group=group,
-                          clock=clock) for v, m in enumerate(run_as)]
     timed_loss = clock.timed(loss_fn)  # the last stage's loss is compute too
-    if schedule == "interleaved_1f1b":
-        runner = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=timed_loss)
-    else:
+
+    def new_schedule():
+        stages = [_TimedStage(m, v * pp_size + pp_rank, num_stages, torch.device(device), group=group,
+                              clock=clock) for v, m in enumerate(run_as)]
+        if schedule == "interleaved_1f1b":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=timed_loss)
         cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-        runner = cls(stages[0], n_microbatches=n_microbatches, loss_fn=timed_loss)
-    return Pipeline(stages=modules, schedule=runner, group=group, pp_rank=pp_rank, pp_size=pp_size,
+        return cls(stages[0], n_microbatches=n_microbatches, loss_fn=timed_loss)
+
+    return Pipeline(stages=modules, new_schedule=new_schedule, group=group, pp_rank=pp_rank, pp_size=pp_size,
                     n_microbatches=n_microbatches, virtual_stages=virtual_stages, clock=clock,
                     device=device)
 

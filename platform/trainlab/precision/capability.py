@@ -3,17 +3,38 @@ checked before any worker starts, and again on each GPU worker."""
 
 from __future__ import annotations
 
+import functools
+
 from trainlab.precision.spec import FP8_TENSOR_CORES, SPECS, emulates, spec_of
 
 MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {n: s.min_capability for n, s in SPECS.items()}
 """Minimum CUDA compute capability (major, minor) per precision mode, run natively."""
 
 # CPU: every mode runs (fp16 by default as faithful emulation, fp8 with real float8 casts
-# and torch._scaled_mm on CPU: slow, but the numerics are those of the GPU recipe)
+# and torch._scaled_mm on CPU: slow, but the numerics are those of the GPU recipe), the
+# rowwise ones natively only where torch's CPU _scaled_mm takes rowwise scales
 CPU_PRECISIONS = frozenset(SPECS)
 
 __all__ = ["CPU_PRECISIONS", "FP8_TENSOR_CORES", "MIN_CUDA_CAPABILITY", "check_precision_on_gpu",
-           "check_precision_supported"]
+           "check_precision_supported", "cpu_rowwise_scaled_mm"]
+
+
+@functools.cache
+def cpu_rowwise_scaled_mm() -> bool:
+    """Whether this torch's torch._scaled_mm on CPU takes rowwise scales (one per row of A,
+    one per column of B), which torchao's rowwise recipes call: 2.13 does; 2.11 fails an
+    internal assert ("_scaled_mm only supports per-tensor scaling for CPU backend"). Tried once
+    per process on a 16 x 32 x 16 product."""
+    import torch
+
+    a = torch.zeros(16, 32, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(16, 32, dtype=torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+    try:
+        torch._scaled_mm(a, b, scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
+                         out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
 
 
 def check_precision_supported(precision: str, *, device: str,
@@ -30,6 +51,14 @@ def check_precision_supported(precision: str, *, device: str,
         if precision not in CPU_PRECISIONS:
             raise ValueError(f"precision={precision} does not run on CPU; choose one of "
                              f"{', '.join(sorted(CPU_PRECISIONS))}")
+        if spec.torchao_recipe.startswith("rowwise") and not emulated and not cpu_rowwise_scaled_mm():
+            import torch
+
+            raise ValueError(
+                f"precision={precision} runs its FP8 matmuls natively on CPU with rowwise scales, "
+                f"which torch._scaled_mm on CPU lacks in torch {torch.__version__} (2.13 has them); "
+                "add precision.fp8_impl=emulated (the same casts, matmuls in precision.hp_dtype), "
+                "use precision=fp8_tensorwise, or install torch 2.13")
         return
     emulated = emulated and spec.fp8
     need = spec.needs_capability(hp_dtype=hp_dtype, emulated=emulated)

@@ -4,10 +4,13 @@ Hardware and torch offer a handful of low-precision dtypes (fp16, bf16, two floa
 only on some devices. A precision sweep wants more: remove one mantissa or exponent bit at a
 time and watch where training breaks, on a CPU as well as a GPU. `quantize` rounds float32
 values to the nearest value of any `FloatFormat` (round half to even, gradual underflow,
-overflow as torch casts do) with a handful of exact float32 operations, so it runs on any
-device, and it is bit-exact with torch's own casts where torch has the dtype (float8_e4m3fn,
-float8_e5m2, float16, bfloat16): an emulated e4m3 run is the real FP8 cast, not an
-approximation of it.
+overflow as below) with a handful of exact float32 operations, so it runs on any device, and
+it is bit-exact with torch's own casts where torch has the dtype (float8_e4m3fn, float8_e5m2,
+float16, bfloat16): an emulated e4m3 run is the real FP8 cast, not an approximation of it.
+For float8_e4m3fn that is the saturating cast (clamp to +-448, then cast) that FP8 recipes
+make and torch 2.13's cast makes by itself; torch 2.11's own cast turns whatever rounds above
+448 into NaN. The emulation never defers to torch's cast: it clamps itself, so it saturates
+the same on every torch.
 
 Conventions, shared by every format:
 - has_inf=True (IEEE 754, like e5m2, fp16, bf16): the top exponent code holds inf and NaN.
@@ -144,8 +147,8 @@ def quantize(x: torch.Tensor, fmt: FloatFormat, *, saturate: bool | None = None)
     Computed in float32 (x may be float32, bfloat16 or float16; a format finer than x's dtype
     is rounded again on the way back). Subnormals of fmt are kept; below half the smallest
     one a value becomes a zero of its sign. Overflow (a value that rounds above max_value):
-    - saturate=None: what torch's cast does: "fn" formats clamp to +-max_value (inf too,
-      as torch casts inf to 448 in e4m3fn); IEEE formats go to +-inf.
+    - saturate=None: "fn" formats clamp to +-max_value (inf too, as torch 2.13 casts inf to
+      448 in e4m3fn; 2.11 gives NaN, see the module doc); IEEE formats go to +-inf.
     - saturate=True: clamp to +-max_value for any format, inf included.
     - saturate=False: IEEE formats go to +-inf; "fn" formats, which have no inf, go to NaN
       (the OCP FP8 spec's non-saturating mode), inf included.

@@ -19,6 +19,7 @@ from torch import nn
 from trainlab.config.schema import EMULATION_TARGETS, PrecisionConfig
 from trainlab.parallel.parts import modules_by_name
 from trainlab.precision import fp8
+from trainlab.precision.capability import check_precision_supported
 from trainlab.precision.emulate import (
     emulate_fp16_linears,
     emulate_linear,
@@ -228,6 +229,8 @@ class Fp8Recipe(PrecisionRecipe):
         self._model: nn.Module | None = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        if self.device_type == "cpu":  # the preflight checked the driver's torch; this is the worker's
+            check_precision_supported(self.name, device="cpu", emulated=self.emulated)
         self.plan = plan_layers(model, self.cfg.keep_hp, size_filter=spec_of(self.name).size_filter)
         self.all_gather = fp8.float8_all_gather(self.name, fsdp_backend=self.fsdp_backend, model=model,
                                                 layers=self.plan.lowp)
