@@ -50,12 +50,30 @@ def mode_overrides(mode: str) -> list[str]:
     return [f"precision={name}", *(["precision.tf32=true"] if variant else [])]
 
 
+def cpu_lacks_native(run) -> bool:
+    """A rowwise FP8 mode on a CPU whose torch._scaled_mm has no rowwise scales (torch 2.11):
+    the engine refuses it natively (precision.capability), naming precision.fp8_impl=emulated."""
+    from trainlab.precision.capability import cpu_rowwise_scaled_mm
+    from trainlab.precision.spec import emulates
+
+    spec = spec_of(run.precision.name)
+    return (spec.torchao_recipe.startswith("rowwise") and not emulates(run.precision, device_type="cpu")
+            and not cpu_rowwise_scaled_mm())
+
+
 def run_precision(overrides: list[str], precision: str, world: int) -> dict:
     t0 = time.perf_counter()
     run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}"])
     dist_info = setup_distributed(run.cluster.device)
+    emulated_here = False
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
+        if cpu_lacks_native(run):  # the same casts, matmuls in hp_dtype: the plumbing still runs
+            run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}",
+                                      "precision.fp8_impl=emulated"])
+            emulated_here = True
+            print0(f"{precision}: emulated (precision.fp8_impl=emulated): torch {torch.__version__}'s CPU "
+                   "_scaled_mm has no rowwise scales")
     else:
         # each mode's own peak, not the largest of the modes this process ran before it (the
         # last mode's trainer sits in reference cycles until a collection frees it)
@@ -78,6 +96,7 @@ def run_precision(overrides: list[str], precision: str, world: int) -> dict:
            "data_sha256": tokens.hexdigest(),
            "peak_mem_gb": result.peak_mem_gb, "elapsed_s": result.elapsed_s, "model": run.model.name,
            "compile": compiled, "compile_unit": trainer.run.train.compile_unit if compiled else "",
+           "fp8_impl": "emulated: this CPU's torch._scaled_mm has no rowwise scales" if emulated_here else "",
            # the engine's fp8_layers tag: linears in FP8 / all linears (None: not an FP8 mode)
            names.TAG_FP8_LAYERS: plan.summary if plan is not None and spec_of(run.precision.name).fp8 else None,
            "mfu_peak": trainer.throughput.peak.source, "build_s": build_s,
