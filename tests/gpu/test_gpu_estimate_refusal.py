@@ -4,6 +4,8 @@ the fix before anything is allocated on the device."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -34,9 +36,18 @@ def test_a_trial_is_estimated_on_this_gpu():
     assert 0.9 * total_gb <= rank.device.memory_gb <= 1.1 * total_gb, (rank.device.memory_gb, total_gb)
 
 
+def too_big_for_this_gpu() -> list[str]:
+    """7b's blocks, as many as make fp32 + AdamW state alone (16 B a parameter) 1.3x this GPU's
+    memory: a fixed 7b fits an H200's 141 GB (estimate 114.8 GB), not an H100's 80 GB."""
+    dim, ffn = 4096, 11008
+    block_bytes = 16 * (4 * dim * dim + 3 * dim * ffn)  # wq wk wv wo, w1 w2 w3 (norms are noise)
+    total = torch.cuda.get_device_properties(0).total_memory
+    return ["model=7b", f"model.n_layers={max(32, math.ceil(1.3 * total / block_bytes))}"]
+
+
 def test_a_trial_too_big_for_this_gpu_is_refused_before_it_allocates():
     kind = _this_type()
-    run = compose_run_config(["model=7b", "parallel=ddp", "precision=fp32", *ONE_GPU])  # 16 B a parameter
+    run = compose_run_config([*too_big_for_this_gpu(), "parallel=ddp", "precision=fp32", *ONE_GPU])
     before = torch.cuda.memory_allocated()
     with pytest.raises(ConfigError) as e:
         plan_here(run)

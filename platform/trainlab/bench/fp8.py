@@ -9,7 +9,10 @@ the high-precision dtype (precision.hp_dtype, bf16 by default) and against the F
 where the device's is known, validation loss; then one line per FP8 mode with
 `speedup: X.XXx` (tokens/s over the first precision's) and `val loss gap: +Y.YY%`.
 A mode is a precision name, or `fp32+tf32` (fp32 with precision.tf32=true). --json writes
-the rows (with peak memory) for a driver such as trainlab.bench.acceptance.
+the rows after each mode (peak memory, how many linears ran in FP8, a sha256 of every batch the
+mode trained and validated on, build / first-step / steady-step seconds) for a driver such as
+trainlab.bench.acceptance. Modes after the first run as a warm gang's trials do
+(engine.isolation.GangState puts the process back after each).
 --matmul times bare matmuls instead (bf16 torch.mm against torch._scaled_mm with
 tensorwise scales) over square sizes, printing the speedup per size: the crossover.
 """
@@ -18,17 +21,22 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
+import statistics
 import time
 
 import torch
 
+from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.devices import resolve_device
 from trainlab.distributed import device_name, setup_distributed
+from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
+from trainlab.precision.spec import spec_of
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
 
@@ -42,11 +50,30 @@ def mode_overrides(mode: str) -> list[str]:
     return [f"precision={name}", *(["precision.tf32=true"] if variant else [])]
 
 
+def cpu_lacks_native(run) -> bool:
+    """A rowwise FP8 mode on a CPU whose torch._scaled_mm has no rowwise scales (torch 2.11):
+    the engine refuses it natively (precision.capability), naming precision.fp8_impl=emulated."""
+    from trainlab.precision.capability import cpu_rowwise_scaled_mm
+    from trainlab.precision.spec import emulates
+
+    spec = spec_of(run.precision.name)
+    return (spec.torchao_recipe.startswith("rowwise") and not emulates(run.precision, device_type="cpu")
+            and not cpu_rowwise_scaled_mm())
+
+
 def run_precision(overrides: list[str], precision: str, world: int) -> dict:
+    t0 = time.perf_counter()
     run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}"])
     dist_info = setup_distributed(run.cluster.device)
+    emulated_here = False
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
+        if cpu_lacks_native(run):  # the same casts, matmuls in hp_dtype: the plumbing still runs
+            run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}",
+                                      "precision.fp8_impl=emulated"])
+            emulated_here = True
+            print0(f"{precision}: emulated (precision.fp8_impl=emulated): torch {torch.__version__}'s CPU "
+                   "_scaled_mm has no rowwise scales")
     else:
         # each mode's own peak, not the largest of the modes this process ran before it (the
         # last mode's trainer sits in reference cycles until a collection frees it)
@@ -54,19 +81,60 @@ def run_precision(overrides: list[str], precision: str, world: int) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dist_info.device)
     trainer = build_trainer(run, dist_info)
+    build_s = time.perf_counter() - t0
+    tokens = watch_tokens(trainer)
+    marks: list[float] = []
+    trainer.add_hook(lambda tr, step, metrics: marks.append(time.perf_counter()), every=1)
+    t_train = time.perf_counter()
     result = trainer.train()
+    compiled = trainer.run.train.compile == "true"  # as build_trainer resolved train.compile=auto
+    plan = trainer.recipe.plan
     row = {"precision": precision, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
            "mfu_fp8": result.mfu_fp8, "val_loss": result.final_val_loss,
            "status": result.status, "tflops": result.tokens_per_s * trainer.throughput.flops_per_token / 1e12,
            "device": device_name(dist_info.device), "steps": result.steps, "tokens_seen": result.tokens_seen,
+           "data_sha256": tokens.hexdigest(),
            "peak_mem_gb": result.peak_mem_gb, "elapsed_s": result.elapsed_s, "model": run.model.name,
-           "compile": run.train.compile, "mfu_peak": trainer.throughput.peak.source}
+           "compile": compiled, "compile_unit": trainer.run.train.compile_unit if compiled else "",
+           "fp8_impl": "emulated: this CPU's torch._scaled_mm has no rowwise scales" if emulated_here else "",
+           # the engine's fp8_layers tag: linears in FP8 / all linears (None: not an FP8 mode)
+           names.TAG_FP8_LAYERS: plan.summary if plan is not None and spec_of(run.precision.name).fp8 else None,
+           "mfu_peak": trainer.throughput.peak.source, "build_s": build_s,
+           **step_timing(t_train, marks)}
     row.update(_estimated(run, device=dist_info.device.type))
     del trainer
-    # the next mode compiles its own graphs: dynamo's per-function recompile limit counts
-    # every mode's, and past it the later modes would silently run eager
-    torch._dynamo.reset()
+    row["mode_s"] = time.perf_counter() - t0
     return row
+
+
+def watch_tokens(trainer) -> "hashlib._Hash":
+    """A sha256 that takes in the validation batches now and every training micro-batch as
+    the trainer draws it: equal digests, equal tokens in the same order."""
+    digest = hashlib.sha256()
+
+    def take(batches):
+        for x, y in batches:
+            digest.update(x.detach().cpu().numpy().tobytes())
+            digest.update(y.detach().cpu().numpy().tobytes())
+        return batches
+
+    take(trainer.val)
+    draw = trainer.batches.next_step
+    trainer.batches.next_step = lambda: take(draw())  # CPU tensors, ~64 KB a step: no device sync
+    return digest
+
+
+def step_timing(start: float, marks: list[float]) -> dict:
+    """From the times each step ended (`marks`, the last one after validation): the first
+    step, the median of the steps between (steady), and what the first and the last took
+    beyond a steady step: compile_s (torch.compile of the training graph, with the first
+    step's allocations and kernel choices) and eval_s (validation, with its own compile)."""
+    spans = [b - a for a, b in zip([start, *marks], marks)]
+    if len(spans) < 3:
+        return {"first_step_s": spans[0] if spans else None, "step_s": None, "compile_s": None, "eval_s": None}
+    steady = statistics.median(spans[1:-1])
+    return {"first_step_s": spans[0], "step_s": steady, "compile_s": max(0.0, spans[0] - steady),
+            "eval_s": max(0.0, spans[-1] - steady)}
 
 
 def _estimated(run, *, device: str) -> dict:
@@ -143,17 +211,24 @@ def main(argv: list[str]) -> None:
     if args.keep_going and world > 1:
         ap.error("--keep-going runs in one process only: a rank that carries on alone would hang its peers")
     rows = []
+    state = GangState.capture()  # each mode starts as in a fresh process (engine.isolation)
     for mode in modes:
+        t0 = time.perf_counter()
         try:
             rows.append(run_precision(overrides, mode, world))
         except Exception as e:
             if not args.keep_going:
                 raise
             print0(f"{mode} failed: {type(e).__name__}: {e}")
-            rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}"})
+            rows.append({"precision": mode, "status": f"error: {type(e).__name__}: {str(e)[:300]}",
+                         "mode_s": time.perf_counter() - t0})
         if args.json and int(os.environ.get("RANK", "0")) == 0:  # after each mode: a crash keeps the rest
-            with open(args.json, "w") as f:
+            # whole or not at all: a driver reads it while this process runs
+            with open(f"{args.json}.part", "w") as f:
                 json.dump({"overrides": overrides, "world_size": world, "rows": rows}, f, indent=1)
+            os.replace(f"{args.json}.part", args.json)
+        # dynamo's compiled code, torch flags (fp32+tf32's TF32), RNG, memory: back to capture
+        state.after_trial(barrier=world > 1 and "tokens_per_s" in rows[-1])
     done = [r for r in rows if "tokens_per_s" in r]
     print0(f"fp8 bench on {done[0]['device'] if done else '?'} x{world}: {' '.join(overrides)}")
     print0(f"{'precision':<20} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU hp peak':>14} "

@@ -3,7 +3,9 @@ JSONL tracker, for machines without MLflow) against a bare PyTorch loop.
 
 Both train the same model from the same init on the same batches in this process (or in
 each torchrun process), alternating engine / bare for --repeats rounds so drift on a shared
-machine hits both alike. Prints each round, the medians, and last `ratio: X.XXX` =
+machine hits both alike. Like with like: the bare loop compiles exactly where and what the
+engine compiles (config.validate.compile_unit: train.compile=auto compiles on CUDA, not on
+CPU), and each loop has a warm-up round first, so neither's ratio pays the other's compile. Prints each round, the medians, and last `ratio: X.XXX` =
 engine tokens/s / bare tokens/s (1.0 = no overhead).
 
 --load N runs N processes that spin on a core each beside both loops: the engine's helper
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import compose_run_config, parallel_dims
+from trainlab.config.validate import compile_unit
 from trainlab.console import print0
 from trainlab.data import TokenBatches
 from trainlab.distributed import setup_distributed
@@ -42,6 +45,7 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.precision import build_recipe
+from trainlab.precision.spec import emulates
 from trainlab.tracking import JsonlTracker
 
 
@@ -113,7 +117,9 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> Loop:
     model = build_model(run.model, vocab_size=vocab_size).to(dist_info.device)
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
-    layout = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device)
+    unit = compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated)
+    layout = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device,
+                         compile_unit=unit or None, deterministic=run.train.deterministic)
     model = layout.model
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
                                            make_optimizer=layout.make_optimizer,
@@ -199,12 +205,17 @@ def _bench(args: argparse.Namespace) -> None:
     from trainlab.data import build_corpus
 
     corpus = build_corpus(run.data)
+    unit = compile_unit(run, device_type=dist_info.device.type,
+                        emulated=emulates(run.precision, device_type=dist_info.device.type))
     print0(f"overhead: model={run.model.name} precision={run.precision.name} world={dist_info.world_size} "
            f"steps={run.train.max_steps} batch={run.train.global_batch_size}x{run.train.seq_len} "
-           f"device={dist_info.device} tracking={run.tracking.name} load={args.load}")
+           f"device={dist_info.device} tracking={run.tracking.name} load={args.load} "
+           f"compile={unit or 'off'} (both loops)")
     engines, bares = [], []
     with tempfile.TemporaryDirectory() as tmp, busy_load(args.load):
-        engine_loop(run, dist_info, tracking_dir=tmp)  # warm-up round: store creation, kernels
+        # warm-up rounds: store creation, kernels, and (compiled) each loop's graphs
+        engine_loop(run, dist_info, tracking_dir=tmp)
+        bare_loop(run, dist_info, vocab_size=corpus.vocab_size, train_tokens=corpus.train)
         for i in range(args.repeats):
             engines.append(e := engine_loop(run, dist_info, tracking_dir=tmp))
             bares.append(b := bare_loop(run, dist_info, vocab_size=corpus.vocab_size, train_tokens=corpus.train))

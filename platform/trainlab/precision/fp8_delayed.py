@@ -66,6 +66,14 @@ def _record_amax(running: torch.Tensor, row: int, t: torch.Tensor) -> None:
     running[row] = torch.maximum(running[row], t.detach().abs().amax().float())
 
 
+def _inverse(scale: torch.Tensor, row: int) -> torch.Tensor:
+    """The dequantization factor of one row: a 0-dim tensor of its own. Not ``inv[row]`` of one
+    reciprocal [3]: compiled on CUDA (torch 2.11, H200), inductor's _scaled_mm lowering failed
+    an assertion on scales that are views into one buffer (SliceView / ReinterpretView);
+    torchao passes each scale as its own tensor, as this does."""
+    return scale[row].reciprocal()
+
+
 def _scaled_mm_fp8(a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
                    out_dtype: torch.dtype, emulate: bool) -> torch.Tensor:
     """(a / a_scale) @ (b / b_scale) for fp8 a [M, K], b [K, N]; a_inv, b_inv are 0-dim fp32."""
@@ -91,24 +99,25 @@ class _DelayedFp8Matmul(torch.autograd.Function):
         scale = scale.detach().clone()  # the scale this step used, even if the buffer moves
         x_fp8 = _to_fp8(x, scale[_INPUT], E4M3)
         w_fp8 = _to_fp8(weight, scale[_WEIGHT], E4M3)
-        inv = scale.reciprocal()
-        ctx.save_for_backward(x_fp8, w_fp8, inv)
+        ctx.save_for_backward(x_fp8, w_fp8)
         ctx.scale, ctx.running, ctx.emulate, ctx.record = scale, running, emulate, record
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
-        return _scaled_mm_fp8(x_fp8, inv[_INPUT], w_fp8.t(), inv[_WEIGHT], out_dtype, emulate)
+        return _scaled_mm_fp8(x_fp8, _inverse(scale, _INPUT), w_fp8.t(), _inverse(scale, _WEIGHT),
+                              out_dtype, emulate)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        x_fp8, w_fp8, inv = ctx.saved_tensors
+        x_fp8, w_fp8 = ctx.saved_tensors
+        inv_x, inv_w, inv_go = (_inverse(ctx.scale, row) for row in (_INPUT, _WEIGHT, _GRAD_OUTPUT))
         if ctx.record:
             _record_amax(ctx.running, _GRAD_OUTPUT, grad_out)
         go_fp8 = _to_fp8(grad_out, ctx.scale[_GRAD_OUTPUT], E5M2)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = _scaled_mm_fp8(go_fp8, inv[_GRAD_OUTPUT], w_fp8, inv[_WEIGHT],
+            grad_x = _scaled_mm_fp8(go_fp8, inv_go, w_fp8, inv_w,
                                     grad_out.dtype, ctx.emulate).to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:  # fp32 out: the weight gradient is accumulated
-            grad_w = _scaled_mm_fp8(go_fp8.t(), inv[_GRAD_OUTPUT], x_fp8, inv[_INPUT],
+            grad_w = _scaled_mm_fp8(go_fp8.t(), inv_go, x_fp8, inv_x,
                                     torch.float32, ctx.emulate).to(ctx.w_dtype)
         return grad_x, grad_w, None, None, None, None, None
 
