@@ -27,6 +27,7 @@ from trainlab.config.load import CONF_DIR, SWEEPS_DIR, to_run_config
 from trainlab.config.prune import PruneConfig, check_prunable
 from trainlab.config.schema import register_configs
 from trainlab.launch.preflight import preflight
+from trainlab.precision.capability import cpu_rowwise_scaled_mm
 
 SWEEPS = sorted(p.stem for p in (SWEEPS_DIR / "sweep").glob("*.yaml"))
 README_SWEEPS = ("precision_shootout", "format_ladder", "parallel_grid", "lr_precision_stability")
@@ -63,6 +64,15 @@ def _sweep(name: str) -> tuple[dict, list[list[str]], list[tuple[list[str], obje
     return params, jobs, checked
 
 
+def _refused_for_cpu_rowwise(job: list[str], refusal: ConfigError) -> bool:
+    """The one refusal a kept sweep may meet here: a rowwise FP8 mode run natively where torch's
+    CPU _scaled_mm has no rowwise scales (torch 2.11, the GPU machine's version, on this CPU
+    machine), refused before anything starts, naming the fix. On CUDA and 2.13 they run."""
+    rowwise = any(o in ("precision=fp8_rowwise", "precision=fp8_rowwise_gw_hp") for o in job)
+    return (rowwise and not cpu_rowwise_scaled_mm() and "precision.fp8_impl=emulated" in str(refusal)
+            and "precision.fp8_impl=emulated" not in job)
+
+
 def test_the_readmes_sweeps_are_all_kept():
     assert set(README_SWEEPS) <= set(SWEEPS), SWEEPS
 
@@ -73,17 +83,20 @@ def test_every_job_of_a_kept_sweep_composes_and_passes_the_launchers_checks(name
     assert params, f"sweeps/sweep/{name}.yaml sweeps nothing (no hydra.sweeper.params)"
     sizes = [len(str(v).split(",")) for v in params.values()]
     assert len(jobs) == functools.reduce(int.__mul__, sizes), (len(jobs), params)
-    refused = [f"{' '.join(job)}: {run}" for job, run in checked if isinstance(run, ConfigError)]
+    refused = [f"{' '.join(job)}: {run}" for job, run in checked if isinstance(run, ConfigError)
+               if not _refused_for_cpu_rowwise(job, run)]
     assert not refused, "\n".join(refused)
     for job, run in checked:  # the job trains what it says: its sweep's name, each swept field's value
+        if isinstance(run, ConfigError):
+            continue  # the refusal above
         assert run.sweep_name == name, job
         for override in job[1:]:
             key, value = override.split("=", 1)
             if "." in key or key == "seed":  # a field (a group's option is a preset, named otherwise)
                 got = functools.reduce(getattr, key.split("."), run)
                 assert (got == float(value)) if isinstance(got, float) else str(got) == value, (job, got)
-    runs = [run for _, run in checked]
-    check_prunable(PruneConfig(), runs, [" ".join(job) for job, _ in checked])
+    kept = [(job, run) for job, run in checked if not isinstance(run, ConfigError)]
+    check_prunable(PruneConfig(), [run for _, run in kept], [" ".join(job) for job, _ in kept])
     assert "warning" not in capsys.readouterr().out.lower()  # no swept value is ignored either
 
 
