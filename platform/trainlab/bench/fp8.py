@@ -36,7 +36,8 @@ from trainlab.devices import resolve_device
 from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
-from trainlab.precision.spec import spec_of
+from trainlab.precision.capability import cpu_lacks_native
+from trainlab.precision.spec import emulates, spec_of
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
 
@@ -50,27 +51,18 @@ def mode_overrides(mode: str) -> list[str]:
     return [f"precision={name}", *(["precision.tf32=true"] if variant else [])]
 
 
-def cpu_lacks_native(run) -> bool:
-    """A rowwise FP8 mode on a CPU whose torch._scaled_mm has no rowwise scales (torch 2.11):
-    the engine refuses it natively (precision.capability), naming precision.fp8_impl=emulated."""
-    from trainlab.precision.capability import cpu_rowwise_scaled_mm
-    from trainlab.precision.spec import emulates
-
-    spec = spec_of(run.precision.name)
-    return (spec.torchao_recipe.startswith("rowwise") and not emulates(run.precision, device_type="cpu")
-            and not cpu_rowwise_scaled_mm())
-
-
 def run_precision(overrides: list[str], precision: str, world: int) -> dict:
     t0 = time.perf_counter()
-    run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}"])
+    mode = [*overrides, *mode_overrides(precision), f"cluster.num_workers={world}"]
+    run = compose_run_config(mode)
     dist_info = setup_distributed(run.cluster.device)
     emulated_here = False
     if dist_info.device.type == "cpu":
         torch.set_num_threads(run.cluster.cpus_per_worker)
-        if cpu_lacks_native(run):  # the same casts, matmuls in hp_dtype: the plumbing still runs
-            run = compose_run_config([*overrides, *mode_overrides(precision), f"cluster.num_workers={world}",
-                                      "precision.fp8_impl=emulated"])
+        # what the engine would refuse natively here (torch 2.11): the same casts, matmuls in
+        # hp_dtype, so the plumbing still runs
+        if cpu_lacks_native(run.precision.name, emulated=emulates(run.precision, device_type="cpu")):
+            run = compose_run_config([*mode, "precision.fp8_impl=emulated"])
             emulated_here = True
             print0(f"{precision}: emulated (precision.fp8_impl=emulated): torch {torch.__version__}'s CPU "
                    "_scaled_mm has no rowwise scales")

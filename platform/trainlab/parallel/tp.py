@@ -199,11 +199,11 @@ def clip_grads_with_norm_(params: list[torch.Tensor], max_norm: float, total_nor
     rank). torch 2.11's in-place foreach multiply, which clip_grads_with_norm_ uses, leaves a
     Partial DTensor unscaled (checked with two gloo ranks: [Shard, Partial] * 0.5 scales only
     the Shard one; 2.13 scales both); a per-tensor mul_ scales it on both."""
-    def partial_grad(p: torch.Tensor) -> bool:
-        return isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)
-
-    one_by_one = [p for p in params if p.grad is not None and partial_grad(p)]
-    rest = [p for p in params if p.grad is not None and not partial_grad(p)]
+    one_by_one, rest = [], []
+    for p in params:
+        if p.grad is not None:
+            partial = isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)
+            (one_by_one if partial else rest).append(p)
     if rest:
         torch.nn.utils.clip_grads_with_norm_(rest, max_norm, total_norm)
     if one_by_one:

@@ -16,7 +16,7 @@ MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {n: s.min_capability for n, s 
 CPU_PRECISIONS = frozenset(SPECS)
 
 __all__ = ["CPU_PRECISIONS", "FP8_TENSOR_CORES", "MIN_CUDA_CAPABILITY", "check_precision_on_gpu",
-           "check_precision_supported", "cpu_rowwise_scaled_mm"]
+           "check_precision_supported", "cpu_lacks_native", "cpu_rowwise_scaled_mm"]
 
 
 @functools.cache
@@ -37,6 +37,12 @@ def cpu_rowwise_scaled_mm() -> bool:
     return True
 
 
+def cpu_lacks_native(precision: str, *, emulated: bool) -> bool:
+    """A rowwise FP8 mode run natively (not precision.fp8_impl=emulated) on a CPU whose
+    torch._scaled_mm has no rowwise scales: refused by check_precision_supported."""
+    return spec_of(precision).torchao_recipe.startswith("rowwise") and not emulated and not cpu_rowwise_scaled_mm()
+
+
 def check_precision_supported(precision: str, *, device: str,
                               capability: tuple[int, int] | None = None,
                               device_name: str = "", emulated: bool = False,
@@ -51,7 +57,7 @@ def check_precision_supported(precision: str, *, device: str,
         if precision not in CPU_PRECISIONS:
             raise ValueError(f"precision={precision} does not run on CPU; choose one of "
                              f"{', '.join(sorted(CPU_PRECISIONS))}")
-        if spec.torchao_recipe.startswith("rowwise") and not emulated and not cpu_rowwise_scaled_mm():
+        if cpu_lacks_native(precision, emulated=emulated):
             import torch
 
             raise ValueError(
