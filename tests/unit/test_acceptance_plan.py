@@ -16,6 +16,7 @@ from conftest import REPO
 from trainlab.bench import acceptance as acc
 from trainlab.bench import acceptance_plan as plan_mod
 from trainlab.bench import acceptance_table as acc_table
+from trainlab.bench import acceptance_tests as acc_tests
 from trainlab.bench.acceptance_children import Children
 from trainlab.bench.acceptance_report import format_report, same_tokens, table_lines
 from trainlab.bench.fp8 import step_timing, watch_tokens
@@ -332,3 +333,16 @@ def test_each_gpu_test_module_runs_in_a_process_of_its_own(tmp_path):
     xml = (out / "gpu-tests.xml").read_text()
     assert 'name="test_patches_the_process"' in xml and 'name="test_sees_no_patch"' in xml
     assert sorted(p.name for p in out.iterdir()) == ["gpu-tests.xml"]  # the per-module reports merged, removed
+
+
+def test_junit_merge_reads_only_regular_files_within_its_bound(tmp_path, monkeypatch, capsys):
+    good, big, folder = tmp_path / "good.xml", tmp_path / "big.xml", tmp_path / "folder.xml"
+    good.write_text('<testsuites><testsuite name="a" tests="1"><testcase name="t_a"/></testsuite></testsuites>')
+    big.write_text('<testsuite name="b" tests="1"><testcase name="t_b"/></testsuite>' + "<!-- padding -->" * 20)
+    folder.mkdir()
+    monkeypatch.setattr(acc_tests, "JUNIT_MAX_BYTES", good.stat().st_size)
+    acc_tests.merge_junit([good, big, folder], tmp_path / "merged.xml")
+    merged = (tmp_path / "merged.xml").read_text()
+    assert 'name="t_a"' in merged and 't_b' not in merged
+    said = capsys.readouterr().out
+    assert "big.xml: not a regular file" in said and "folder.xml: not a regular file" in said

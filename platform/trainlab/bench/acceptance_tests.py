@@ -24,6 +24,8 @@ from trainlab.bench.acceptance_children import Children, error_line
 
 PYTEST_INTERRUPT_S = 10.0
 """From pytest's SIGINT at the deadline to SIGKILL: it writes its summary and XML in between."""
+JUNIT_MAX_BYTES = 16 << 20
+"""A module's JUnit report read back at most this big (the device tool returns 16 MiB a file)."""
 OUTCOMES = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "error", "errors")
 _COUNT = re.compile(r"(\d+) (" + "|".join(OUTCOMES) + r")\b")
 
@@ -49,6 +51,9 @@ def merge_junit(parts: list[Path], into: Path) -> None:
     """One <testsuites> of every module's <testsuite>, written whole (replacing `into`)."""
     root = ET.Element("testsuites")
     for part in parts:
+        if not part.is_file() or part.stat().st_size > JUNIT_MAX_BYTES:
+            print(f"  {part.name}: not a regular file of at most {JUNIT_MAX_BYTES >> 20} MiB; left out", flush=True)
+            continue
         try:
             tree = ET.parse(part)
         except (ET.ParseError, OSError):  # a module killed before it wrote its report
