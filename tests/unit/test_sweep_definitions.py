@@ -27,7 +27,7 @@ from trainlab.config.load import CONF_DIR, SWEEPS_DIR, to_run_config
 from trainlab.config.prune import PruneConfig, check_prunable
 from trainlab.config.schema import register_configs
 from trainlab.launch.preflight import preflight
-from trainlab.precision.capability import cpu_rowwise_scaled_mm
+from trainlab.precision.capability import cpu_lacks_native
 
 SWEEPS = sorted(p.stem for p in (SWEEPS_DIR / "sweep").glob("*.yaml"))
 README_SWEEPS = ("precision_shootout", "format_ladder", "parallel_grid", "lr_precision_stability")
@@ -68,9 +68,9 @@ def _refused_for_cpu_rowwise(job: list[str], refusal: ConfigError) -> bool:
     """The one refusal a kept sweep may meet here: a rowwise FP8 mode run natively where torch's
     CPU _scaled_mm has no rowwise scales (torch 2.11, the GPU machine's version, on this CPU
     machine), refused before anything starts, naming the fix. On CUDA and 2.13 they run."""
-    rowwise = any(o in ("precision=fp8_rowwise", "precision=fp8_rowwise_gw_hp") for o in job)
-    return (rowwise and not cpu_rowwise_scaled_mm() and "precision.fp8_impl=emulated" in str(refusal)
-            and "precision.fp8_impl=emulated" not in job)
+    precision = next((o.split("=", 1)[1] for o in job if o.startswith("precision=")), None)
+    return (precision is not None and "precision.fp8_impl=emulated" in str(refusal)
+            and cpu_lacks_native(precision, emulated="precision.fp8_impl=emulated" in job))
 
 
 def test_the_readmes_sweeps_are_all_kept():
