@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from readme_commands import exports, find, section_commands, substitute, without_redirect
+from doc_commands import exports, find, section_commands, substitute, without_redirect
 
 from conftest import REPO, assert_refused, free_port, trainlab_cmd
 
