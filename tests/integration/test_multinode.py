@@ -19,18 +19,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from doc_commands import exports, find, section_commands, substitute, without_redirect
 
 from conftest import REPO, assert_refused, free_port, trainlab_cmd
+from doc_commands import CLUSTERS, exports, find, section_commands, substitute, without_redirect
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-README_SECTION = "Clusters of mixed GPUs"
-"""The README section whose commands this module runs: the fixture starts its cluster with the
-README's `ray start` lines and the tests run its `ray job`/`trainlab` lines (readme_commands)."""
+PAGE, SECTION = CLUSTERS
+"""The docs section whose commands this module runs: the fixture starts its cluster with the
+page's `ray start` lines and the tests run its `ray job`/`trainlab` lines (doc_commands)."""
 
 
 def _ray_start(env: dict, command: list[str], *args: str) -> None:
@@ -48,7 +48,7 @@ def loopback_cluster(tmp_path_factory):
     `export`s, `ray get-auth-token --generate`, the two `ray start`s), with token auth as Ray 2.60
     heads use it. HOME is a folder of the test's: the token and the jobs' default output root
     (~/trainlab-outputs) are the test's own."""
-    commands = section_commands(README_SECTION)
+    commands = section_commands(SECTION, page=PAGE)
     home = tmp_path_factory.mktemp("home")
     # a user's shell: no RAY_* left by this pytest process's own cluster (its single-node switch
     # would make the second `ray start` refuse to join)
