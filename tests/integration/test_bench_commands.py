@@ -1,11 +1,11 @@
-"""Every `trainlab bench` the README names runs, in a smoke size, and ends with its ratio line.
+"""Every `trainlab bench` the README or the docs pages name runs, in a smoke size, and ends with its ratio line.
 
 Each bench runs through the real command (`trainlab bench NAME`, a fresh process as a user's)
-with the README's options where they fit a 2-core CPU and overrides that make it small (the tiny
-model, a few steps, one round); the line each bench ends with, its ratio, must have the README's
-format and hold a finite positive number. The numbers themselves are the machine's (README
-"Measured"), not asserted. Benches tested in files of their own are named in ELSEWHERE, and the
-first test fails when the README names a bench that neither covers.
+with the docs' options where they fit a 2-core CPU and overrides that make it small (the tiny
+model, a few steps, one round); the line each bench ends with, its ratio, must have the docs'
+format and hold a finite positive number. The numbers themselves are the machine's (the docs'
+measurements page), not asserted. Benches tested in files of their own are named in ELSEWHERE, and
+the first test fails when the README or a docs page names a bench that neither covers.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SMOKE = {
                             "parallel.dp_balance_warmup=2", "train.global_batch_size=8",
                             "train.micro_batch_size=2"],
                 r"mode weighted: speedup: (\d+\.\d{2})x"),
-    # the README's `model=1b train.compile=true` is a GPU's size: compiling on CPU would take minutes
+    # the precision page's `model=1b train.compile=true` is a GPU's size: compiling on CPU would take minutes
     "fp8": ("fp8", ["--precisions", "bf16,fp8_tensorwise", *SMALL, "train.max_steps=3",
                     "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_batches=1",
                     "precision.keep_hp=[output,unaligned]"],  # tiny's linears in FP8 all the same
@@ -46,9 +46,19 @@ ELSEWHERE = {"sweep": "integration/test_bench_sweep.py", "prune": "integration/t
              "estimate": "integration/test_bench_estimate.py"}
 
 
-def test_every_bench_the_readme_names_has_a_smoke_test():
-    named = set(re.findall(r"(?:trainlab bench |trainlab\.bench\.)(\w+)", (REPO / "README.md").read_text()))
-    assert "overhead" in named and "fp8" in named, named  # the README's own lines were read
+DOCS = [REPO / "README.md", *sorted((REPO / "docs" / "pages").rglob("*.md"))]
+"""Where a bench may be named: the README and every docs page (their bash blocks and their prose)."""
+
+
+def benches_named() -> set[str]:
+    """Every bench a doc names: `trainlab bench NAME` or `trainlab.bench.NAME` (torchrun's form)."""
+    pattern = r"(?:trainlab bench |trainlab\.bench\.)(\w+)"
+    return {name for page in DOCS for name in re.findall(pattern, page.read_text())}
+
+
+def test_every_bench_the_docs_name_has_a_smoke_test():
+    named = benches_named()
+    assert "overhead" in named and "fp8" in named, named  # the docs' own lines were read
     covered = {bench for bench, _, _ in SMOKE.values()} | set(ELSEWHERE)
     assert named <= covered, f"no smoke test for trainlab bench {sorted(named - covered)}"
     missing = [path for path in ELSEWHERE.values() if not (REPO / "tests" / path).is_file()]

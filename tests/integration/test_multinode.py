@@ -19,18 +19,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from readme_commands import exports, find, section_commands, substitute, without_redirect
 
 from conftest import REPO, assert_refused, free_port, trainlab_cmd
+from doc_commands import CLUSTERS, exports, find, section_commands, substitute, without_redirect
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-README_SECTION = "Clusters of mixed GPUs"
-"""The README section whose commands this module runs: the fixture starts its cluster with the
-README's `ray start` lines and the tests run its `ray job`/`trainlab` lines (readme_commands)."""
+PAGE, SECTION = CLUSTERS
+"""The docs section whose commands this module runs: the fixture starts its cluster with the
+page's `ray start` lines and the tests run its `ray job`/`trainlab` lines (doc_commands)."""
 
 
 def _ray_start(env: dict, command: list[str], *args: str) -> None:
@@ -44,11 +44,11 @@ def _ray_start(env: dict, command: list[str], *args: str) -> None:
 
 @pytest.fixture(scope="module")
 def loopback_cluster(tmp_path_factory):
-    """Head (2 x H100) + node (2 x V100) on 127.0.0.1, started by the README's own commands (its
+    """Head (2 x H100) + node (2 x V100) on 127.0.0.1, started by the clusters page's own commands (its
     `export`s, `ray get-auth-token --generate`, the two `ray start`s), with token auth as Ray 2.60
     heads use it. HOME is a folder of the test's: the token and the jobs' default output root
     (~/trainlab-outputs) are the test's own."""
-    commands = section_commands(README_SECTION)
+    commands = section_commands(SECTION, page=PAGE)
     home = tmp_path_factory.mktemp("home")
     # a user's shell: no RAY_* left by this pytest process's own cluster (its single-node switch
     # would make the second `ray start` refuse to join)
@@ -143,10 +143,10 @@ def test_a_trial_its_estimate_fits_on_no_type_is_refused_with_the_numbers(loopba
     assert "fix: parallel=fsdp" in err and "Traceback" not in err
 
 
-# ---- the README's Ray commands, run as printed (placeholders swapped for this cluster's) -------------
+# ---- the clusters page's Ray commands, run as printed (placeholders swapped for this cluster's) ------
 
 FAST = ["debug.logical_gpus=true", "model=tiny", "train.max_steps=3", "train.eval_every=0", "cluster.num_workers=1"]
-"""Appended to the README's trainings: the same commands, a trial of seconds."""
+"""Appended to the page's trainings: the same commands, a trial of seconds."""
 STATE_QUERY = """
 import json, sys
 from ray.job_submission import JobSubmissionClient
@@ -159,7 +159,7 @@ print(json.dumps([[t.name, t.state, t.error_type or ""] for t in tasks]))
 
 
 def _readme(cluster, *words: str, **more: str) -> list[str]:
-    """The README command starting with `words`, on this cluster, runnable (ray/trainlab of this venv)."""
+    """The clusters page's command starting with `words`, on this cluster, runnable (ray/trainlab of this venv)."""
     cmd = substitute(find(cluster.commands, *words), {"http://HEAD:8265": cluster.jobs_url,
                                                       "HEAD:6379": cluster.gcs, **more})
     return [RAY, *cmd[1:]] if cmd[0] == "ray" else trainlab_cmd(*cmd[1:])
@@ -178,8 +178,8 @@ def _job_id(out: str) -> str:
 
 
 def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path):
-    """`ray job submit` (Ray's CLI: the token is sent only in token mode, which the README
-    exports) runs the README's sweep; its parent run in MLflow says it was that job."""
+    """`ray job submit` (Ray's CLI: the token is sent only in token mode, which the page
+    exports) runs the page's sweep; its parent run in MLflow says it was that job."""
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -203,7 +203,7 @@ def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path):
 
 
 def test_a_submitted_trial_keeps_its_outputs_names_its_run_and_fails_no_ray_task(loopback_cluster, tmp_path):
-    """The README's `trainlab submit` of one trial: Ray's state API shows no FAILED task of the
+    """The page's `trainlab submit` of one trial: Ray's state API shows no FAILED task of the
     job (progress polls used to fail, 85 of 167), its outputs outlive Ray's working dir under
     ~/trainlab-outputs/<job id>, its MLflow run is named for the job; `trainlab status` and
     `trainlab logs` as printed answer for it."""
@@ -259,7 +259,7 @@ def test_trainlab_stop_as_printed_stops_a_job(loopback_cluster, tmp_path):
 
 @pytest.mark.parametrize("job_id", ["raysubmit_XYZ", "", "#"])
 def test_an_unknown_job_id_is_one_error_line(loopback_cluster, job_id):
-    """The README's own placeholder id names no job; nor do ids that are no URL path segment
+    """The page's own placeholder id names no job; nor do ids that are no URL path segment
     (Ray's client fetched the job list for those and raised a TypeError)."""
     for command in ("status", "logs", "stop"):
         proc = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", command, raysubmit_XYZ=job_id),
@@ -268,7 +268,7 @@ def test_an_unknown_job_id_is_one_error_line(loopback_cluster, job_id):
 
 
 def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path):
-    """The dashboard asks for the token (README: paste what `ray get-auth-token` prints), and
+    """The dashboard asks for the token (the page: paste what `ray get-auth-token` prints), and
     with it the browser may read the cluster's jobs."""
     printed = subprocess.run([RAY, "get-auth-token"], env=loopback_cluster.env, capture_output=True,
                              text=True, timeout=60)
@@ -289,7 +289,7 @@ def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path)
 def test_pack_and_spread_land_so_and_a_refused_trial_stops_no_other_without_exported_token_mode(
         loopback_cluster, tmp_path):
     """A sweep that joins the cluster from a shell with the token on disk but no RAY_AUTH_MODE:
-    Ray's own CLI fails there, the `trainlab` command turns token mode on itself (README). fp16
+    Ray's own CLI fails there, the `trainlab` command turns token mode on itself (the clusters page). fp16
     on 2 workers may use either GPU type: cluster.placement=pack puts both on one node, spread
     one on each. cluster.min_capability=9.5, which no type has, is refused at submission with a
     reason per type, and the rest of the sweep runs (exit 1: a refused trial is a failed one)."""

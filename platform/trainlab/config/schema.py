@@ -372,8 +372,11 @@ class OptimConfig:
     weight_decay: float = bounded(0.1, ge=0)
     """Decoupled weight decay (not applied to norms and biases)."""
     beta1: float = bounded(0.9, ge=0, lt=1)
+    """AdamW's decay rate of the first moment (the running mean of gradients)."""
     beta2: float = bounded(0.95, ge=0, lt=1)
+    """AdamW's decay rate of the second moment (the running mean of squared gradients)."""
     eps: float = bounded(1e-8, gt=0)
+    """AdamW's epsilon, added to the second moment's square root in the update's denominator."""
     grad_clip: float = bounded(1.0, ge=0, note="0 = no clipping")
     """Clip the global gradient norm to this; 0 = no clipping (norm still measured)."""
     exp_avg_dtype: str = "fp32"
