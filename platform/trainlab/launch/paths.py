@@ -7,7 +7,7 @@ was started in (and `~` against the user's home) and hands the workers the absol
 
     data.path, train.resume (a path), train.checkpoint_dir, output_dir, tracking.uri
 
-The tracking URI is resolved by trainlab.tracking.store_uri (forms MLflow would misread are
+The tracking URI is resolved by trainlab.tracking.store (forms MLflow would misread are
 refused, a server's credentials moved out of it). Resolving an absolute config again changes
 nothing, so every entry point may call this: the Hydra app (a trial, each job of a sweep, a
 submitted job's driver, each torchrun rank) and launch.trial.train for library callers.
@@ -25,7 +25,7 @@ import os
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.engine.checkpoint import checkpoint_root
-from trainlab.tracking.store_uri import (
+from trainlab.tracking.store import (
     DATABASE_PORTS,
     OTHER_SCHEMES,
     SERVER_SCHEMES,

@@ -19,13 +19,13 @@ from trainlab.events import TrialResult
 from trainlab.precision.spec import spec_of
 from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
-from trainlab.tracking.store_uri import use_tracking_store
+from trainlab.tracking.store import use_tracking_store
 
 
 def resolve_tracking_uri(configured: str) -> str:
     """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
     URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
-    credentials moved to MLflow's credential variables (tracking.store_uri). ValueError for a
+    credentials moved to MLflow's credential variables (tracking.store). ValueError for a
     URI MLflow would read differently than meant."""
     return use_tracking_store(configured).uri
 

@@ -3,7 +3,7 @@
 Before any worker starts (check_tracking_uri): can this process write to the store the trial
 reports to? A server is asked the way MLflow's client asks it: through MLflow's own HTTP layer,
 with the credentials MLflow reads (the URI's, moved to MLFLOW_TRACKING_USERNAME / _PASSWORD by
-tracking.store_uri, a token, ~/.mlflow/credentials). Before a store is read (check_store, for
+tracking.store, a token, ~/.mlflow/credentials). Before a store is read (check_store, for
 `trainlab compare`): MLflow's HTTP client retries a server that does not answer for minutes
 (7 retries with backoff, 120 s a request), and SQLAlchemy meets a damaged sqlite file with a
 page of traceback. Every message names the store (credentials masked, trainlab.redact) and the
@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact
-from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES
+from trainlab.tracking.store import DATABASE_PORTS, SERVER_SCHEMES
 
 CHECK_TIMEOUT_S = 5.0
 """How long the check waits for a tracking server or database to answer."""
