@@ -26,9 +26,6 @@ import os
 from trainlab.config import ConfigError, RunConfig
 from trainlab.engine.checkpoint import checkpoint_root
 from trainlab.tracking.store import (
-    DATABASE_PORTS,
-    OTHER_SCHEMES,
-    SERVER_SCHEMES,
     tracking_field,
     tracking_store,
     use_tracking_store,
@@ -83,7 +80,7 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
                   str(checkpoint_root(run)), "every worker writes and reads checkpoints"))
     if run.tracking.name == "mlflow":  # rank 0's writer writes a local store (MLflow's default too)
         store = tracking_store(run.tracking.uri)
-        if store.scheme not in (*SERVER_SCHEMES, *DATABASE_PORTS, *OTHER_SCHEMES):
+        if store.local_path is not None:
             paths.append((tracking_field(run.tracking.uri), store.uri,
                           "rank 0 writes the MLflow store (an mlflow server needs no shared storage)"))
     where = f"cluster.address={run.cluster.address!r}"
