@@ -2,7 +2,7 @@
 
 A tracking URI may carry a user name and password (`http://user:pw@host:5000`,
 `postgresql://user:pw@db/mlflow`). trainlab takes HTTP credentials out of the URI once, on the
-driver (trainlab.tracking.store_uri), and hands them to MLflow's client the way MLflow reads
+driver (trainlab.tracking.store), and hands them to MLflow's client the way MLflow reads
 them (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); what it prints, logs to MLflow
 (params, tags, the config snapshot) or writes beside the run (Hydra's .hydra/ files, trial
 records) passes through `redact` first, which masks the password part of any URL in a text and

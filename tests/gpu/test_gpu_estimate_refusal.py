@@ -11,8 +11,8 @@ import torch
 
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.engine.local_plan import plan_here
-from trainlab.estimate.fits import ray_type_of
 from trainlab.estimate.hardware import known_types
+from trainlab.vocab.gpus import ray_type_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -16,7 +16,7 @@ from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
 from trainlab.parallel.pp import bubble_fraction
-from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS
+from trainlab.vocab.gpus import GPUS
 
 BIG = ["model=7b", "train.seq_len=2048", "train.micro_batch_size=1", "train.global_batch_size=16"]
 
@@ -34,7 +34,7 @@ def step(overrides, cluster, cal=None) -> float:
 
 # --- hardware ---------------------------------------------------------------------------------
 def test_gpu_peaks_are_the_mfu_tables():
-    table = {label: peaks for label, _, peaks in GPU_PEAK_TFLOPS}
+    table = {g.label: g.peak_tflops for g in GPUS}
     assert hardware("H100").peak_tflops("bf16") == table["H100 SXM"]["bf16"]
     assert hardware("H100").peak_tflops("fp8") == table["H100 SXM"]["fp8"]
     assert hardware("A100").peak_tflops("fp8") is None  # no FP8 tensor cores: unknown, not guessed

@@ -1,4 +1,4 @@
-"""Driver-side resolution of user paths (launch.paths), tracking URI forms (tracking.store_uri,
+"""Driver-side resolution of user paths (launch.paths), tracking URI forms (tracking.store,
 tracking.store_check) and credential masking (redact). Only 127.0.0.1 is ever contacted."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.launch.paths import absolute, resolve_paths, shared_storage_notes
 from trainlab.redact import redact, redact_files, register_secret, split_userinfo
+from trainlab.tracking.store import tracking_store
 from trainlab.tracking.store_check import check_tracking_uri
-from trainlab.tracking.store_uri import tracking_store
 
 BASE = ["model=tiny", "cluster.device=cpu"]
 PASSWORD = "s3cret-Pw-42"

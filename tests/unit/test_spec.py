@@ -81,3 +81,24 @@ def test_tf32_is_ignored_outside_fp32_with_a_warning():
 
     run = compose_run_config(["precision=bf16", "precision.tf32=true"])
     assert any("precision.tf32 only applies to precision=fp32" in n for n in ignored_options(run))
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+def test_the_recipe_and_the_estimate_read_the_same_peak(name):
+    """MFU's peak dtype (the recipe's) and the estimate's compute peak both come from
+    PrecisionSpec.peak_dtype: with precision.tf32 on a GPU only fp32 moves to the TF32 peak, and
+    a mode whose matmuls run in an fp32 hp_dtype (FP8, emulated) stays at the fp32 peak, as it runs."""
+    from trainlab.estimate import ClusterSpec
+    from trainlab.estimate.hardware import hardware
+    from trainlab.estimate.trial import estimate_trial
+
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        run = compose_run_config([f"precision={name}", "precision.tf32=true", "precision.hp_dtype=fp32",
+                                  "cluster.device=cuda", "cluster.num_workers=1", "tracking=none"])
+        recipe = build_recipe(run.precision, device_type="cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+    assert recipe.peak_dtype == ("tf32" if name == "fp32" else SPECS[name].matmul_dtype("fp32"))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["1xH100"]))
+    assert est.ranks[0].device.peak_tflops == hardware("H100").peak_tflops(recipe.peak_dtype)

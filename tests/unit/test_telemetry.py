@@ -9,7 +9,8 @@ import pytest
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.telemetry import SpikeDetector, StabilityCounters
-from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS, Peak, gpu_peak, mean_peak
+from trainlab.telemetry.peak_flops import Peak, gpu_peak, mean_peak
+from trainlab.vocab.gpus import GPUS
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -32,7 +33,7 @@ def test_unknown_gpu_gets_no_peak_and_says_why():
 def test_known_gpus_resolve_by_their_exact_name():
     assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
     assert gpu_peak("NVIDIA H100 PCIe", "bf16").flops_per_s == 756e12  # the PCIe part is slower
-    assert all(p > 0 for _, _, peaks in GPU_PEAK_TFLOPS for p in peaks.values())
+    assert all(p > 0 for g in GPUS for p in g.peak_tflops.values())
     # names that contain another part's name are other chips, not that part
     assert gpu_peak("NVIDIA L40", "bf16").flops_per_s == 181e12  # not the L4's 121
     assert gpu_peak("NVIDIA H100 NVL", "bf16").flops_per_s == 835e12  # not the SXM's 989

@@ -1,35 +1,19 @@
 """The answer people open a comparison for: the fastest configuration whose verdict is ok.
 
-One function (`answer`) computes it from a Summary; `trainlab compare` prints its line first,
-report.html and summary.md open with it, and the sweep's parent MLflow run carries it
+One function (`answer`) computes it, once, where the sweep is summarized (summarize puts it on
+the Summary as `summary.answer`); `trainlab compare` prints its line first, report.html and
+summary.md open with it, and the sweep's parent MLflow run carries it
 (tracking.sweep_runs.log_sweep_result), so all of them say the same thing.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from trainlab import names
-from trainlab.compare.records import ConfigRow, Summary
+from trainlab.compare.records import Answer, ConfigRow, Summary
 
 OK = "ok"  # summarize.verdict's word for "as good as the baseline"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The sweep's result: the winner (None when no configuration is ok) and its numbers."""
-
-    line: str
-    """One sentence for a person: the winner with its speedup and val-loss gap, or why none."""
-    best: str | None = None  # the winner's configuration label
-    baseline: str | None = None
-    speedup: float | None = None  # the winner's tokens/s / the baseline's
-    val_loss: float | None = None  # the winner's mean final val loss
-    delta_val_loss: float | None = None  # vs the baseline at equal tokens (negative = better)
-    trials_by_status: tuple[tuple[str, int], ...] = ()
-    """Trials per status (names.STATUS_* and UNFINISHED) over every configuration, zeros included;
-    a rerun job counts once (its latest attempt, as compare.load reads it)."""
 
 
 UNFINISHED = "unfinished"  # running, preempted or stopped without a status: ConfigRow.n_running
@@ -81,36 +65,6 @@ def answer(summary: Summary) -> Answer:
                   trials_by_status=counts)
 
 
-def sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer:
-    """The answer for a sweep's parent run as `trainlab compare --parent` computes it (default
-    baseline, target and tolerance), read back from MLflow; a sweep without trial runs gets
-    zero counts and a line that says so."""
-    from trainlab.compare.load import load_sweep
-    from trainlab.compare.summarize import summarize
-
-    try:
-        data = load_sweep(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
-    except ValueError as e:  # no trial runs yet (every job refused at submission)
-        return Answer(line=f"no configuration is ok: {e}", trials_by_status=_counts(()))
-    return answer(summarize(data.trials))
-
-
-def log_sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer | None:
-    """sweep_answer onto the parent run (tracking.sweep_runs.log_sweep_result), at a sweep's
-    end. None, with a warning, when that fails: the trials' runs are what matter, the parent's
-    summary can be had again with `trainlab compare`."""
-    from rich.markup import escape
-
-    from trainlab.console import console
-    from trainlab.redact import redact
-    from trainlab.tracking.sweep_runs import log_sweep_result
-
-    try:
-        result = sweep_answer(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
-        log_sweep_result(tracking_uri=tracking_uri, parent_run_id=parent_run_id, result=result)
-    except Exception as e:  # noqa: BLE001 - a summary must never fail the sweep it summarizes
-        console.print(f"[yellow]warning:[/] the sweep's result was not logged to its parent run "
-                      f"{parent_run_id} ({escape(type(e).__name__ + ': ' + redact(str(e))[:300])}); "
-                      f"`trainlab compare --parent {parent_run_id}` computes it")
-        return None
-    return result
+def without_trials(why: str) -> Answer:
+    """The answer of a sweep that has no trial runs to read: zero counts and a line that says why."""
+    return Answer(line=f"no configuration is ok: {why}", trials_by_status=_counts(()))

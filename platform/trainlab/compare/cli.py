@@ -53,12 +53,11 @@ def _print_result(result) -> None:
     from rich.markup import escape
 
     from trainlab.compare import estimates, tables
-    from trainlab.compare.answer import answer
     from trainlab.compare.compare_sweep import title_of
 
     console = _console()
     # what people come for, first, on one line however long (a script reads it with head -1)
-    console.print(answer(result.summary).line, markup=False, soft_wrap=True)
+    console.print(result.summary.answer.line, markup=False, soft_wrap=True)
     if result.sweep.note:
         console.print(f"[yellow]note:[/] {escape(result.sweep.note)}")
     for table in tables.rich_tables(result.summary, title=title_of(result.sweep)):

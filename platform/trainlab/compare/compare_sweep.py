@@ -1,4 +1,5 @@
-"""The whole comparison: load a sweep, summarize it, write the files, log them to the parent."""
+"""The whole comparison: load a sweep, summarize it (its answer with it), write the files, log
+them to the parent; and the answer alone, logged to the parent at a sweep's end."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.compare import estimates, plots, tables
+from trainlab.compare.answer import without_trials
 from trainlab.compare.html_report import write_report
 from trainlab.compare.layer_plots import write_layer_heatmaps
 from trainlab.compare.load import load_sweep
-from trainlab.compare.records import ConfigRow, Summary, SweepData, Trial
+from trainlab.compare.records import Answer, ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import TOLERANCE, summarize
 
 SUMMARY_MD = "summary.md"
@@ -112,3 +114,35 @@ def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: st
         log_to_parent(data, files)
     return CompareResult(sweep=data, summary=summary, out_dir=out, files=files, report=files[-1],
                          logged_to_run=data.parent_run_id if log else None)
+
+
+def sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer:
+    """The answer for a sweep's parent run as `trainlab compare --parent` computes it (default
+    baseline, target and tolerance), read back from MLflow; a sweep without trial runs gets
+    zero counts and a line that says so."""
+    try:
+        data = load_sweep(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
+    except ValueError as e:  # no trial runs yet (every job refused at submission)
+        return without_trials(str(e))
+    return summarize(data.trials).answer
+
+
+def log_sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer | None:
+    """sweep_answer onto the parent run (tracking.sweep_runs.log_sweep_result), at a sweep's
+    end. None, with a warning, when that fails: the trials' runs are what matter, the parent's
+    summary can be had again with `trainlab compare`."""
+    from rich.markup import escape
+
+    from trainlab.console import console
+    from trainlab.redact import redact
+    from trainlab.tracking.sweep_runs import log_sweep_result
+
+    try:
+        result = sweep_answer(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
+        log_sweep_result(tracking_uri=tracking_uri, parent_run_id=parent_run_id, result=result)
+    except Exception as e:  # noqa: BLE001 - a summary must never fail the sweep it summarizes
+        console.print(f"[yellow]warning:[/] the sweep's result was not logged to its parent run "
+                      f"{parent_run_id} ({escape(type(e).__name__ + ': ' + redact(str(e))[:300])}); "
+                      f"`trainlab compare --parent {parent_run_id}` computes it")
+        return None
+    return result

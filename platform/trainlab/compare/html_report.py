@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainlab.compare import repro, tables
-from trainlab.compare.answer import answer
 from trainlab.compare.records import Summary, Trial
 
 _CSS = """
@@ -57,7 +56,7 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
     """The answer (compare.answer) first, then the title, what the table was computed against,
     the summary table, estimate vs measured (compare.estimates, where trials were estimated), the
     plots, the trials."""
-    result = answer(summary)
+    result = summary.answer
     meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
     defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
     imgs = "\n".join(_img(p) for p in images)

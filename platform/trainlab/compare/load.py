@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from trainlab import names
 from trainlab.compare.records import Series, SweepData, Trial
-from trainlab.tracking.runs import config_of, local_store_path
+from trainlab.tracking.runs import config_of
+from trainlab.tracking.store import TrackingStore
 
 # the histories compare uses; other metrics stay in MLflow
 METRICS = (
@@ -172,7 +173,7 @@ def latest_attempts(trials_newest_first: list[Trial]) -> tuple[list[Trial], int]
 
 
 def _check_store(uri: str) -> None:
-    path = local_store_path(uri)
+    path = TrackingStore.of(uri).local_path
     # opening a sqlite URI that does not exist would create an empty store: refuse instead
     if path is not None and not path.exists():
         raise ValueError(f"no MLflow store at {path} (tracking URI {uri}); pass --tracking-uri "

@@ -109,6 +109,22 @@ class ConfigRow:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """The sweep's result: the winner (None when no configuration is ok) and its numbers."""
+
+    line: str
+    """One sentence for a person: the winner with its speedup and val-loss gap, or why none."""
+    best: str | None = None  # the winner's configuration label
+    baseline: str | None = None
+    speedup: float | None = None  # the winner's tokens/s / the baseline's
+    val_loss: float | None = None  # the winner's mean final val loss
+    delta_val_loss: float | None = None  # vs the baseline at equal tokens (negative = better)
+    trials_by_status: tuple[tuple[str, int], ...] = ()
+    """Trials per status (names.STATUS_* and compare.answer.UNFINISHED) over every configuration,
+    zeros included; a rerun job counts once (its latest attempt, as compare.load reads it)."""
+
+
+@dataclass(frozen=True)
 class Summary:
     """The table: rows in display order, with the baseline and target they were computed for."""
 
@@ -118,6 +134,9 @@ class Summary:
     target_source: str  # how target_loss was chosen, for the reader of the report
     notes: tuple[str, ...] = ()
     repro: tuple = ()  # compare.repro.ReproGroup: runs that should match, and whether they do
+    answer: Answer | None = None
+    """The fastest ok configuration (compare.answer), computed once by summarize for everyone who
+    prints, writes or logs it; None only inside summarize, before it is computed."""
 
     def row(self, label: str) -> ConfigRow:
         """The row of configuration `label`."""

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 from trainlab import names
 from trainlab.compare import curves
+from trainlab.compare.answer import answer
 from trainlab.compare.records import ConfigRow, Summary, Trial
 from trainlab.compare.repro import reproducibility
 from trainlab.precision.spec import SPECS
@@ -197,9 +198,9 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
     notes: list[str] = []
     if base_label is None:
         notes.append("no configuration has a finished trial: no baseline, speedup or Δ")
-        return Summary(rows=tuple(rows), baseline=None, target_loss=target_loss,
-                       target_source="given" if target_loss is not None else "none", notes=tuple(notes),
-                       repro=reproducibility(trials))
+        return _answered(Summary(rows=tuple(rows), baseline=None, target_loss=target_loss,
+                                 target_source="given" if target_loss is not None else "none",
+                                 notes=tuple(notes), repro=reproducibility(trials)))
 
     base = next(r for r in rows if r.label == base_label)
     base_trials = [t for t in groups[base_label] if t.status == names.STATUS_FINISHED]
@@ -228,5 +229,10 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
             n_reached_target=len(reached), n_target_measured=len(measured))
         out.append(replace(row, verdict=verdict(row, base_val_loss=base.final_val_loss_mean,
                                                  tolerance=tolerance)))
-    return Summary(rows=tuple(out), baseline=base_label, target_loss=target_loss,
-                   target_source=source, notes=tuple(notes), repro=reproducibility(trials))
+    return _answered(Summary(rows=tuple(out), baseline=base_label, target_loss=target_loss,
+                             target_source=source, notes=tuple(notes), repro=reproducibility(trials)))
+
+
+def _answered(summary: Summary) -> Summary:
+    """The summary with its answer (compare.answer), computed here once for every reader."""
+    return replace(summary, answer=answer(summary))

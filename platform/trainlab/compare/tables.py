@@ -12,7 +12,6 @@ from rich.table import Table
 from rich.text import Text
 
 from trainlab.compare import repro
-from trainlab.compare.answer import answer
 from trainlab.compare.records import ConfigRow, Summary
 
 NA = "-"  # where a configuration has no number (no finished trial, or nothing logged)
@@ -153,7 +152,7 @@ def markdown_document(summary: Summary, *, title: str, context: list[str]) -> st
     bullets = [f"- {x}" for x in [*context, *headline(summary)]]
     defs = [f"- {d}" for d in DEFINITIONS]
     repro_section = [repro.markdown(summary.repro)] if summary.repro else []
-    return "\n".join([f"# {title}", "", f"**{answer(summary).line}**", "", *bullets, "", markdown_table(summary), "", *defs, "",
+    return "\n".join([f"# {title}", "", f"**{summary.answer.line}**", "", *bullets, "", markdown_table(summary), "", *defs, "",
                       *repro_section])
 
 

@@ -447,7 +447,7 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"precision.{', precision.'.join(changed)} only apply to precision=fp16; "
                          f"ignored with precision={run.precision.name}")
-    if run.precision.tf32 and run.precision.name != "fp32":
+    if run.precision.tf32 and not spec.tf32:
         notes.append(f"precision.tf32 only applies to precision=fp32; ignored with "
                      f"precision={run.precision.name}")
     if not spec.low_precision_layers:

@@ -13,30 +13,15 @@ without it.
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Callable
 
 from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
+from trainlab.vocab.gpus import ray_type_of
 
 if TYPE_CHECKING:
     from trainlab.config import RunConfig
     from trainlab.estimate.calibration import Calibration
     from trainlab.estimate.result import Estimate
-
-# Ray's own rule for naming an NVIDIA GPU's accelerator type from its device name
-# (ray._private.accelerators.nvidia_gpu.NVIDIA_GPU_NAME_PATTERN): "NVIDIA H100 80GB HBM3" -> H100,
-# "Tesla V100-SXM2-16GB" -> V100. Repeated here because torchrun runs without Ray.
-_NVIDIA_NAME = re.compile(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
-
-
-def ray_type_of(device_name: str) -> str:
-    """The Ray accelerator type of a CUDA device name, as Ray names the node it runs on."""
-    m = _NVIDIA_NAME.match(device_name)
-    found = m.group(1).replace(" ", "-") if m else ""
-    if len(found) > 1:
-        return found
-    return re.sub(r"^NVIDIA\s+", "", device_name).strip().replace(" ", "-")
-
 
 def config_cluster(run: RunConfig) -> ClusterSpec | None:
     """The cluster described by cluster.nodes (with its links); None when the list is empty."""

@@ -1,15 +1,13 @@
 """What a device of each Ray accelerator type offers an estimate: memory, bandwidths, peaks.
 
     hw = hardware("H100")          # Hardware(memory_gb=80, hbm_gb_s=3350, nvlink_gb_s=450, ...)
-    hw.peak_tflops("bf16")         # 989.0: telemetry.peak_flops's table, the MFU denominator
+    hw.peak_tflops("bf16")         # 989.0: the GPU catalog's peak, the MFU denominator
 
-Peaks are never copied here: each Ray type names the row of telemetry.peak_flops.GPU_PEAK_TFLOPS
-it stands for (Ray's 'H100' does not say SXM or PCIe: it is read as the SXM part, and the
-estimate says so in its notes), so estimated and measured MFU divide by the same number.
-Memory and bandwidths are the vendors' datasheet figures for that part. NVLink is per GPU and
-per direction (half the "bidirectional" figure datasheets print); a part without NVLink talks
-over PCIe. CPU ranks: the host's memory shared by its ranks, and the matmul peak the probe
-measures on this machine (telemetry.peak_flops.cpu_probe_peak, one thread per core a rank owns).
+A GPU's figures come from the one GPU catalog (vocab.gpus), the table MFU's peaks are read
+from too, so estimated and measured MFU divide by the same number (Ray's 'H100' does not say SXM
+or PCIe: it is read as the SXM part, and the estimate says so in its notes, vocab.gpus.NOTES).
+CPU ranks: the host's memory shared by its ranks, and the matmul peak the probe measures on this
+machine (telemetry.peak_flops.cpu_probe_peak, one thread per core a rank owns).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from trainlab.estimate.cluster import CPU
-from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS
+from trainlab.vocab.gpus import RAY_TYPES, by_ray_type
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,7 @@ class Hardware:
     type: str
     """Ray accelerator type (H100, A100, ...) or 'cpu'."""
     label: str
-    """The row of the MFU peak table it reads ('' = none: unknown peaks); 'cpu' = probed."""
+    """The GPU catalog's part it is read as (vocab.gpus.Gpu.label); 'cpu' = probed."""
     memory_gb: float
     """Device memory in GB (1e9 bytes); CPU: the host's."""
     hbm_gb_s: float
@@ -41,53 +39,28 @@ class Hardware:
         """Dense peak TFLOP/s of one device for `dtype` (fp32, tf32, bf16, fp16, fp8); None = unknown."""
         if self.type == CPU:
             return cpu_peak_tflops(dtype)
-        return _TABLE.get(self.label, {}).get(dtype)
+        gpu = by_ray_type(self.type)
+        return gpu.peak_tflops.get(dtype) if gpu else None
 
-
-_TABLE = {label: peaks for label, _, peaks in GPU_PEAK_TFLOPS}
-
-# Ray accelerator type -> (peak-table row, memory GB, HBM GB/s, NVLink GB/s per direction).
-# Datasheets: H100 SXM5 80 GB HBM3 3.35 TB/s, NVLink 4 900 GB/s bidirectional; H200 141 GB
-# 4.8 TB/s, NVLink 900; A100 SXM 80 GB 2.04 TB/s (40 GB 1.56), NVLink 3 600; V100 SXM2 16 GB
-# 900 GB/s, NVLink 2 300; L40S 48 GB 864 GB/s, L4 24 GB 300 GB/s, A10G 24 GB 600 GB/s, T4 16 GB
-# 320 GB/s: PCIe only (Gen4 x16 32 GB/s, T4 Gen3 16 GB/s).
-_CATALOG: dict[str, tuple[str, float, float, float]] = {
-    "H100": ("H100 SXM", 80.0, 3350.0, 450.0),
-    "H200": ("H200", 141.0, 4800.0, 450.0),
-    "A100": ("A100", 80.0, 2039.0, 300.0),
-    "A100-80G": ("A100", 80.0, 2039.0, 300.0),
-    "A100-40G": ("A100", 40.0, 1555.0, 300.0),
-    "V100": ("V100 SXM2", 16.0, 900.0, 150.0),
-    "L40S": ("L40S", 48.0, 864.0, 32.0),
-    "L4": ("L4", 24.0, 300.0, 32.0),
-    "A10G": ("A10G", 24.0, 600.0, 32.0),
-    "T4": ("T4", 16.0, 320.0, 16.0),
-}
-for _label, *_ in _CATALOG.values():  # a renamed table row must fail at import, not estimate unknown
-    assert _label in _TABLE, f"{_label} is not a row of telemetry.peak_flops.GPU_PEAK_TFLOPS"
-
-NOTES = {"H100": "H100 read as the H100 SXM (80 GB HBM3); a PCIe or NVL part is slower",
-         "A100": "A100 read as the A100 SXM 80 GB",
-         "V100": "V100 read as the V100 SXM2 16 GB"}
-"""What an estimate assumes about a Ray type that names more than one part."""
 
 CPU_MEM_GB_S = 20.0
 """A host's memory bandwidth one rank reaches, GB/s (a DDR4/5 channel or two); calibrated."""
 
 
 def known_types() -> tuple[str, ...]:
-    return (*_CATALOG, CPU)
+    """The device types an estimate knows: the catalog's Ray types with memory figures, and cpu."""
+    return (*(t for t in RAY_TYPES if by_ray_type(t).memory_gb is not None), CPU)
 
 
 def hardware(device_type: str) -> Hardware:
     """The Hardware of a Ray accelerator type or 'cpu'; ValueError naming cluster.nodes otherwise."""
     if device_type == CPU:
         return Hardware(CPU, CPU, host_memory_gb(), CPU_MEM_GB_S, 0.0)
-    if device_type not in _CATALOG:
+    gpu = by_ray_type(device_type)
+    if gpu is None or gpu.memory_gb is None:
         raise ValueError(f"cluster.nodes names GPU type {device_type!r}, which the estimate does not know; "
                          f"use one of {', '.join(known_types())} (Ray accelerator type names)")
-    label, memory_gb, hbm, nvlink = _CATALOG[device_type]
-    return Hardware(device_type, label, memory_gb, hbm, nvlink)
+    return Hardware(device_type, gpu.label, gpu.memory_gb, gpu.hbm_gb_s, gpu.nvlink_gb_s)
 
 
 def host_memory_gb() -> float:

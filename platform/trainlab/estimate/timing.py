@@ -118,10 +118,10 @@ def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None 
     for r in range(layout.world):
         hw = layout.hardware[r]
         kind = "cpu" if hw.type == "cpu" else "gpu"
-        emulated = emulates(run.precision, device_type="cpu" if kind == "cpu" else "cuda")
-        dtype = spec.matmul_dtype(run.precision.hp_dtype)
-        if dtype == "fp32" and run.precision.tf32 and kind == "gpu":
-            dtype = "tf32"
+        device_type = "cpu" if kind == "cpu" else "cuda"
+        emulated = emulates(run.precision, device_type=device_type)
+        dtype = spec.peak_dtype(run.precision, device_type=device_type)
+        casts = spec.cast_cost(emulated=emulated, device_type=device_type)
         peak = layout.peak_tflops(r, dtype) or layout.peak_tflops(r, "fp32")
         c = layout.coords[r]
         sequences, micro = shares[c.dp_rank] if dims.pp == 1 else (t.global_batch_size // dims.dp, pp_m)
@@ -131,11 +131,11 @@ def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None 
                                                     seq_len=t.seq_len, checkpoint=p.activation_checkpoint)
         hp, lowp, attention = (x * tokens / dims.tp for x in (hp, lowp, attention))
         fp8_s = emul_s = fp16_s = 0.0
-        if spec.name == "fp16" and emulated:  # every autocast matmul rounds its operands (a cast each)
+        if casts == "fp16_emulated":  # every autocast matmul rounds its operands (a cast each)
             hp, fp16_s = hp + lowp, (hp + lowp) / (peak * 1e12)
-        elif (spec.fp8 or spec.name == "emulated") and (emulated or kind == "cpu"):
+        elif casts == "emulated":
             hp, emul_s = hp + lowp, lowp / (peak * 1e12)
-        elif spec.fp8:
+        elif casts == "fp8":
             fp8_s = lowp / ((layout.peak_tflops(r, "fp8") or 2 * peak) * 1e12)
         else:
             hp += lowp

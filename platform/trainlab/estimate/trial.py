@@ -10,13 +10,13 @@ import dataclasses
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
 from trainlab.estimate.cluster import CPU, ClusterSpec
-from trainlab.estimate.hardware import NOTES
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import flops_per_token
 from trainlab.precision.spec import spec_of
+from trainlab.vocab.gpus import NOTES
 
 
 def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibration | None = None) -> Estimate:
@@ -27,9 +27,7 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibra
     device_type = "cpu" if layout.hardware[0].type == CPU else "cuda"
     memories = [_calibrated(m, cal, device_type=device_type) for m in memories_on(layout, device_type=device_type)]
     times = rank_times(step_terms(run, layout=layout, state_bytes=[m.state for m in memories]), calibration=cal)
-    dtype = spec_of(run.precision.name).matmul_dtype(run.precision.hp_dtype)
-    if dtype == "fp32" and run.precision.tf32 and device_type == "cuda":
-        dtype = "tf32"
+    dtype = spec_of(run.precision.name).peak_dtype(run.precision, device_type=device_type)
     ranks = tuple(
         RankEstimate(rank=r, device=DeviceSpec(name=hw.type, memory_gb=_memory_gb(hw.memory_gb, layout, r),
                                                peak_tflops=layout.peak_tflops(r, dtype), node=layout.nodes[r]),

@@ -7,7 +7,7 @@ was started in (and `~` against the user's home) and hands the workers the absol
 
     data.path, train.resume (a path), train.checkpoint_dir, output_dir, tracking.uri
 
-The tracking URI is resolved by trainlab.tracking.store_uri (forms MLflow would misread are
+The tracking URI is resolved by trainlab.tracking.store (forms MLflow would misread are
 refused, a server's credentials moved out of it). Resolving an absolute config again changes
 nothing, so every entry point may call this: the Hydra app (a trial, each job of a sweep, a
 submitted job's driver, each torchrun rank) and launch.trial.train for library callers.
@@ -25,10 +25,7 @@ import os
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.engine.checkpoint import checkpoint_root
-from trainlab.tracking.store_uri import (
-    DATABASE_PORTS,
-    OTHER_SCHEMES,
-    SERVER_SCHEMES,
+from trainlab.tracking.store import (
     tracking_field,
     tracking_store,
     use_tracking_store,
@@ -83,7 +80,7 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
                   str(checkpoint_root(run)), "every worker writes and reads checkpoints"))
     if run.tracking.name == "mlflow":  # rank 0's writer writes a local store (MLflow's default too)
         store = tracking_store(run.tracking.uri)
-        if store.scheme not in (*SERVER_SCHEMES, *DATABASE_PORTS, *OTHER_SCHEMES):
+        if store.local_path is not None:
             paths.append((tracking_field(run.tracking.uri), store.uri,
                           "rank 0 writes the MLflow store (an mlflow server needs no shared storage)"))
     where = f"cluster.address={run.cluster.address!r}"

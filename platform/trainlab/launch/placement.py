@@ -4,8 +4,8 @@
     choice = place(run, pools)                     # Placement(types=('H100',), ...) or PlacementError
 
 Ray gives every GPU node a resource ``accelerator_type:<TYPE>`` (names from
-``ray.util.accelerators``: H100, A100, V100, ...). `ACCELERATOR_CAPABILITY` maps those names
-to CUDA compute capability; `precision.capability` says what each precision mode needs
+``ray.util.accelerators``: H100, A100, V100, ...). The GPU catalog (vocab.gpus) gives each
+its CUDA compute capability; `precision.capability` says what each precision mode needs
 (FP8 tensor cores SM 8.9+, BF16 8.0+, FP16 any CUDA GPU). A trial is routed to the types
 that pass its precision, its own asks (`cluster.accelerator_type`, `cluster.min_capability`)
 and its memory estimate (launch.estimate_cluster: what one rank needs must fit the type's
@@ -33,18 +33,9 @@ from dataclasses import dataclass
 
 from trainlab.config.schema import PLACEMENTS, RunConfig
 from trainlab.precision.capability import check_precision_on_gpu
+from trainlab.vocab.gpus import by_ray_type
 
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
-
-ACCELERATOR_CAPABILITY: dict[str, tuple[int, int]] = {
-    "GB300": (10, 3), "B300": (10, 3), "GB200": (10, 0), "B200": (10, 0),
-    "RTX-PRO-6000": (12, 0),
-    "H200": (9, 0), "H100": (9, 0), "H20": (9, 0),
-    "L40S": (8, 9), "L4": (8, 9),
-    "A100": (8, 0), "A100-40G": (8, 0), "A100-80G": (8, 0), "A10G": (8, 6),
-    "T4": (7, 5), "V100": (7, 0), "P100": (6, 0), "P4": (6, 1), "K80": (3, 7),
-}
-"""CUDA compute capability per Ray accelerator type name (NVIDIA's published tables)."""
 
 
 class PlacementError(ValueError):
@@ -61,7 +52,8 @@ class GpuPool:
 
     @property
     def capability(self) -> tuple[int, int] | None:
-        return ACCELERATOR_CAPABILITY.get(self.type)
+        gpu = by_ray_type(self.type)
+        return gpu.capability if gpu else None
 
 
 @dataclass(frozen=True)
@@ -132,7 +124,7 @@ def why_not(run: RunConfig, pool: GpuPool) -> str | None:
     cap = pool.capability
     if cap is None:
         return (f"its compute capability is unknown (add {pool.type or 'the type'} to "
-                "trainlab.launch.placement.ACCELERATOR_CAPABILITY, or start the node with "
+                "trainlab.vocab.gpus.GPUS, or start the node with "
                 "--resources '{\"accelerator_type:H100\": 1}')")
     if c.min_capability and cap < parse_capability(c.min_capability):
         return f"compute capability {cap[0]}.{cap[1]} < cluster.min_capability={c.min_capability}"
@@ -174,5 +166,5 @@ def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
                          + "\n  ".join(lines))
 
 
-__all__ = ["ACCELERATOR_CAPABILITY", "PLACEMENTS", "GpuPool", "Placement", "PlacementError",
+__all__ = ["PLACEMENTS", "GpuPool", "Placement", "PlacementError",
            "gpu_pools", "parse_capability", "place", "scaling_options", "why_not"]

@@ -27,8 +27,8 @@ from trainlab.precision import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.spec import emulates
 from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.tracking.store import tracking_field
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
-from trainlab.tracking.store_uri import tracking_field
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379

@@ -262,7 +262,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
     if parent_id is not None:
-        from trainlab.compare.answer import log_sweep_answer
+        from trainlab.compare.compare_sweep import log_sweep_answer
         from trainlab.tracking.sweep_runs import close_sweep_parent
 
         # what won, on the parent's row; not when interrupted: a scheduler's grace period is for

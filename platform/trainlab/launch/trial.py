@@ -19,7 +19,7 @@ from trainlab.launch.plan import plan_launch
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
 from trainlab.tracking.runs import TrialRun, default_run_name, ui_command
-from trainlab.tracking.store_uri import credentials_env
+from trainlab.tracking.store import credentials_env
 from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
 
 

@@ -58,11 +58,8 @@ class PrecisionRecipe:
     def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
         """The recipe of `spec` for this config on `device_type` (subclasses with settings of
         their own override this). fp32 with precision.tf32 on a GPU runs (and is measured
-        against) TF32 tensor cores; on CPU there are none and it stays fp32."""
-        peak = spec.matmul_dtype(cfg.hp_dtype)
-        if peak == "fp32" and cfg.tf32 and device_type == "cuda":
-            peak = "tf32"
-        return cls(name=spec.name, device_type=device_type, peak_dtype=peak)
+        against) TF32 tensor cores; on CPU there are none and it stays fp32 (spec.peak_dtype)."""
+        return cls(name=spec.name, device_type=device_type, peak_dtype=spec.peak_dtype(cfg, device_type=device_type))
 
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
@@ -163,7 +160,7 @@ class Fp16Recipe(AutocastRecipe):
 
     def __init__(self, cfg: PrecisionConfig, device_type: str, *, emulated: bool):
         super().__init__(name="fp16", device_type=device_type, emulated=emulated,
-                         peak_dtype="fp16", dtype=torch.float16)
+                         peak_dtype=spec_of("fp16").peak_dtype(cfg, device_type=device_type), dtype=torch.float16)
         self.scaler = torch.amp.GradScaler(
             device_type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
             backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval,
@@ -223,7 +220,8 @@ class Fp8Recipe(PrecisionRecipe):
     def __init__(self, cfg: PrecisionConfig, device_type: str):
         # MFU against the high-precision peak; run.py adds a second one against the FP8 peak
         super().__init__(name=cfg.name, device_type=device_type,
-                         emulated=emulates(cfg, device_type=device_type), peak_dtype=cfg.hp_dtype)
+                         emulated=emulates(cfg, device_type=device_type),
+                         peak_dtype=spec_of(cfg.name).peak_dtype(cfg, device_type=device_type))
         self.cfg = cfg
         self.hp_dtype = HP_DTYPES[cfg.hp_dtype]
         self._model: nn.Module | None = None
@@ -283,7 +281,7 @@ class EmulatedRecipe(PrecisionRecipe):
 
     def __init__(self, cfg: PrecisionConfig, device_type: str):
         super().__init__(name="emulated", device_type=device_type, emulated=True,
-                         peak_dtype=cfg.hp_dtype)
+                         peak_dtype=spec_of("emulated").peak_dtype(cfg, device_type=device_type))
         self.cfg = cfg
         self.scaled = cfg.scaling == "tensor"
         f = cfg.formats

@@ -67,6 +67,9 @@ class PrecisionSpec:
     fp32_hp_min_capability: tuple[int, int] | None = None
     """With precision.hp_dtype=fp32, natively: the capability its FP8 matmuls need instead
     (rowwise-scaled _scaled_mm with an fp32 output exists in cuBLAS for SM 9.0 only)."""
+    tf32: bool = False
+    """precision.tf32 applies: with it, the mode's fp32 matmuls run on TF32 tensor cores (GPUs
+    only); the other modes ignore precision.tf32."""
     keep_hp: tuple[str, ...] = ("output", "unaligned")
     """precision.keep_hp when the config leaves it unset: the linears kept in high precision."""
     size_filter: str = ""
@@ -90,6 +93,30 @@ class PrecisionSpec:
         """The compute dtype whose peak FLOP/s MFU is measured against."""
         return hp_dtype if self.compute_dtype == "hp" else self.compute_dtype
 
+    def peak_dtype(self, cfg, *, device_type: str) -> str:
+        """The dtype whose peak FLOP/s the matmuls of the precision config `cfg` (a
+        PrecisionConfig) run at on `device_type` ("cpu" or "cuda"): MFU's denominator and the
+        estimate's compute peak. The matmul dtype, or tf32 for fp32 with precision.tf32 on a GPU
+        (a CPU has no TF32 cores: it stays fp32)."""
+        dtype = self.matmul_dtype(cfg.hp_dtype)
+        if self.tf32 and cfg.tf32 and dtype == "fp32" and device_type == "cuda":
+            return "tf32"
+        return dtype
+
+    def cast_cost(self, *, emulated: bool, device_type: str) -> str:
+        """What the mode's low-precision casts cost a step on `device_type` ("cpu" or "cuda"),
+        `emulated` as `emulates` says:
+        - "fp16_emulated": every autocast matmul rounds its operands through fp16 (precision.emulate);
+        - "emulated": the low-precision linears' casts are emulated, or run as real float8 casts
+          on a CPU (no FP8 units): their matmuls run at the hp peak, plus the casts' cost;
+        - "fp8": the low-precision linears' matmuls run on FP8 tensor cores (the FP8 peak);
+        - "": no casts to pay for (every matmul at the mode's peak)."""
+        if self.name == "fp16" and emulated:
+            return "fp16_emulated"
+        if (self.fp8 or self.name == "emulated") and (emulated or device_type == "cpu"):
+            return "emulated"
+        return "fp8" if self.fp8 else ""
+
     def fsdp_param_dtype(self, hp_dtype: str, *, emulated: bool) -> torch.dtype | None:
         """FSDP2's MixedPrecisionPolicy.param_dtype: what parameters are all-gathered and
         computed in. Emulated casts round operands themselves and need full-precision inputs."""
@@ -106,7 +133,7 @@ trial should be the faster one where FP8 can be (README: which presets have FP8 
 
 SPECS: dict[str, PrecisionSpec] = {s.name: s for s in (
     PrecisionSpec("fp32", "fp32 parameters and compute", f"{_RECIPES}:PrecisionRecipe", rank=0,
-                  min_capability=(0, 0), rollback_target=True),
+                  min_capability=(0, 0), rollback_target=True, tf32=True),
     PrecisionSpec("bf16", "bf16 autocast, fp32 master weights", f"{_RECIPES}:AutocastRecipe", rank=1,
                   min_capability=AMPERE, compute_dtype="bf16", param_dtype="bf16", rollback_target=True),
     PrecisionSpec("fp16", "fp16 autocast with dynamic loss scaling, fp32 master weights",

@@ -1,4 +1,4 @@
-"""Peak FLOP/s for MFU: a table of known GPUs per dtype, a measured probe on CPU.
+"""Peak FLOP/s for MFU: the GPU catalog's peaks per dtype (vocab.gpus), a measured probe on CPU.
 
 An unknown GPU gets no MFU (and a warning), never a guessed peak: a wrong denominator is
 worse than a missing number when comparing runs across devices.
@@ -12,36 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Dense (no sparsity) peak TFLOP/s from the vendors' datasheets, per part, keyed by the exact
-# names torch.cuda.get_device_name reports for it. Exact, never by substring: "NVIDIA L40"
-# contains "L4" and "NVIDIA H100 NVL" contains "H100", and each is a different chip.
-# fp32 is the plain FP32 (CUDA core) rate; tf32 is fp32 matmuls on tensor cores
-# (precision.tf32, SM 8.0+). A part lacking a dtype's tensor cores has no entry for it.
-GPU_PEAK_TFLOPS: tuple[tuple[str, tuple[str, ...], dict[str, float]], ...] = (
-    ("H100 SXM", ("NVIDIA H100 80GB HBM3",),
-     {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0, "fp8": 1979.0}),
-    ("H100 PCIe", ("NVIDIA H100 PCIe",),
-     {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0, "fp8": 1513.0}),
-    ("H100 NVL", ("NVIDIA H100 NVL",),
-     {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0, "fp8": 1671.0}),
-    ("H200", ("NVIDIA H200",),
-     {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0, "fp8": 1979.0}),
-    ("H200 NVL", ("NVIDIA H200 NVL",),
-     {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0, "fp8": 1671.0}),
-    ("A100", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB",
-              "NVIDIA A100 80GB PCIe"),
-     {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", ("NVIDIA L40S",), {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6, "fp8": 733.0}),
-    ("L40", ("NVIDIA L40",), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5, "fp8": 362.0}),
-    ("L4", ("NVIDIA L4",), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3, "fp8": 242.0}),
-    ("A10G", ("NVIDIA A10G",), {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
-    ("RTX 4090", ("NVIDIA GeForce RTX 4090",),
-     {"bf16": 165.0, "fp16": 165.0, "tf32": 82.6, "fp32": 82.6, "fp8": 330.0}),
-    ("V100 SXM2", ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB"), {"fp16": 125.0, "fp32": 15.7}),
-    ("V100 PCIe", ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"), {"fp16": 112.0, "fp32": 14.0}),
-    ("T4", ("Tesla T4",), {"fp16": 65.0, "fp32": 8.1}),
-)
-_BY_NAME = {name: (label, peaks) for label, device_names, peaks in GPU_PEAK_TFLOPS for name in device_names}
+from trainlab.vocab.gpus import by_device_name
 
 
 @dataclass(frozen=True)
@@ -53,13 +24,13 @@ class Peak:
 
 
 def gpu_peak(device_name: str, compute_dtype: str) -> Peak:
-    """The table's peak of this exact device name for `compute_dtype` (unknown: no MFU)."""
-    if device_name not in _BY_NAME:
+    """The catalog's peak of this exact device name for `compute_dtype` (unknown: no MFU)."""
+    gpu = by_device_name(device_name)
+    if gpu is None:
         return Peak(None, f"unknown:{device_name} is not in the peak table")
-    label, peaks = _BY_NAME[device_name]
-    if compute_dtype not in peaks:
-        return Peak(None, f"unknown:{label} has no {compute_dtype} peak in the table")
-    return Peak(peaks[compute_dtype] * 1e12, f"table:{label}:{compute_dtype}")
+    if compute_dtype not in gpu.peak_tflops:
+        return Peak(None, f"unknown:{gpu.label} has no {compute_dtype} peak in the table")
+    return Peak(gpu.peak_tflops[compute_dtype] * 1e12, f"table:{gpu.label}:{compute_dtype}")
 
 
 def cpu_probe_peak(compute_dtype: str, *, size: int = 512, seconds: float = 0.3) -> Peak:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.error
-import urllib.request
 
 from trainlab import names
 from trainlab.redact import redact
@@ -42,20 +40,6 @@ def transient(e: BaseException) -> bool:
         status = e.get_http_status_code()
         return status >= 500 or status == 429
     return isinstance(e, OSError | TimeoutError) or type(e).__name__ == "OperationalError"
-
-
-def reachable(uri: str, *, timeout: float = 5.0) -> bool:
-    """Does an http(s) tracking server answer /health? (Local stores always do.) Any HTTP answer
-    counts: a server behind an authenticating proxy answers 401 to a request without credentials."""
-    if not uri.startswith(("http://", "https://")):
-        return True
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 def warn(message: str) -> None:

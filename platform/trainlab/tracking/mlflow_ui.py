@@ -20,7 +20,8 @@ from urllib.parse import quote, urlparse
 
 from trainlab import names
 from trainlab.redact import redact
-from trainlab.tracking.runs import local_store_path, ui_command
+from trainlab.tracking.runs import ui_command
+from trainlab.tracking.store import TrackingStore
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
 """Where `mlflow ui --host 127.0.0.1` serves a local store (its default port)."""
@@ -42,7 +43,7 @@ def training_experiment(client, name: str) -> str:
 def ui_base(tracking_uri: str) -> str:
     """The UI's address: the tracking server itself (credentials masked), or `mlflow ui`'s
     default address for a local store."""
-    if local_store_path(tracking_uri) is not None:
+    if TrackingStore.of(tracking_uri).local_path is not None:
         return MLFLOW_UI_DEFAULT
     parsed = urlparse(redact(tracking_uri))
     return f"{parsed.scheme}://{parsed.netloc.rpartition('@')[2]}{parsed.path.rstrip('/')}"
@@ -83,7 +84,7 @@ def sweep_link_lines(tracking_uri: str, *, parent_run_id: str, run_ids: list[str
 
         experiment_id = MlflowClient(tracking_uri=tracking_uri).get_run(parent_run_id).info.experiment_id
     lines = []
-    if local_store_path(tracking_uri) is not None:
+    if TrackingStore.of(tracking_uri).local_path is not None:
         lines.append(f"MLflow UI: {ui_command(tracking_uri)}")
     lines.append(f"trials: {sweep_runs_link(tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id)}")
     ids = [r for r in run_ids if r]

@@ -10,7 +10,6 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
@@ -19,31 +18,21 @@ from trainlab.events import TrialResult
 from trainlab.precision.spec import spec_of
 from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
-from trainlab.tracking.store_uri import use_tracking_store
+from trainlab.tracking.store import TrackingStore, use_tracking_store
 
 
 def resolve_tracking_uri(configured: str) -> str:
     """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
     URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
-    credentials moved to MLflow's credential variables (tracking.store_uri). ValueError for a
+    credentials moved to MLflow's credential variables (tracking.store). ValueError for a
     URI MLflow would read differently than meant."""
     return use_tracking_store(configured).uri
-
-
-def local_store_path(uri: str) -> Path | None:
-    """The file a sqlite store lives in, or the folder of a file store; None for servers."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        return Path(uri[len("sqlite:///"):])
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    return None
 
 
 def ui_command(uri: str) -> str:
     """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
     pass another --host to expose it), the server's URL otherwise."""
-    if local_store_path(uri) is None:
+    if TrackingStore.of(uri).local_path is None:
         return f"open {redact(uri)} in a browser"
     return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
 
@@ -188,7 +177,7 @@ def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None
     With `spill` (the trial's spill file): if the tracking server is unreachable, the status
     goes to the end of that file instead (delivered by `trainlab import-spill`), and if the
     file holds metrics rank 0 could not deliver, they are delivered first, in order."""
-    from trainlab.tracking.delivery import Delivery, Unreachable, reachable, warn
+    from trainlab.tracking.delivery import Delivery, Unreachable, warn
     from trainlab.tracking.import_spill import import_spill
     from trainlab.tracking.spill import Spill
 
@@ -198,13 +187,14 @@ def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None
                {"op": "terminate", **stamp, "status": mlflow_status(status)}]
     held, appended = Spill(spill) if spill else None, False
     try:
-        if held is None or (not held.exists() and reachable(trial.tracking_uri)):
+        store = TrackingStore.of(trial.tracking_uri)
+        if held is None or (not held.exists() and store.probe() is None):
             for record in records:
                 Delivery().send([record])
             return
         held.append(records)  # behind the metrics it holds: the run ends after its last step
         appended = True
-        if reachable(trial.tracking_uri):
+        if store.probe() is None:
             import_spill(spill, remove=True)
             return
     except Unreachable:

@@ -3,7 +3,7 @@
 Before any worker starts (check_tracking_uri): can this process write to the store the trial
 reports to? A server is asked the way MLflow's client asks it: through MLflow's own HTTP layer,
 with the credentials MLflow reads (the URI's, moved to MLFLOW_TRACKING_USERNAME / _PASSWORD by
-tracking.store_uri, a token, ~/.mlflow/credentials). Before a store is read (check_store, for
+tracking.store, a token, ~/.mlflow/credentials). Before a store is read (check_store, for
 `trainlab compare`): MLflow's HTTP client retries a server that does not answer for minutes
 (7 retries with backoff, 120 s a request), and SQLAlchemy meets a damaged sqlite file with a
 page of traceback. Every message names the store (credentials masked, trainlab.redact) and the
@@ -17,33 +17,26 @@ import os
 import socket
 import sqlite3
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
-from urllib.parse import quote, urlparse, urlsplit, urlunparse
+from urllib.parse import quote, urlparse, urlsplit
 
 from trainlab.redact import redact
-from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES
+from trainlab.tracking.store import CHECK_TIMEOUT_S, DATABASE_PORTS, TrackingStore
 
-CHECK_TIMEOUT_S = 5.0
-"""How long the check waits for a tracking server or database to answer."""
 _PROBE = "/api/2.0/mlflow/experiments/get-by-name"
 """An API call that needs the same rights as logging (a bare /health may be open to anyone)."""
 
 
 def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """ValueError naming `setting`, the URI (masked) and the fix if the store cannot be used."""
-    from trainlab.tracking.runs import local_store_path
-
     where = f"{setting}={redact(uri)!r}"
-    scheme = urlsplit(uri).scheme.split("+")[0].lower()
-    path = local_store_path(uri)
-    if path is not None:
-        _check_writable(path, sqlite=scheme == "sqlite", where=where)
-    elif scheme in SERVER_SCHEMES:
+    store = TrackingStore.of(uri)
+    if store.local_path is not None:
+        _check_writable(store.local_path, sqlite=store.kind == "sqlite", where=where)
+    elif store.kind == "server":
         _check_server(uri, where=where, timeout_s=timeout_s)
-    elif scheme in DATABASE_PORTS:
-        _check_database(uri, scheme=scheme, where=where, timeout_s=timeout_s)
+    elif store.kind == "database":
+        _check_database(uri, scheme=store.scheme.lower(), where=where, timeout_s=timeout_s)
 
 
 def _check_writable(path, *, sqlite: bool, where: str) -> None:
@@ -157,21 +150,11 @@ MLFLOW_TABLES = ("experiments", "runs")
 
 
 def check_server_answers(uri: str, *, field: str, fix: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """An http(s) tracking server answers GET /health within timeout_s; any HTTP answer counts
-    (a server behind authentication answers 401 to a request without credentials)."""
-    parsed = urlparse(uri)
-    netloc = (parsed.hostname or "") + (f":{parsed.port}" if parsed.port else "")
-    url = urlunparse(parsed._replace(netloc=netloc)).rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            r.read()
-    except urllib.error.HTTPError:
-        return
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        why = f"no answer within {timeout_s:g} s" if isinstance(reason, TimeoutError) else str(reason)
-        raise ValueError(f"{field}={redact(uri)!r}: the MLflow server does not answer "
-                         f"({why}); {fix}") from None
+    """An http(s) tracking server answers (TrackingStore.probe) within timeout_s; ValueError
+    naming `field`, the URI (masked), why not and `fix` otherwise."""
+    why = TrackingStore.of(uri).probe(timeout_s=timeout_s)
+    if why is not None:
+        raise ValueError(f"{field}={redact(uri)!r}: the MLflow server does not answer ({why}); {fix}")
 
 
 def check_sqlite_store(path: Path, *, field: str, uri: str, elsewhere: str) -> None:
@@ -211,7 +194,7 @@ def check_store(uri: str, *, field: str, elsewhere: str) -> None:
     the URI came from (tracking.uri, --tracking-uri, MLFLOW_TRACKING_URI); `elsewhere` how to
     point at another store ("pass --tracking-uri URI")."""
     parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
+    if TrackingStore.of(uri).kind == "server":
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
         except ValueError:  # 'http://host:99999', 'http://host:abc'
@@ -225,5 +208,6 @@ def check_store(uri: str, *, field: str, elsewhere: str) -> None:
 
 def check_sqlite_uri(uri: str, *, field: str, elsewhere: str) -> None:
     """check_sqlite_store for a sqlite:/// URI (other URIs pass)."""
-    if urlparse(uri).scheme == "sqlite":
-        check_sqlite_store(Path(uri[len("sqlite:///"):]), field=field, uri=uri, elsewhere=elsewhere)
+    store = TrackingStore.of(uri)
+    if store.kind == "sqlite":
+        check_sqlite_store(store.local_path, field=field, uri=uri, elsewhere=elsewhere)

@@ -102,7 +102,7 @@ def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, su
 
 
 def log_sweep_result(*, tracking_uri: str, parent_run_id: str, result) -> None:
-    """The sweep's result (a compare.answer.Answer) on its parent run: the winner as a tag, its
+    """The sweep's result (a compare.records.Answer) on its parent run: the winner as a tag, its
     val loss, speedup and Δ val loss and the trials per status as metrics, so the parent's row in
     MLflow's runs table says what won. A rerun logs again at the same step, a later value: MLflow
     shows the newest; a winner that no longer is one is overwritten with NaN, never left stale."""

@@ -32,7 +32,7 @@ class TrackingTarget:
 
     run: TrialRun | None
     credentials: dict[str, str] = field(default_factory=dict)
-    """The tracking server's credentials (tracking.store_uri.credentials_env): a worker on
+    """The tracking server's credentials (tracking.store.credentials_env): a worker on
     another node lacks the driver's environment."""
 
 

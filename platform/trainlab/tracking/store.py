@@ -1,4 +1,10 @@
-"""Which MLflow store a trial reports to, decided once on the driver from what the user wrote.
+"""The MLflow store a trial reports to: its URI decided once on the driver from what the user
+wrote, and what kind of store it is, where it lives and whether it answers, for every caller.
+
+    store = use_tracking_store(run.tracking.uri)   # decided: checked, absolute, no secret in it
+    store = TrackingStore.of(uri)                  # a URI decided before (a record's, a command's)
+    store.kind, store.local_path                   # 'sqlite', Path('/abs/mlflow.db')
+    store.probe(timeout_s=5)                       # None: it answers (a local store always does)
 
 tracking.uri wins over $MLFLOW_TRACKING_URI, which wins over MLflow's default
 (sqlite:///mlflow.db in the working directory). The chosen URI is checked for the forms MLflow
@@ -12,10 +18,13 @@ no secret (trainlab.redact masks what is left, e.g. a database URI's password).
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact, register_secret, split_userinfo
 
@@ -27,12 +36,16 @@ DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 """Database stores MLflow's client writes to directly (SQLAlchemy), with their default ports."""
 OTHER_SCHEMES = ("databricks", "databricks-uc", "uc")
 """Stores of MLflow's own registry that trainlab passes through unchecked."""
+CHECK_TIMEOUT_S = 5.0
+"""How long a check waits for a tracking server or database to answer."""
 _FIXES = ("use http://HOST:PORT for an mlflow server, sqlite:///mlflow.db for a file in the working "
           "directory, or a folder path for a file store")
 
 
 @dataclass(frozen=True)
 class TrackingStore:
+    """One MLflow store: how to reach it, what kind it is, where it lives, whether it answers."""
+
     uri: str
     """The URI to hand MLflow: absolute for a local store, without user name and password for a server."""
     source: str
@@ -40,9 +53,58 @@ class TrackingStore:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
+    @classmethod
+    def of(cls, uri: str) -> TrackingStore:
+        """The store of a URI decided before (tracking_store's, a record's, a command's), as it is:
+        no forms refused, nothing made absolute."""
+        return cls(uri=uri, source="")
+
     @property
     def scheme(self) -> str:
         return urlsplit(self.uri).scheme.split("+")[0]
+
+    @property
+    def kind(self) -> str:
+        """'sqlite' (a file), 'file' (a file store's folder), 'server' (http(s): an mlflow server),
+        'database' (a database MLflow writes to directly) or 'other' (MLflow's own registries,
+        plugins; a plain path too, which tracking_store makes a file: URI)."""
+        scheme = self.scheme.lower()
+        if scheme == "sqlite":
+            return "sqlite"
+        if scheme == "file":
+            return "file"
+        if scheme in SERVER_SCHEMES:
+            return "server"
+        return "database" if scheme in DATABASE_PORTS else "other"
+
+    @property
+    def local_path(self) -> Path | None:
+        """The file a sqlite store lives in, or the folder of a file store; None for the others."""
+        if self.kind == "sqlite":
+            return Path(self.uri[len("sqlite:///"):])
+        if self.kind == "file":
+            return Path(urlparse(self.uri).path)
+        return None
+
+    def probe(self, *, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
+        """Does the store answer? A server: GET /health within timeout_s, any HTTP answer counting
+        (a server behind authentication answers 401 to a request without credentials); None if it
+        answers, else why not ('no answer within 5 s', 'Connection refused'). Other stores: None
+        (a local one is always there; preflight checks whether it can be written)."""
+        if self.kind != "server":
+            return None
+        parsed = urlparse(self.uri)
+        netloc = (parsed.hostname or "") + (f":{parsed.port}" if parsed.port else "")
+        url = urlunparse(parsed._replace(netloc=netloc)).rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as r:
+                r.read()
+        except urllib.error.HTTPError:
+            return None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return f"no answer within {timeout_s:g} s" if isinstance(reason, TimeoutError) else str(reason)
+        return None
 
 
 def tracking_field(configured: str, environ: Mapping[str, str] | None = None) -> str:
