@@ -76,6 +76,22 @@ def test_a_failed_in_process_trial_is_its_outcome_and_its_run_ends_failed(tmp_pa
     assert "rank 0 fell over" in cap.get()  # in the summary's status row
 
 
+def test_an_in_process_trial_that_fails_before_its_run_opened_is_still_summarised(tmp_path, store, experiment,
+                                                                                 monkeypatch):
+    """This process is the trial's driver: its failure is the outcome and the summary says it."""
+    import trainlab.engine.run
+
+    def fails_at_once(plan, **_):
+        raise RuntimeError("no model")
+
+    monkeypatch.setattr(trainlab.engine.run, "run_trial", fails_at_once)
+    with console.capture() as cap:
+        outcome = train(_run(tmp_path, store, experiment), executor=InProcess())
+    assert outcome.status == names.STATUS_FAILED and outcome.run_id is None
+    assert _runs(store, experiment) == []
+    assert "no model" in cap.get()
+
+
 def test_a_torchrun_rank_closes_its_run_failed_and_raises(tmp_path, store, experiment, monkeypatch):
     """A rank's error ends its process (torchrun reports it), after rank 0 closed the run."""
     import trainlab.engine.run

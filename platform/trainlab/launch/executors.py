@@ -9,9 +9,9 @@ progress, interrupts and the summary are the lifecycle's, written once:
     InProcess   this process alone, world size 1, no Ray (tests, benchmarks, notebooks)
 
 An executor says where its trial is planned (`where`: the cluster the driver joins, or this
-process's device), who takes Ctrl-C / SIGTERM (`signals`), whether an error ends the process
-(`raises`), and runs the planned trial (`execute`), returning rank 0's result (None if the
-workers ended without one).
+process's device), who takes Ctrl-C / SIGTERM (`signals`), whether this process is one of the
+ranks that each run the lifecycle (`ranked`), and runs the planned trial (`execute`),
+returning rank 0's result (None if the workers ended without one).
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ Runner = Callable[..., TrialResult | None]
 class Executor(Protocol):
     where: str
     """CLUSTER or HERE: what the lifecycle plans the trial against (launch.trial.plan_for)."""
-    raises: bool
-    """An error leaves the process (after the run is closed failed) instead of becoming the
-    trial's `failed` outcome: a torchrun rank's exit status is how torchrun learns of it."""
+    ranked: bool
+    """This process is one of the ranks that each run the lifecycle (torchrun): rank 0, which
+    started the trial's tracking, finishes it (closes the run, prints the summary), the others
+    only execute; an error leaves the process (after rank 0 closed the run failed), as its exit
+    status is how torchrun learns of it. Otherwise this process is the trial's driver: an error
+    becomes the trial's `failed` outcome."""
 
     def signals(self) -> ContextManager:
         """Who takes Ctrl-C / SIGTERM while the command's trial runs."""
@@ -55,7 +58,7 @@ class RayGang:
     into the TrackingTarget they are handed."""
 
     where = CLUSTER
-    raises = False
+    ranked = False
 
     def __init__(self, runner: Runner | None = None) -> None:
         self.runner = runner
@@ -85,7 +88,7 @@ class _ThisProcess:
 class InProcess(_ThisProcess):
     """The trial's one worker in this process: world size 1, no Ray, no process group."""
 
-    raises = False
+    ranked = False
 
     def execute(self, plan, tracking, *, on_event, stop):
         # imported here: a Ray driver never loads the engine
@@ -99,7 +102,7 @@ class Torchrun(_ThisProcess):
     environment): every rank executes, rank 0 also tracks and summarises (the lifecycle
     finishes only where TrialTracking started)."""
 
-    raises = True
+    ranked = True
 
     def execute(self, plan, tracking, *, on_event, stop):
         from trainlab.distributed import close_distributed

@@ -114,7 +114,7 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
     except Exception as e:  # a worker failed: record it, never lose the run
         status = names.STATUS_FAILED
         error = f"{type(e).__name__}: {e}"
-        if executor.raises:  # the process ends with it (torchrun reports the rank that failed)
+        if executor.ranked:  # the process ends with it (torchrun reports the rank that failed)
             if tracking.started:
                 tracking.close(status=status, result=None, error=error)
             raise
@@ -123,14 +123,14 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
         if progress is not None:
             progress.close()
 
-    # -- finish, where the trial's tracking started (every other rank only executed) ----------
+    # -- finish: on the driver, or the rank that started the trial's tracking ----------------
     pruned_reason = stop.reason if stop is not None and status == names.STATUS_PRUNED else ""
     trial = tracking.run
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
                            tracking_uri=plan.tracking_uri, error=error,
                            last_step=last_step[0] if last_step else None, pruned_reason=pruned_reason,
                            experiment_id=trial.experiment_id if trial else "")
-    if not tracking.started:
+    if executor.ranked and not tracking.started:  # a rank other than 0: it only executed
         return outcome
     tracking.close(status=status, result=result, error=error, pruned_reason=pruned_reason)
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:

@@ -48,7 +48,8 @@ class TrialTracking:
                  parent_run_id: str | None = None) -> None:
         self.plan, self.tags, self.parent_run_id = plan, tags, parent_run_id
         self.started = False
-        """Whether this process opened the trial's tracking (it closes it and prints the summary)."""
+        """Whether this process started the trial's tracking (a run, or none with tracking=none):
+        of a torchrun gang's ranks, rank 0 alone, which finishes the trial."""
         self.run: TrialRun | None = None
         """The open MLflow run; None with tracking=none or before the start."""
 
