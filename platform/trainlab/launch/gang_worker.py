@@ -51,12 +51,11 @@ def gang_loop(config: dict) -> None:
 
 
 def _run_one(ticket: dict, *, queue, rank0: bool, local_rank: int):
-    """One trial on this worker, as ray_trial._worker runs the trial of a gang of its own."""
-    from trainlab.engine.preemption import listen_outside
-    from trainlab.engine.run import run_trial
+    """One trial on this worker (ray_trial.execute_on_worker, as a gang of its own runs it),
+    its events through the gang's queue."""
     from trainlab.events import STEP
     from trainlab.launch.interrupt import follow_stop_flag
-    from trainlab.launch.ray_trial import _tracker_factory, _where
+    from trainlab.launch.ray_trial import execute_on_worker
     from trainlab.tracking.mlflow_tracker import prestart_writer
 
     payload, key = ticket["payload"], ticket["key"]
@@ -72,14 +71,8 @@ def _run_one(ticket: dict, *, queue, rank0: bool, local_rank: int):
             spare_due = False
             prestart_writer(tracking_uri=target.run.tracking_uri)
 
-    listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
-    polling = follow_stop_flag(None, ask=lambda: queue.stop_kind.remote(key)) if rank0 else None
-    try:
-        return run_trial(plan, tracker_factory=_tracker_factory(plan, target), local_rank=local_rank,
-                         progress=progress if rank0 else None, where=_where(plan))
-    finally:
-        if polling is not None:
-            polling.set()
+    return execute_on_worker(plan, target, local_rank=local_rank, rank0=rank0, progress=progress,
+                             follow=lambda: follow_stop_flag(None, ask=lambda: queue.stop_kind.remote(key)))
 
 
 def _next_ticket(queue) -> dict | None:

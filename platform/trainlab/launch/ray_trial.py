@@ -84,9 +84,6 @@ def _worker(payload: dict) -> None:
     import ray
     import ray.train
 
-    from trainlab.engine.preemption import listen_outside
-    from trainlab.engine.run import run_trial
-
     ctx = ray.train.get_context()
     plan: TrialPlan = payload["plan"]  # as the driver resolved it: nothing here validates or decides it again
     events = payload["events"]
@@ -98,16 +95,29 @@ def _worker(payload: dict) -> None:
         except Exception:  # a gone stream must never stop training
             pass
 
-    listen_outside()  # every rank votes on the driver's stop request; rank 0 polls it
-    polling = follow_stop_flag(payload["stop"]) if rank0 else None
+    result = execute_on_worker(plan, payload["tracking"], local_rank=ctx.get_local_rank(), rank0=rank0,
+                               progress=progress, follow=lambda: follow_stop_flag(payload["stop"]))
+    if rank0:
+        ray.get(events.put.remote(TrialFinished(result), final=True))
+
+
+def execute_on_worker(plan: TrialPlan, target: TrackingTarget, *, local_rank: int, rank0: bool,
+                      progress: Callable[[ProgressEvent], None], follow: Callable[[], threading.Event]) -> TrialResult:
+    """One Ray Train worker's part of a planned trial, in a gang of its own (_worker) or a warm
+    one (launch.gang_worker): every rank votes on the driver's stop request and rank 0 polls it
+    (`follow`: launch.interrupt.follow_stop_flag on the trial's flag), sends the progress events
+    and logs into the run the driver opened."""
+    from trainlab.engine.preemption import listen_outside
+    from trainlab.engine.run import run_trial
+
+    listen_outside()
+    polling = follow() if rank0 else None
     try:
-        result = run_trial(plan, tracker_factory=_tracker_factory(plan, payload["tracking"]),
-                           local_rank=ctx.get_local_rank(), progress=progress if rank0 else None, where=_where(plan))
+        return run_trial(plan, tracker_factory=_tracker_factory(plan, target), local_rank=local_rank,
+                         progress=progress if rank0 else None, where=_where(plan))
     finally:
         if polling is not None:
             polling.set()
-    if rank0:
-        ray.get(events.put.remote(TrialFinished(result), final=True))
 
 
 def _where(plan: TrialPlan) -> tuple[str, str] | None:

@@ -1,4 +1,14 @@
-"""The driver's view of one trial: plan it (launch.plan), open its MLflow run, run the gang, close, summarise."""
+"""One trial's lifecycle, written once; executors (launch.executors) differ only in how they run the workers.
+
+    plan      plan_for(run, executor.where): the lifecycle's one planning call
+    start     the trial's MLflow run (none with tracking=none), tracking.trial_tracking.TrialTracking:
+              opened by the driver before any worker starts, or by rank 0 of a gang without one
+              once its ranks agreed on the checkpoint they start from
+    execute   executor.execute: a Ray gang, a torchrun rank, or this process alone
+    track     the progress events: the progress line, the last step, the caller's on_event
+    interrupt Ctrl-C / SIGTERM (launch.interrupt): the gang stops after a checkpoint, the run ends KILLED
+    finish    where it started: the run closed with the trial's status and result, the summary
+"""
 
 from __future__ import annotations
 
@@ -13,14 +23,15 @@ from trainlab import names
 from trainlab.config import RunConfig
 from trainlab.config.plan import TrialPlan
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
+from trainlab.engine.local_plan import plan_here
 from trainlab.events import ProgressEvent, TrialResult, step_of
 from trainlab.launch import interrupt
+from trainlab.launch.executors import CLUSTER, Executor, RayGang, Runner
 from trainlab.launch.plan import plan_launch
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
-from trainlab.tracking.runs import TrialRun, default_run_name, ui_command
-from trainlab.tracking.store import credentials_env
-from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
+from trainlab.tracking.runs import default_run_name, resolve_tracking_uri, ui_command
+from trainlab.tracking.trial_tracking import TrialTracking
 
 
 @dataclass
@@ -41,37 +52,47 @@ class TrialOutcome:
     """The MLflow experiment of its run ('' without one)."""
 
 
-def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
-          show_progress: bool = True, on_event: Callable[[ProgressEvent], None] | None = None,
-          stop: interrupt.StopRequest | None = None,
-          runner: Callable[..., TrialResult | None] | None = None) -> TrialOutcome:
-    """Run one trial on Ray (local cluster unless cluster.address is set) and record it.
-    A RunConfig is planned first (launch.plan.plan_launch: ConfigError before anything
-    starts); a TrialPlan (a sweep plans every trial before the first starts) runs as it is.
-    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason).
-    `runner` runs the planned trial and returns rank 0's result (run_on_ray's signature and
-    contract); by default a Ray Train gang of its own (run_on_ray), in a sweep a warm gang
-    (launch.gang_pool)."""
-    plan = run if isinstance(run, TrialPlan) else plan_launch(run, parent_run_id=parent_run_id)
-    run, uri, root = plan.run, plan.tracking_uri, Path(plan.paths.checkpoint_root)
+def plan_for(run: RunConfig, where: str, *, parent_run_id: str | None = None) -> TrialPlan:
+    """The trial's plan, made once, against `where` (launch.executors): the cluster the Ray
+    driver joins (launch.plan.plan_launch: checks, placement, the resume) or this process's
+    device (engine.local_plan.plan_here). ConfigError before anything of the trial starts."""
+    if where == CLUSTER:
+        return plan_launch(run, parent_run_id=parent_run_id)
+    uri = resolve_tracking_uri(run.tracking.uri) if run.tracking.name == "mlflow" else None
+    return plan_here(run, tracking_uri=uri)
+
+
+def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, parent_run_id: str | None = None,
+          extra_tags: dict | None = None, show_progress: bool = True,
+          on_event: Callable[[ProgressEvent], None] | None = None, stop: interrupt.StopRequest | None = None,
+          runner: Runner | None = None) -> TrialOutcome:
+    """Run one trial and record it: plan, start, execute, finish (the module's docstring).
+    A RunConfig is planned first (plan_for: ConfigError before anything starts); a TrialPlan
+    (a sweep plans every trial before the first starts) runs as it is. `executor`: how its
+    workers run, by default a Ray gang of its own on local Ray unless cluster.address is set;
+    `runner` (run_on_ray's signature: a sweep's warm gang, launch.gang_pool) is RayGang(runner).
+    `stop`: the sweep's pruner may end it early through it (status pruned, with the reason)."""
+    assert executor is None or runner is None, "a runner is a RayGang's"
+    executor = executor or RayGang(runner)
+    # -- plan ----------------------------------------------------------------------------------
+    plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id)
+    run, root = plan.run, Path(plan.paths.checkpoint_root)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
-        return interrupt.before_start(uri)
+        return interrupt.before_start(plan.tracking_uri)
     out_dir = Path(plan.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    trial: TrialRun | None = None
-    if uri is not None:
-        trial = open_trial(plan, resuming=plan.resuming, tags=extra_tags, parent_run_id=parent_run_id)
+    # -- start: where the plan decided the resume, the run opens before any worker starts ----
+    tracking = TrialTracking(plan, tags=extra_tags, parent_run_id=parent_run_id)
+    if executor.where == CLUSTER:
+        tracking.open(resuming=plan.resuming)
     if plan.continues_run and show_progress:
         console.print(f"resuming trial {default_run_name(run)} from step {plan.resume_step} of its run "
-                      f"{trial.run_id} (checkpoint {root}); train.resume=never starts over",
+                      f"{tracking.run.run_id} (checkpoint {root}); train.resume=never starts over",
                       soft_wrap=True)
-    target = TrackingTarget(trial, credentials=credentials_env() if trial else {})
 
-    from trainlab.launch.ray_trial import run_on_ray
-
+    # -- execute, following its progress ------------------------------------------------------
     progress = ProgressLine(description=default_run_name(run)) if show_progress else None
-
     last_step: list[int] = []
 
     def events(event: ProgressEvent) -> None:
@@ -84,8 +105,7 @@ def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra
 
     result, error = None, ""
     try:
-        result = (runner or run_on_ray)(plan, name=default_run_name(run), tracking=target, on_event=events,
-                                        stop=stop)
+        result = executor.execute(plan, tracking, on_event=events, stop=stop)
         status = result.status if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED
@@ -94,16 +114,25 @@ def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra
     except Exception as e:  # a worker failed: record it, never lose the run
         status = names.STATUS_FAILED
         error = f"{type(e).__name__}: {e}"
+        if executor.ranked:  # the process ends with it (torchrun reports the rank that failed)
+            if tracking.started:
+                tracking.close(status=status, result=None, error=error)
+            raise
         traceback.print_exc()
     finally:
         if progress is not None:
             progress.close()
 
+    # -- finish: on the driver, or the rank that started the trial's tracking ----------------
     pruned_reason = stop.reason if stop is not None and status == names.STATUS_PRUNED else ""
-    close_trial(plan, trial, status=status, result=result, error=error, pruned_reason=pruned_reason)
+    trial = tracking.run
     outcome = TrialOutcome(status=status, result=result, run_id=trial.run_id if trial else None,
-                           tracking_uri=uri, error=error, last_step=last_step[0] if last_step else None,
-                           pruned_reason=pruned_reason, experiment_id=trial.experiment_id if trial else "")
+                           tracking_uri=plan.tracking_uri, error=error,
+                           last_step=last_step[0] if last_step else None, pruned_reason=pruned_reason,
+                           experiment_id=trial.experiment_id if trial else "")
+    if executor.ranked and not tracking.started:  # a rank other than 0: it only executed
+        return outcome
+    tracking.close(status=status, result=result, error=error, pruned_reason=pruned_reason)
     if status == names.STATUS_PREEMPTED and interrupt.current().signum:
         outcome.interrupted = interrupt.current().signum
     if show_progress:

@@ -1,12 +1,14 @@
-"""One way to track a trial, the same under Ray and under torchrun.
+"""One way to track a trial, the same under Ray, under torchrun and in-process.
 
-    trial = open_trial(plan, resuming=...)          # its MLflow run, opened or reopened
-    tracker = rank0_tracker(plan, TrackingTarget(trial))   # rank 0 logs into it
-    close_trial(plan, trial, status=..., result=..., error=...)
+    tracking = TrialTracking(plan)                  # the lifecycle's start (launch.trial)
+    target = tracking.open(resuming=...)            # its MLflow run, opened or reopened, once
+    tracker = rank0_tracker(plan, target)           # rank 0 logs into it
+    tracking.close(status=..., result=..., error=...)
 
 Under Ray the driver opens the run before any worker starts (it can then mark it failed
-even if every worker dies) and hands the TrackingTarget to the workers; under torchrun there
-is no driver, and rank 0 opens it once the ranks agreed on the checkpoint they start from.
+even if every worker dies) and hands the TrackingTarget to the workers; under torchrun and
+in-process there is no driver, and rank 0 opens it (TrialTracking.tracker, its engine's
+tracker factory) once the ranks agreed on the checkpoint they start from.
 Either way the same tags, params, checkpoint record (tracking.resume) and closing tags.
 """
 
@@ -24,6 +26,7 @@ from trainlab.tracking.base import JsonlTracker, Tracker
 from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import TrialRun, close_trial_run, closing_tags, tracker_options, trial_tags
+from trainlab.tracking.store_uri import credentials_env
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,39 @@ class TrackingTarget:
     credentials: dict[str, str] = field(default_factory=dict)
     """The tracking server's credentials (tracking.store.credentials_env): a worker on
     another node lacks the driver's environment."""
+
+
+class TrialTracking:
+    """A trial's tracking from its start to its finish: its MLflow run (none with tracking=none),
+    opened once, where the trial is started (the Ray driver, or rank 0 of a gang that has no
+    driver), and closed there with the trial's status."""
+
+    def __init__(self, plan: TrialPlan, *, tags: dict[str, str] | None = None,
+                 parent_run_id: str | None = None) -> None:
+        self.plan, self.tags, self.parent_run_id = plan, tags, parent_run_id
+        self.started = False
+        """Whether this process started the trial's tracking (a run, or none with tracking=none):
+        of a torchrun gang's ranks, rank 0 alone, which finishes the trial."""
+        self.run: TrialRun | None = None
+        """The open MLflow run; None with tracking=none or before the start."""
+
+    def open(self, *, resuming: bool) -> TrackingTarget:
+        """Open the trial's run (again when it resumes from a checkpoint) the first time; the
+        target rank 0 logs into, with the credentials a worker on another node lacks."""
+        if not self.started:
+            self.started = True
+            if self.plan.tracking_uri is not None:
+                self.run = open_trial(self.plan, resuming=resuming, tags=self.tags,
+                                      parent_run_id=self.parent_run_id)
+        return TrackingTarget(self.run, credentials=credentials_env() if self.run else {})
+
+    def tracker(self, dist_info, resumed: bool) -> Tracker:
+        """The engine's tracker factory on rank 0 of a gang without a driver: the run is opened
+        once the ranks agreed whether they resume (engine.run.run_trial calls it then)."""
+        return rank0_tracker(self.plan, self.open(resuming=resumed))
+
+    def close(self, *, status: str, result: TrialResult | None, error: str = "", pruned_reason: str = "") -> None:
+        close_trial(self.plan, self.run, status=status, result=result, error=error, pruned_reason=pruned_reason)
 
 
 def open_trial(plan: TrialPlan, *, resuming: bool, tags: dict[str, str] | None = None,
