@@ -26,7 +26,7 @@ from trainlab.tracking.base import JsonlTracker, Tracker
 from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import TrialRun, close_trial_run, closing_tags, tracker_options, trial_tags
-from trainlab.tracking.store_uri import credentials_env
+from trainlab.tracking.store import credentials_env
 
 
 @dataclass(frozen=True)
