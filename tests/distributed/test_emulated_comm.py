@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.distributed import close_distributed
-from trainlab.precision.formats import parse_format, quantize, tensor_scale
+from trainlab.precision.formats import quantize, tensor_scale
+from trainlab.vocab.formats import parse_format
 
 pytestmark = pytest.mark.distributed
 

@@ -24,7 +24,7 @@ from trainlab import names
 from trainlab.bench.fp8 import mode_overrides
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.precision import spec_of
 from trainlab.telemetry.peak_flops import gpu_peak
 
 pytestmark = [pytest.mark.gpu,

@@ -107,7 +107,7 @@ def _saved_bytes(run) -> int:
     from trainlab.data.build import corpus_vocab_size
     from trainlab.models import build_model
     from trainlab.parallel.checkpoint import apply_activation_checkpointing
-    from trainlab.precision import build_recipe
+    from trainlab.precision.recipes import build_recipe
 
     torch.manual_seed(0)
     model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))

@@ -17,7 +17,7 @@ from trainlab.engine.run import run_trial
 from trainlab.models import build_model
 from trainlab.precision.fp8 import float8_all_gather
 from trainlab.precision.policy import linear_layers, plan_layers
-from trainlab.precision.spec import FP8_PRECISIONS, spec_of
+from trainlab.vocab.precision import FP8_PRECISIONS, spec_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

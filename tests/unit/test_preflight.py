@@ -21,9 +21,9 @@ from trainlab.launch.preflight import (
     check_tracking_uri,
     preflight,
 )
-from trainlab.precision import check_precision_supported
+from trainlab.precision.capability import check_precision_supported
 from trainlab.precision.capability import MIN_CUDA_CAPABILITY, cpu_rowwise_scaled_mm
-from trainlab.precision.spec import PRECISIONS, spec_of
+from trainlab.vocab.precision import PRECISIONS, spec_of
 from trainlab.tracking.runs import resolve_tracking_uri
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]

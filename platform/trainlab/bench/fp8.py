@@ -37,7 +37,7 @@ from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
 from trainlab.precision.capability import cpu_lacks_native
-from trainlab.precision.spec import emulates, spec_of
+from trainlab.vocab.precision import emulates, spec_of
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
 

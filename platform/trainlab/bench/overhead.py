@@ -44,8 +44,8 @@ from trainlab.engine.run import build_trainer, seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
-from trainlab.precision import build_recipe
-from trainlab.precision.spec import emulates
+from trainlab.precision.recipes import build_recipe
+from trainlab.vocab.precision import emulates
 from trainlab.tracking import JsonlTracker
 
 

@@ -38,7 +38,7 @@ from trainlab import names
 from trainlab.compare import curves
 from trainlab.compare.records import ConfigRow, Summary, Trial
 from trainlab.compare.repro import reproducibility
-from trainlab.precision.spec import SPECS
+from trainlab.vocab.precision import SPECS
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
 TOLERANCE = 0.01  # default: worse than the baseline by more than 1 % of its val loss = degraded

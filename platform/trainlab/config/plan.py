@@ -31,7 +31,7 @@ from trainlab.config.validate import (
     pp_microbatches,
     pp_virtual_stages,
 )
-from trainlab.precision.spec import PrecisionSpec, spec_of
+from trainlab.vocab.precision import PrecisionSpec, spec_of
 
 if TYPE_CHECKING:
     from trainlab.estimate.result import Estimate

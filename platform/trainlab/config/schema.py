@@ -28,7 +28,7 @@ from trainlab.config.debug import DebugConfig
 from trainlab.config.moved import removed_value_message
 
 # the precision modes and their families come from their specifications (precision.spec)
-from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
+from trainlab.vocab.precision import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
 
 ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
@@ -341,7 +341,7 @@ class PrecisionConfig:
                 f"precision.keep_hp entry 'small' (linears too small for FP8 matmuls to pay) has no "
                 f"meaning with precision={self.name}, which runs no FP8 kernels; remove it")
         if self.name == "emulated":
-            from trainlab.precision.formats import parse_format
+            from trainlab.vocab.formats import parse_format
 
             chosen = {t: getattr(self.formats, t) for t in EMULATION_TARGETS if getattr(self.formats, t)}
             if not chosen:

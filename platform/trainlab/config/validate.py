@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from trainlab.config.bounds import check_fields
 from trainlab.config.debug import check_debug
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
-from trainlab.precision.spec import ROLLBACK_PRECISIONS, SPECS, spec_of
+from trainlab.vocab.precision import ROLLBACK_PRECISIONS, SPECS, spec_of
 
 
 @dataclass(frozen=True)

@@ -70,9 +70,9 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
-from trainlab.precision import build_recipe
+from trainlab.precision.recipes import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.precision import spec_of
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak

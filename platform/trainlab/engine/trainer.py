@@ -50,7 +50,7 @@ from trainlab.events import TrialResult
 from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.parallel.tp import clip_grads_with_norm_
-from trainlab.precision import PrecisionRecipe
+from trainlab.precision.recipes import PrecisionRecipe
 from trainlab.telemetry import (
     GradNormWindow,
     NonFiniteMonitor,

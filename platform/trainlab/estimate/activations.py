@@ -52,7 +52,7 @@ def compute_bytes(run: RunConfig, *, model: nn.Module, recipe) -> int:
     4 in fp32 and where casts are emulated in float32 (fp16 on CPU; emulated formats)."""
     if any(p.dtype == torch.bfloat16 for p in model.parameters()):
         return 2
-    from trainlab.precision.spec import spec_of
+    from trainlab.vocab.precision import spec_of
 
     spec = spec_of(run.precision.name)
     dtype = spec.matmul_dtype(run.precision.hp_dtype)
@@ -186,7 +186,7 @@ def _comm_buffers(run: RunConfig, *, model: nn.Module, layout: Sharding, grads: 
     if layout.dims.dp == 1 and layout.dims.tp == 1:
         return 0
     if layout.fsdp:
-        from trainlab.precision.spec import spec_of
+        from trainlab.vocab.precision import spec_of
 
         spec = spec_of(run.precision.name)
         pdt = spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=False)

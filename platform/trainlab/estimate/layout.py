@@ -23,7 +23,7 @@ from trainlab.estimate.cluster import CPU, ClusterSpec
 from trainlab.estimate.hardware import Hardware, hardware
 from trainlab.estimate.links import Link, group_link
 from trainlab.parallel.mesh import MeshCoords, coords
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.precision import spec_of
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def prepared_model(run: RunConfig, *, device_type: str, fsdp_backend: str = "") 
     """(the model on the meta device after the precision recipe's prepare, the recipe), as
     engine.run.build_trainer makes them: the parameters' dtypes and which linears became FP8."""
     from trainlab.models import build_model
-    from trainlab.precision.spec import spec_of
+    from trainlab.vocab.precision import spec_of
 
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))

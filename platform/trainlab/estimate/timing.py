@@ -54,7 +54,7 @@ from trainlab.estimate.links import (
 from trainlab.estimate.result import RankTime
 from trainlab.estimate.shape import ModelShape, model_shape
 from trainlab.parallel.pp import bubble_fraction
-from trainlab.precision.spec import emulates, spec_of
+from trainlab.vocab.precision import emulates, spec_of
 
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 

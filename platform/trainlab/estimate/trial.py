@@ -16,7 +16,7 @@ from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, Ran
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import flops_per_token
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.precision import spec_of
 
 
 def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibration | None = None) -> Estimate:

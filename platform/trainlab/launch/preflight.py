@@ -23,9 +23,9 @@ from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
-from trainlab.precision import check_precision_supported
+from trainlab.precision.capability import check_precision_supported
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.precision.spec import emulates
+from trainlab.vocab.precision import emulates
 from trainlab.tracking.runs import resolve_tracking_uri
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
 from trainlab.tracking.store_uri import tracking_field

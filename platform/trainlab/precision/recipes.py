@@ -26,9 +26,9 @@ from trainlab.precision.emulate import (
     quantized_allreduce_hook,
     round_optimizer_states,
 )
-from trainlab.precision.formats import parse_format
+from trainlab.vocab.formats import parse_format
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
-from trainlab.precision.spec import PrecisionSpec, emulates, spec_of
+from trainlab.vocab.precision import PrecisionSpec, emulates, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
