@@ -24,8 +24,8 @@ from trainlab import names
 from trainlab.bench.fp8 import mode_overrides
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
-from trainlab.vocab.precision import spec_of
 from trainlab.telemetry.peak_flops import gpu_peak
+from trainlab.vocab.precision import spec_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

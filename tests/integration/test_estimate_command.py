@@ -14,8 +14,8 @@ import pytest
 
 from conftest import assert_refused, closed_port, trainlab_cmd
 from trainlab.config import compose_run_config
-from trainlab.estimate import ClusterSpec
 from trainlab.estimate.trial import estimate_trial
+from trainlab.vocab.nodes import ClusterSpec
 
 
 def _cmd(command: str, args: list[str], cwd: Path, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:

@@ -18,8 +18,9 @@ from mlflow.tracking import MlflowClient
 from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.estimate import ClusterSpec, estimate_trial
 from trainlab.estimate.calibration import load_calibration
+from trainlab.estimate.trial import estimate_trial
+from trainlab.vocab.nodes import ClusterSpec
 
 pytestmark = [pytest.mark.slow]  # three trials into a server, two CLI subprocesses, a browser
 

@@ -11,11 +11,11 @@ import torch
 from trainlab.config.load import compose_run_config
 from trainlab.estimate.calibration import Calibration, Observation, fit
 from trainlab.estimate.calls import tensors_of
-from trainlab.estimate.cluster import ClusterSpec
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.transformer import Transformer
+from trainlab.vocab.nodes import ClusterSpec
 
 CPU2 = ["cluster.num_workers=2"]
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 
 from trainlab.config.load import compose_run_config
-from trainlab.estimate import ClusterSpec, estimate_trial
+from trainlab.estimate.trial import estimate_trial
+from trainlab.vocab.nodes import ClusterSpec
 
 TORCHTITAN_8B = ["model=llama3_8b", "parallel=fsdp", "cluster.num_workers=8", "train.seq_len=8192",
                  "train.micro_batch_size=2", "train.global_batch_size=16", "parallel.activation_checkpoint=selective"]

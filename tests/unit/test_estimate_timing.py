@@ -8,7 +8,6 @@ import pytest
 
 from trainlab.config.load import compose_run_config
 from trainlab.estimate.calibration import Calibration, load_calibration
-from trainlab.estimate.cluster import ClusterSpec
 from trainlab.estimate.hardware import hardware
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.links import Link, all_gather_s, all_reduce_s
@@ -17,6 +16,7 @@ from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
 from trainlab.parallel.pp import bubble_fraction
 from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS
+from trainlab.vocab.nodes import ClusterSpec
 
 BIG = ["model=7b", "train.seq_len=2048", "train.micro_batch_size=1", "train.global_batch_size=16"]
 
@@ -134,7 +134,7 @@ def test_a_slower_gpu_makes_the_step_and_the_weighted_split_recovers_it():
 def test_a_weighted_splits_faster_gpu_holds_its_larger_micro_batches():
     """dp_balance=weighted cuts every rank's share into the same number of micro-batches: the
     H100's are larger, and so are its activations and logits (the state is the same)."""
-    from trainlab.estimate import estimate_trial
+    from trainlab.estimate.trial import estimate_trial
 
     base = ["model=1b", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.global_batch_size=32",
             "train.micro_batch_size=4"]

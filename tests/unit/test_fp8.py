@@ -20,14 +20,17 @@ from trainlab.config.schema import KEEP_HP_SELECTORS, PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
-from trainlab.precision.capability import check_precision_supported
-from trainlab.precision.recipes import build_recipe
 from trainlab.precision import capability as precision_capability
-from trainlab.precision.capability import MIN_CUDA_CAPABILITY, cpu_rowwise_scaled_mm
+from trainlab.precision.capability import (
+    MIN_CUDA_CAPABILITY,
+    check_precision_supported,
+    cpu_rowwise_scaled_mm,
+)
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
-from trainlab.vocab.precision import FP8_PRECISIONS, PRECISIONS
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, peak_flops
+from trainlab.vocab.precision import FP8_PRECISIONS, PRECISIONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,8 +17,8 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import build_trainer
-from trainlab.precision.recipes import build_recipe
 from trainlab.precision.emulate import emulate_fp16_linears, round_fp16
+from trainlab.precision.recipes import build_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

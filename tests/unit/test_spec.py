@@ -7,8 +7,8 @@ import torch
 
 from trainlab.config import compose_run_config
 from trainlab.config.schema import EmulatedFormats, PrecisionConfig
-from trainlab.precision.recipes import build_recipe
 from trainlab.precision.capability import check_precision_supported
+from trainlab.precision.recipes import build_recipe
 from trainlab.vocab.precision import FP8_PRECISIONS, PRECISIONS, SPECS, emulates
 
 

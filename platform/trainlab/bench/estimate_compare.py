@@ -3,7 +3,7 @@
     rows, fits = compare(measured, steps=8)
     summary(rows, kind="held_out")   # 'state bytes exact: n/n; peak memory within 15 %: n/n; ...'
 
-Each measured trial is estimated (trainlab.estimate.estimate_trial on ClusterSpec.cpu(ranks=
+Each measured trial is estimated (trainlab.estimate.trial.estimate_trial on ClusterSpec.cpu(ranks=
 world)) three times: with the default calibration; in-sample, with a calibration fitted to
 every trial (calibration.fit); held out, with a calibration fitted to the other half of the
 trials only (two folds: the trials alternate between the halves in matrix order, so that both
@@ -85,8 +85,8 @@ def folds(n: int) -> list[int]:
 def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[str, str]]:
     """Rows for every measured trial (skipped and failed ones too, without estimates), and what
     each calibration was fitted on (kind -> a line for the report)."""
-    from trainlab.estimate import ClusterSpec
     from trainlab.estimate.calibration import Calibration, Observation, fit
+    from trainlab.vocab.nodes import ClusterSpec
 
     rows = [Row(m) for m in measured]
     ok = [r for r in rows if r.measured.ok]
@@ -119,7 +119,7 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
 
 
 def _estimate_row(row: Row, run, cluster, calibrations: dict) -> None:
-    from trainlab.estimate import estimate_trial
+    from trainlab.estimate.trial import estimate_trial
 
     for kind, cal in calibrations.items():
         est = estimate_trial(run, cluster, calibration=cal)

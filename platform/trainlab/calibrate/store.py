@@ -21,7 +21,7 @@ from trainlab.compare import curves
 from trainlab.compare.estimates import measured
 from trainlab.compare.load import _experiments, _search_all, _tag_filter, read_trial
 from trainlab.config import RunConfig, from_dict
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 
 @dataclass(frozen=True)

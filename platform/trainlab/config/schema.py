@@ -26,8 +26,10 @@ from omegaconf import MISSING
 from trainlab.config.bounds import bounded, check_fields, text
 from trainlab.config.debug import DebugConfig
 from trainlab.config.moved import removed_value_message
+from trainlab.vocab.formats import parse_format
+from trainlab.vocab.nodes import parse_node
 
-# the precision modes and their families come from their specifications (precision.spec)
+# the precision modes and their families come from their specifications (vocab.precision)
 from trainlab.vocab.precision import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
 
 ON_DIVERGENCE = ("stop", "rollback")
@@ -341,8 +343,6 @@ class PrecisionConfig:
                 f"precision.keep_hp entry 'small' (linears too small for FP8 matmuls to pay) has no "
                 f"meaning with precision={self.name}, which runs no FP8 kernels; remove it")
         if self.name == "emulated":
-            from trainlab.vocab.formats import parse_format
-
             chosen = {t: getattr(self.formats, t) for t in EMULATION_TARGETS if getattr(self.formats, t)}
             if not chosen:
                 raise ValueError(
@@ -557,8 +557,7 @@ class ClusterConfig:
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")
-        from trainlab.estimate.cluster import parse_node  # ValueError naming cluster.nodes
-
+        # parse_node raises a ValueError naming cluster.nodes
         for item in self.nodes:
             parse_node(item)
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from trainlab.config.bounds import check_fields
-from trainlab.config.debug import check_debug
 from trainlab.config.schema import PP_SCHEDULES, RunConfig
 from trainlab.vocab.precision import ROLLBACK_PRECISIONS, SPECS, spec_of
 
@@ -479,3 +478,14 @@ def ignored_options(run: RunConfig) -> list[str]:
     if run.data.name == "text" and run.data.vocab_size != DataConfig().vocab_size:
         notes.append("data.vocab_size is ignored with data=text (byte-level, 256)")
     return notes + unordered_reductions(run)
+
+
+def check_debug(run: RunConfig) -> None:
+    """The debug knobs against the sections they act on."""
+    d, c = run.debug, run.cluster
+    if d.logical_gpus and c.device == "cuda":
+        raise ValueError("debug.logical_gpus=true computes on CPU but cluster.device=cuda; "
+                         "set cluster.device=cpu (or auto), or drop debug.logical_gpus")
+    if d.slowdown and len(d.slowdown) != c.num_workers:
+        raise ValueError(f"debug.slowdown={list(d.slowdown)} has {len(d.slowdown)} factors for "
+                         f"cluster.num_workers={c.num_workers}; give one per worker or [] for none")

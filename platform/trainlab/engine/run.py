@@ -70,13 +70,13 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
-from trainlab.precision.recipes import build_recipe
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.vocab.precision import spec_of
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
 from trainlab.tracking import NullTracker, Tracker
+from trainlab.vocab.precision import spec_of
 
 TrackerFactory = Callable[[DistInfo, bool], Tracker]
 """(dist_info, resumed) -> rank 0's tracker; `resumed`: the trial goes on from a checkpoint in

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainlab.config.schema import RunConfig
-    from trainlab.estimate.cluster import ClusterSpec
+    from trainlab.vocab.nodes import ClusterSpec
 
 KINDS = ("cpu", "gpu")
 

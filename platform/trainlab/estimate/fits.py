@@ -16,7 +16,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Callable
 
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
     from trainlab.config import RunConfig

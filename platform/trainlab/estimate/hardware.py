@@ -18,8 +18,8 @@ import functools
 import os
 from dataclasses import dataclass
 
-from trainlab.estimate.cluster import CPU
 from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS
+from trainlab.vocab.nodes import CPU
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from trainlab.config.schema import RunConfig
 from trainlab.config.validate import grad_accum_steps, parallel_dims
 from trainlab.engine.balance import plan_shares
-from trainlab.estimate.cluster import CPU, ClusterSpec
 from trainlab.estimate.hardware import Hardware, hardware
 from trainlab.estimate.links import Link, group_link
 from trainlab.parallel.mesh import MeshCoords, coords
+from trainlab.vocab.nodes import CPU, ClusterSpec
 from trainlab.vocab.precision import spec_of
 
 

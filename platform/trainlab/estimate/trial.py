@@ -9,13 +9,13 @@ import dataclasses
 
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
-from trainlab.estimate.cluster import CPU, ClusterSpec
 from trainlab.estimate.hardware import NOTES
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import flops_per_token
+from trainlab.vocab.nodes import CPU, ClusterSpec
 from trainlab.vocab.precision import spec_of
 
 

@@ -16,10 +16,10 @@ import math
 
 from trainlab.config import RunConfig
 from trainlab.config.plan import GangShape
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
 from trainlab.estimate.fits import config_cluster, estimate_run, fixes, local_cluster, memory_line
 from trainlab.estimate.result import Estimate
 from trainlab.launch.placement import GpuPool, accelerator_type, gpu_pools
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 
 def ray_cluster(nodes: list[dict], run: RunConfig, *, gpus: bool, types: tuple[str, ...] = ()) -> ClusterSpec:

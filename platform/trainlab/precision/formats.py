@@ -35,7 +35,6 @@ import torch
 
 from trainlab.vocab.formats import F32_MAN_BITS, FloatFormat
 
-
 # ---------------------------------------------------------------------------------------------
 # rounding
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainlab.vocab.formats import FloatFormat, parse_format
 from trainlab.precision.policy import CastSpec
+from trainlab.vocab.formats import FloatFormat, parse_format
 from trainlab.vocab.precision import spec_of
 
 E4M3 = parse_format("e4m3")

@@ -26,8 +26,8 @@ from trainlab.precision.emulate import (
     quantized_allreduce_hook,
     round_optimizer_states,
 )
-from trainlab.vocab.formats import parse_format
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
+from trainlab.vocab.formats import parse_format
 from trainlab.vocab.precision import PrecisionSpec, emulates, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

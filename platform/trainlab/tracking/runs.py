@@ -16,10 +16,10 @@ from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.config.validate import elastic_range
 from trainlab.events import TrialResult
-from trainlab.vocab.precision import spec_of
 from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
 from trainlab.tracking.store_uri import use_tracking_store
+from trainlab.vocab.precision import spec_of
 
 
 def resolve_tracking_uri(configured: str) -> str:
