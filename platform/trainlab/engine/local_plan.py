@@ -15,9 +15,9 @@ import dataclasses
 import torch
 
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan, plan_trial
 from trainlab.devices import resolve_device
 from trainlab.engine.checkpoint import checkpoint_root
+from trainlab.plan.trial import TrialPlan, plan_trial
 
 
 def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:

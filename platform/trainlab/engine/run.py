@@ -1,4 +1,4 @@
-"""One worker's whole trial: execute a TrialPlan (config.plan), train, report.
+"""One worker's whole trial: execute a TrialPlan (plan.trial), train, report.
 
 Called identically by a Ray Train worker (with the plan its driver made) and by a torchrun
 process (which plans for itself, as it has no driver: plan_here). No Ray, no MLflow: the
@@ -22,7 +22,6 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
-from trainlab.config.plan import TrialPlan
 from trainlab.config.validate import (
     compile_unit,
     pp_microbatches,
@@ -70,6 +69,7 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
+from trainlab.plan.trial import TrialPlan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan

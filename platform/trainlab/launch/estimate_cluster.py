@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 from trainlab.config import RunConfig
-from trainlab.config.plan import GangShape
 from trainlab.estimate.fits import config_cluster, estimate_run, fixes, local_cluster, memory_line
 from trainlab.estimate.result import Estimate
 from trainlab.launch.placement import GpuPool, accelerator_type, gpu_pools
+from trainlab.plan.trial import GangShape
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 

@@ -1,4 +1,4 @@
-"""The driver plans a trial once, before any of its workers starts (config.plan.TrialPlan).
+"""The driver plans a trial once, before any of its workers starts (plan.trial.TrialPlan).
 
     plan = plan_launch(run)            # ConfigError (field, value, fix) if it cannot run
     train(plan)                        # launch.trial: the MLflow run, the gang, the summary
@@ -17,7 +17,6 @@ import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.load import hashed_config
-from trainlab.config.plan import GangShape, TrialPlan, plan_trial
 from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
@@ -25,6 +24,7 @@ from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import Placement, PlacementError, gpu_pools, place, scaling_options
 from trainlab.launch.preflight import check_comm_backend, preflight
+from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
 from trainlab.tracking.resume import unfinished_trial
 from trainlab.tracking.runs import resolve_tracking_uri
 

@@ -29,11 +29,11 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import ConfigError, RunConfig, config_hash
-from trainlab.config.plan import TrialPlan
 from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
+from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact, redact_files
 
 

@@ -11,11 +11,11 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.events import ProgressEvent, TrialResult, step_of
 from trainlab.launch import interrupt
 from trainlab.launch.plan import plan_launch
+from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
 from trainlab.tracking.runs import TrialRun, default_run_name, ui_command

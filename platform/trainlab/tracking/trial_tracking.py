@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab import names
-from trainlab.config.plan import TrialPlan
 from trainlab.events import TrialResult
+from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.base import JsonlTracker, Tracker
 from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.resume import open_or_resume_trial_run
