@@ -157,7 +157,7 @@ def test_trainer_run_finishes_with_the_same_loss(mode, dist_info):
 
 
 def test_a_rollback_goes_back_further_when_the_retry_diverged_before_a_newer_checkpoint(tmp_path):
-    from trainlab.engine.checkpoint import Checkpoint
+    from trainlab.config.checkpoints import Checkpoint
     from trainlab.engine.rollback import Rollback
 
     ckpts = [Checkpoint(tmp_path / f"step_{s:08d}", s) for s in (4, 8)]

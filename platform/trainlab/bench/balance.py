@@ -33,7 +33,7 @@ from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.tracking import NullTracker
+from trainlab.vocab.tracker import NullTracker
 
 MODES = ("equal", "weighted", "accumulate")
 DEFAULTS = ("model=tiny", "train.max_steps=20", "train.seq_len=128", "train.global_batch_size=32",

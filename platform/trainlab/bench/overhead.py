@@ -45,8 +45,8 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.precision.recipes import build_recipe
-from trainlab.tracking import JsonlTracker
 from trainlab.vocab.precision import emulates
+from trainlab.vocab.tracker import JsonlTracker
 
 
 class Stopped(Exception):

@@ -37,7 +37,7 @@ from trainlab.console import print0
 from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.telemetry.memory import memory_source
-from trainlab.tracking import NullTracker
+from trainlab.vocab.tracker import NullTracker
 
 DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"
 # the same trial for every layout: nothing but training steps inside the timed loop

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -40,15 +38,19 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainlab import names
-from trainlab.config import config_hash
+from trainlab.config.checkpoints import (
+    META_FILE,
+    Checkpoint,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_dir,
+)
 from trainlab.engine import integrity
 from trainlab.engine.rollback import Rollback
 
 if TYPE_CHECKING:
     from trainlab.engine.trainer import Trainer
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-META_FILE = "trainlab.json"
 FORMAT_VERSION = 2
 """2: files carry a SHA-256 and the manifest the config's fields and its own digest (1: sizes)."""
 
@@ -59,57 +61,6 @@ class CheckpointError(ValueError):
 
 class CheckpointWriteError(RuntimeError):
     """A save that failed on some rank (a full disk, an I/O error); its partial files are gone."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path
-    step: int
-
-
-def checkpoint_root(run) -> Path:
-    """train.checkpoint_dir, or <output_dir>/checkpoints (absolute: workers run elsewhere).
-    Without an output_dir (the engine called as a library) it is ./checkpoints/<config hash>,
-    so two different trials started in one folder never resume each other."""
-    if run.train.checkpoint_dir:
-        return Path(run.train.checkpoint_dir).resolve()
-    if run.output_dir:
-        return (Path(run.output_dir) / "checkpoints").resolve()
-    return (Path("checkpoints") / config_hash(run)).resolve()
-
-
-def unused_checkpoint_root(run) -> Path:
-    """checkpoint_root(run) if it is empty or absent, else the first empty `<root>-rerun<N>`
-    beside it: hydra.launcher.rerun=true trains a trial again from step 1, so it must neither
-    resume the checkpoints (nor continue the MLflow run, trial.json) that an earlier run of the
-    trial left in its folder, nor mix its own among them."""
-    root = checkpoint_root(run)
-    found, n = root, 1
-    while found.is_dir() and any(found.iterdir()):
-        n += 1
-        found = root.with_name(f"{root.name}-rerun{n}")
-    return found
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
-
-
-def complete_checkpoints(root: Path) -> list[Checkpoint]:
-    """The finished checkpoints under `root`, oldest first (``.tmp`` folders are ignored)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / META_FILE).is_file():
-            found.append(Checkpoint(p, int(m.group(1))))
-    return sorted(found, key=lambda c: c.step)
-
-
-def latest_checkpoint(root: Path) -> Checkpoint | None:
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
 
 
 class Checkpointer:

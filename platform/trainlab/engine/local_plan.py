@@ -15,8 +15,8 @@ import dataclasses
 import torch
 
 from trainlab.config import RunConfig
+from trainlab.config.checkpoints import checkpoint_root
 from trainlab.devices import resolve_device
-from trainlab.engine.checkpoint import checkpoint_root
 from trainlab.plan.trial import TrialPlan, plan_trial
 
 

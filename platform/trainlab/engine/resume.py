@@ -22,15 +22,10 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from trainlab.config.checkpoints import _STEP_DIR, META_FILE, Checkpoint, complete_checkpoints
 from trainlab.config.moved import upgraded
 from trainlab.engine import integrity
-from trainlab.engine.checkpoint import (
-    _STEP_DIR,
-    META_FILE,
-    Checkpoint,
-    CheckpointError,
-    complete_checkpoints,
-)
+from trainlab.engine.checkpoint import CheckpointError
 
 Verify = Callable[[Path, dict], list[str]]
 """(checkpoint folder, its manifest's files) -> what is wrong with those whose content differs

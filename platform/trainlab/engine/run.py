@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig, parallel_dims
+from trainlab.config.checkpoints import Checkpoint, complete_checkpoints
 from trainlab.config.validate import (
     compile_unit,
     pp_microbatches,
@@ -38,13 +39,7 @@ from trainlab.distributed import (
     setup_distributed,
 )
 from trainlab.engine.balance import DpBalancer
-from trainlab.engine.checkpoint import (
-    Checkpoint,
-    Checkpointer,
-    complete_checkpoints,
-    discard_after,
-    rollback_of,
-)
+from trainlab.engine.checkpoint import Checkpointer, discard_after, rollback_of
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.engine.local_plan import plan_here
@@ -75,8 +70,8 @@ from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
-from trainlab.tracking import NullTracker, Tracker
 from trainlab.vocab.precision import spec_of
+from trainlab.vocab.tracker import NullTracker, Tracker
 
 TrackerFactory = Callable[[DistInfo, bool], Tracker]
 """(dist_info, resumed) -> rank 0's tracker; `resumed`: the trial goes on from a checkpoint in

@@ -66,7 +66,7 @@ from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
-from trainlab.tracking import NullTracker, Tracker
+from trainlab.vocab.tracker import NullTracker, Tracker
 
 if TYPE_CHECKING:
     from trainlab.engine.checkpoint import Checkpointer

@@ -24,7 +24,7 @@ import dataclasses
 import os
 
 from trainlab.config import ConfigError, RunConfig
-from trainlab.engine.checkpoint import checkpoint_root
+from trainlab.config.checkpoints import checkpoint_root
 from trainlab.tracking.store_uri import (
     DATABASE_PORTS,
     OTHER_SCHEMES,

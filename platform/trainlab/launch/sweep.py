@@ -238,7 +238,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")
 
     if rerun:  # from step 1, though an earlier run of the sweep in the same folder left checkpoints
-        from trainlab.engine.checkpoint import unused_checkpoint_root
+        from trainlab.config.checkpoints import unused_checkpoint_root
 
         for t in trials:
             t.run = dataclasses.replace(t.run, train=dataclasses.replace(

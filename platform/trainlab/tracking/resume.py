@@ -92,7 +92,7 @@ def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTri
     from mlflow.tracking import MlflowClient
 
     from trainlab.config import config_hash
-    from trainlab.engine.checkpoint import latest_checkpoint
+    from trainlab.config.checkpoints import latest_checkpoint
 
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(run.tracking.experiment)
@@ -115,7 +115,7 @@ def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | 
     """find_unfinished_trial where the trial would otherwise start afresh: a single trial (a
     sweep's parent finds its own) with train.resume=auto, no train.checkpoint_dir (an explicit
     folder is resumed from as it is) and no checkpoint in its own default folder."""
-    from trainlab.engine.checkpoint import checkpoint_root, latest_checkpoint
+    from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint
 
     if parent_run_id or run.train.checkpoint_dir or run.train.resume != "auto":
         return None

@@ -76,7 +76,7 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
     """Children that stopped before their end (the driver was killed, a worker failed past
     cluster.max_failures, preempted) and left a checkpoint folder, by config hash: a rerun
     of the sweep resumes each from there, into the same run. The newest run of a config wins."""
-    from trainlab.engine.checkpoint import latest_checkpoint
+    from trainlab.config.checkpoints import latest_checkpoint
 
     found = {}
     for r in _children(tracking_uri, parent_run_id):
