@@ -12,7 +12,7 @@ import torch
 
 from trainlab.config import ConfigError, compose_run_config, ignored_options
 from trainlab.data import TokenBatches
-from trainlab.engine.balance import Share, apportion, loss_weight, plan_shares
+from trainlab.data.shares import Share, apportion, loss_weight, plan_shares
 from trainlab.engine.slowdown import Slowdown
 from trainlab.telemetry.ranks import RankTimer
 

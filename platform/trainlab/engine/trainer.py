@@ -33,8 +33,9 @@ from torch.distributed.tensor import DTensor
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.data.shares import loss_weight
 from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
-from trainlab.engine.balance import DpBalancer, loss_weight
+from trainlab.engine.balance import DpBalancer
 from trainlab.engine.preemption import PREEMPT, Preemption
 from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown

@@ -7,7 +7,7 @@ Ranks fill the cluster's nodes in order (ClusterSpec.rank_nodes, Ray's PACK), an
 mesh as parallel.mesh lays them out (tp innermost, then pp, dp outermost; HSDP's dp split into
 replicas of shard groups), so a group's link is the one its ranks really share.
 
-Each data-parallel rank's share of the global batch is the engine's (engine.balance.plan_shares):
+Each data-parallel rank's share of the global batch is the engine's (data.shares.plan_shares):
 equal, or with parallel.dp_balance=weighted / accumulate proportional to parallel.dp_weights, or,
 where those are left to be measured, to each rank's peak (what a measured rate approaches).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
 from trainlab.config.validate import grad_accum_steps, parallel_dims
-from trainlab.engine.balance import plan_shares
+from trainlab.data.shares import plan_shares
 from trainlab.estimate.hardware import Hardware, hardware
 from trainlab.estimate.links import Link, group_link
 from trainlab.parallel.mesh import MeshCoords, coords
