@@ -18,8 +18,8 @@ from trainlab.config import (
     ConfigError,
     RunConfig,
     register_configs,
-    to_run_config,
 )
+from trainlab.launch.paths import run_config_from_hydra
 from trainlab.redact import redact
 
 register_configs()
@@ -69,21 +69,6 @@ def run_engine_here(run: RunConfig):
                                experiment_id=trial.experiment_id if trial else "")
         print_summary(run, outcome, Path(plan.paths.output_dir))
     return result
-
-
-def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
-    """The job's typed config with every path absolute (launch.paths): the driver's one resolution."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from trainlab.launch.paths import resolve_paths
-    from trainlab.redact import redact_files
-
-    if HydraConfig.initialized() and HydraConfig.get().output_subdir:  # Hydra saved the overrides there
-        redact_files([os.path.join(HydraConfig.get().runtime.output_dir, HydraConfig.get().output_subdir)])
-    run = to_run_config(cfg)
-    if not run.output_dir:
-        run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
-    return resolve_paths(run)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

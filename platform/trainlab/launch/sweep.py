@@ -33,6 +33,7 @@ from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
+from trainlab.launch.paths import run_config_from_hydra
 from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact, redact_files
 
@@ -90,8 +91,6 @@ def _pick(overrides: Sequence[str], keys: list[str], *, skip: tuple[str, ...] = 
 
 
 def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx) -> list[Trial]:
-    from trainlab.train import run_config_from_hydra
-
     trials, errors = [], []
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
