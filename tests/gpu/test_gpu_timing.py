@@ -89,8 +89,8 @@ def test_pipeline_chunks_are_timed_by_events_without_a_sync():
     """A pipeline stage's forward/backward chunks are timed on the compute stream (before:
     torch.cuda.synchronize before and after every chunk): the spans read back later hold the
     chunks' GPU time."""
+    from trainlab.clock import total_seconds
     from trainlab.parallel.pp import _Clock
-    from trainlab.telemetry.clock import total_seconds
 
     cycles = _sleep_cycles(WAIT_S)
     busy = _Clock(torch.device("cuda", torch.cuda.current_device()))
