@@ -58,7 +58,7 @@ def _entry(module: str, *, with_command: bool = False) -> Callable[[str, list[st
 
 COMMANDS: dict[str, Callable[[str, list[str]], None]] = {
     "train": _train,
-    "estimate": _entry("trainlab.estimate.cli"),
+    "estimate": _entry("trainlab.estimate_command"),
     "compare": _entry("trainlab.compare"),
     "calibrate": _entry("trainlab.calibrate"),
     "bench": _entry("trainlab.bench"),
