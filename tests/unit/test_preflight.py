@@ -26,7 +26,7 @@ from trainlab.precision.capability import (
     check_precision_supported,
     cpu_rowwise_scaled_mm,
 )
-from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.tracking.store_uri import resolve_tracking_uri
 from trainlab.vocab.precision import PRECISIONS, spec_of
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]

@@ -154,7 +154,7 @@ def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
     writer_cpu = children_cpu_s()
     tracker = None
     if dist_info.is_rank0 and run.tracking.name == "mlflow":
-        from trainlab.tracking.runs import start_trial_tracking
+        from trainlab.tracking.resume import start_trial_tracking
 
         tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
     elif dist_info.is_rank0:

@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault(k, v)
     from mlflow.exceptions import MlflowException
 
-    from trainlab.tracking.runs import resolve_tracking_uri
+    from trainlab.tracking.store_uri import resolve_tracking_uri
 
     probe = Console()  # a log or a pipe has no width: rich would fold the table into 80 columns
     console = Console(highlight=False, width=None if probe.is_terminal else 200)

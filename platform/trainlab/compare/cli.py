@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
     from sqlalchemy.exc import DatabaseError
 
     from trainlab.compare.compare_sweep import compare_sweep
-    from trainlab.tracking.runs import resolve_tracking_uri
+    from trainlab.tracking.store_uri import resolve_tracking_uri
 
     uri = ""
     try:

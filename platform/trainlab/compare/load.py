@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from trainlab import names
 from trainlab.compare.records import Series, SweepData, Trial
-from trainlab.tracking.runs import config_of, local_store_path
+from trainlab.tracking.runs import config_of
+from trainlab.tracking.store_uri import local_store_path
 
 # the histories compare uses; other metrics stay in MLflow
 METRICS = (

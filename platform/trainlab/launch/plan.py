@@ -27,7 +27,7 @@ from trainlab.launch.placement import Placement, PlacementError, gpu_pools, plac
 from trainlab.launch.preflight import check_comm_backend, preflight
 from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
 from trainlab.tracking.resume import unfinished_trial
-from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.tracking.store_uri import resolve_tracking_uri
 
 
 def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True) -> TrialPlan:

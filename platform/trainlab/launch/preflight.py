@@ -24,9 +24,8 @@ from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
-from trainlab.tracking.runs import resolve_tracking_uri
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
-from trainlab.tracking.store_uri import tracking_field
+from trainlab.tracking.store_uri import resolve_tracking_uri, tracking_field
 from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"

@@ -203,7 +203,7 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     sweep_name = first.sweep_name or first.tracking.experiment
     parent_id, uri = None, None
     if first.tracking.name == "mlflow":
-        from trainlab.tracking.runs import resolve_tracking_uri
+        from trainlab.tracking.store_uri import resolve_tracking_uri
         from trainlab.tracking.sweep_runs import (
             done_children,
             open_sweep_parent,

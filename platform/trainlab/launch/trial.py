@@ -18,8 +18,8 @@ from trainlab.launch.plan import plan_launch
 from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
-from trainlab.tracking.runs import TrialRun, default_run_name, ui_command
-from trainlab.tracking.store_uri import credentials_env
+from trainlab.tracking.runs import TrialRun, default_run_name
+from trainlab.tracking.store_uri import credentials_env, ui_command
 from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import quote, urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact
-from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES
+from trainlab.tracking.store_uri import DATABASE_PORTS, SERVER_SCHEMES, local_store_path
 
 CHECK_TIMEOUT_S = 5.0
 """How long the check waits for a tracking server or database to answer."""
@@ -33,8 +33,6 @@ _PROBE = "/api/2.0/mlflow/experiments/get-by-name"
 
 def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """ValueError naming `setting`, the URI (masked) and the fix if the store cannot be used."""
-    from trainlab.tracking.runs import local_store_path
-
     where = f"{setting}={redact(uri)!r}"
     scheme = urlsplit(uri).scheme.split("+")[0].lower()
     path = local_store_path(uri)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urlparse, urlsplit
 
 from trainlab.redact import redact, register_secret, split_userinfo
 
@@ -165,3 +166,29 @@ def _plugin_schemes() -> set[str]:
     """Schemes MLflow tracking-store plugins installed here register (entry point group
     mlflow.tracking_store)."""
     return {e.name for e in entry_points(group="mlflow.tracking_store")}
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
+    URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
+    credentials moved to MLflow's credential variables (tracking.store_uri). ValueError for a
+    URI MLflow would read differently than meant."""
+    return use_tracking_store(configured).uri
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The file a sqlite store lives in, or the folder of a file store; None for servers."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        return Path(uri[len("sqlite:///"):])
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return None
+
+
+def ui_command(uri: str) -> str:
+    """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
+    pass another --host to expose it), the server's URL otherwise."""
+    if local_store_path(uri) is None:
+        return f"open {redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
