@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from trainlab.config.load import compose_run_config
-from trainlab.estimate.calibration import Calibration, Observation, fit
+from trainlab.estimate.calibration import Calibration, Observation
 from trainlab.estimate.calls import tensors_of
+from trainlab.estimate.fitting import fit
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms

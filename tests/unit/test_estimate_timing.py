@@ -189,7 +189,8 @@ CPU_TRIALS = [["model=tiny", "parallel=ddp", "cluster.num_workers=2"],
 
 
 def test_fit_recovers_the_coefficients_that_made_the_observations():
-    from trainlab.estimate.calibration import Observation, fit
+    from trainlab.estimate.calibration import Observation
+    from trainlab.estimate.fitting import fit
 
     truth = Calibration(cpu_efficiency=0.2, cpu_layer_overhead_s=0.004, cpu_step_overhead_s=0.03,
                         cpu_comm_efficiency=0.3, cpu_emulation_cost=2.0)
@@ -207,7 +208,7 @@ def test_fit_recovers_the_coefficients_that_made_the_observations():
 
 
 def test_fit_needs_observations():
-    from trainlab.estimate.calibration import fit
+    from trainlab.estimate.fitting import fit
 
     with pytest.raises(ValueError, match="no observations"):
         fit([])

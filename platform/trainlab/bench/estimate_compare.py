@@ -85,7 +85,8 @@ def folds(n: int) -> list[int]:
 def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[str, str]]:
     """Rows for every measured trial (skipped and failed ones too, without estimates), and what
     each calibration was fitted on (kind -> a line for the report)."""
-    from trainlab.estimate.calibration import Calibration, Observation, fit
+    from trainlab.estimate.calibration import Calibration, Observation
+    from trainlab.estimate.fitting import fit
     from trainlab.vocab.nodes import ClusterSpec
 
     rows = [Row(m) for m in measured]

@@ -68,7 +68,7 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
     from rich.text import Text
 
     from trainlab.calibrate.store import read_observations
-    from trainlab.estimate.calibration import fit
+    from trainlab.estimate.fitting import fit
     from trainlab.estimate.trial import estimate_trial
 
     found = read_observations(tracking_uri=tracking_uri, experiment=experiment, sweep=sweep)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,11 +155,3 @@ class Observation:
     """Steady step time (train/step_time_s, its median over the run)."""
     peak_mem_gb: float | None = None
     """The largest rank's peak (sys/peak_mem_gb); None = not measured."""
-
-
-def fit(observations: Sequence[Observation], *, prior: Calibration | None = None) -> Calibration:
-    """The calibration that best explains `observations` (module docstring); `prior` (defaults
-    if None) keeps the coefficients no observation informs."""
-    from trainlab.estimate.fitting import fit_calibration
-
-    return fit_calibration(list(observations), prior=prior or Calibration())
