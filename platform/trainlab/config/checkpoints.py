@@ -18,6 +18,10 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 META_FILE = "trainlab.json"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or of another run."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path

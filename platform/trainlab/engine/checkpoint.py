@@ -30,7 +30,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -41,22 +41,29 @@ from trainlab import names
 from trainlab.config.checkpoints import (
     META_FILE,
     Checkpoint,
+    CheckpointError,
     complete_checkpoints,
     latest_checkpoint,
     step_dir,
 )
+from trainlab.distributed import gather_strings
 from trainlab.engine import integrity
+from trainlab.engine.resume import check_checkpoint
 from trainlab.engine.rollback import Rollback
 
-if TYPE_CHECKING:
-    from trainlab.engine.trainer import Trainer
+
+class Checkpointable(Protocol):
+    """What a checkpoint saves and restores: the engine's Trainer (its step, its config, and
+    its whole state as state_dict() says; load_state_dict puts it back)."""
+
+    step: int
+    run: Any
+
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
 
 FORMAT_VERSION = 2
 """2: files carry a SHA-256 and the manifest the config's fields and its own digest (1: sizes)."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or of another run."""
 
 
 class CheckpointWriteError(RuntimeError):
@@ -85,7 +92,7 @@ class Checkpointer:
         _barrier()
 
     # -- save ------------------------------------------------------------------------------
-    def save(self, trainer: Trainer) -> dict[str, float]:
+    def save(self, trainer: Checkpointable) -> dict[str, float]:
         """Write a checkpoint of `trainer`'s state_dict() at its current step (a collective); returns the
         metrics ckpt/save_s, ckpt/size_mb and ckpt/checksum_s, the same on every rank.
         A rank that fails to write (a full disk) fails the save on every rank, together: the
@@ -141,10 +148,8 @@ class Checkpointer:
         return {self.shard_key: sharded} if self.shard_key else sharded
 
     # -- load ------------------------------------------------------------------------------
-    def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
+    def load(self, trainer: Checkpointable, ckpt: Checkpoint) -> None:
         """Put `trainer` back in the state it had at `ckpt` (its load_state_dict; a collective)."""
-        from trainlab.engine.resume import check_checkpoint
-
         meta = check_checkpoint(ckpt.path, world_size=self.world_size)
         state = trainer.state_dict()  # DCP loads into its tensors, in place
         del state["local"]
@@ -173,8 +178,6 @@ class _Together:
         self.ckpt, self.tmp, self.step = ckpt, tmp, step
 
     def __call__(self, fn: Callable[[], str | None]) -> list[str]:
-        from trainlab.distributed import gather_strings
-
         try:
             said = "ok:" + (fn() or "")
         except (Exception, CheckpointException) as e:

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from trainlab.data import Corpus
 from trainlab.data.shares import loss_weight
 from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.balance import DpBalancer
+from trainlab.engine.checkpoint import Checkpointer
 from trainlab.engine.preemption import PREEMPT, Preemption
 from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown
@@ -68,9 +69,6 @@ from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metr
 from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
 from trainlab.vocab.tracker import NullTracker, Tracker
-
-if TYPE_CHECKING:
-    from trainlab.engine.checkpoint import Checkpointer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Hook = Callable[["Trainer", int, dict], None]

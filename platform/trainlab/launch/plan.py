@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
-from trainlab.config.checkpoints import checkpoint_root
+from trainlab.config.checkpoints import CheckpointError, checkpoint_root
 from trainlab.config.load import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
-from trainlab.engine.checkpoint import CheckpointError
 from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import Placement, PlacementError, gpu_pools, place, scaling_options
