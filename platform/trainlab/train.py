@@ -39,7 +39,8 @@ def run_engine_here(run: RunConfig):
     from trainlab.distributed import close_distributed
     from trainlab.engine.local_plan import plan_here
     from trainlab.engine.run import run_trial
-    from trainlab.launch.trial import TrialOutcome, print_summary
+    from trainlab.launch.outcome import TrialOutcome
+    from trainlab.launch.trial import print_summary
     from trainlab.tracking.runs import default_run_name
     from trainlab.tracking.store_uri import resolve_tracking_uri
     from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial, rank0_tracker

@@ -70,7 +70,7 @@ def test_how_a_trial_survives_faults_is_not_what_it_trains():
 
 
 def test_ray_is_asked_for_a_range_and_the_run_is_tagged_elastic():
-    from trainlab.launch.plan import scaling
+    from trainlab.launch.placement import scaling
     from trainlab.plan.trial import GangShape
     from trainlab.tracking.runs import trial_tags
 

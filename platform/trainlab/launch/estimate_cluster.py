@@ -1,8 +1,7 @@
-"""Estimates against a running Ray cluster: its nodes as a ClusterSpec, placement's memory check,
-and the estimate the driver puts in a trial's plan.
+"""Estimates against a running Ray cluster: its nodes as a ClusterSpec, and the estimate the
+driver puts in a trial's plan (placement's memory check is launch.placement.memory_reason).
 
     cluster = ray_cluster(ray.nodes(), run, gpus=True, types=("H100",))   # the nodes a gang may use
-    why = memory_reason(run, pool)       # placement.why_not: None, or why the type cannot hold the trial
     est = placed_estimate(run, gang)     # launch.plan: the trial on the devices it was placed on
 
 A GPU node is read by its accelerator type (``accelerator_type:<TYPE>``, launch.placement) and
@@ -12,12 +11,12 @@ in gpu_pools' order (the largest pool first), the order the estimate packs ranks
 
 from __future__ import annotations
 
-import math
-
 from trainlab.config import RunConfig
-from trainlab.estimate.fits import config_cluster, estimate_run, fixes, local_cluster, memory_line
+from trainlab.estimate.fits import config_cluster, estimate_run, local_cluster
 from trainlab.estimate.result import Estimate
-from trainlab.launch.placement import GpuPool, accelerator_type, gpu_pools
+from trainlab.launch.placement import PlacementError, accelerator_type, gpu_pools, place
+from trainlab.launch.preflight import check_cluster
+from trainlab.launch.ray_trial import connect
 from trainlab.plan.trial import GangShape
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
@@ -42,28 +41,6 @@ def ray_cluster(nodes: list[dict], run: RunConfig, *, gpus: bool, types: tuple[s
         raise ValueError(f"cluster.address={c.address or 'auto'}: the running Ray cluster has no {what} to "
                          "estimate on; describe the cluster instead with cluster.nodes=[8xH100,...]")
     return ClusterSpec(nodes=tuple(specs), nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
-
-
-def pool_cluster(run: RunConfig, pool: GpuPool) -> ClusterSpec:
-    """The trial's gang wholly on `pool`'s type, its nodes as the pool has them (as many more as
-    the gang needs: whether the pool has enough GPUs is placement's question, not memory's)."""
-    per_node = max(1, int(pool.gpus // max(pool.nodes, 1)))
-    count = max(pool.nodes, math.ceil(run.cluster.num_workers / per_node))
-    c = run.cluster
-    return ClusterSpec(nodes=tuple(NodeSpec(pool.type, per_node) for _ in range(count)),
-                       nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
-
-
-def memory_reason(run: RunConfig, pool: GpuPool) -> str | None:
-    """Why the trial's estimate does not fit `pool`'s GPUs, or None (it fits, or the type is one
-    the estimate has no numbers for: placement's other checks decide then)."""
-    try:
-        est = estimate_run(run, pool_cluster(run, pool))
-    except (ValueError, NotImplementedError):  # a type or layout it has no numbers for
-        return None
-    if est.fits:
-        return None
-    return f"by its estimate, {memory_line(est)}; fix: {'; or '.join(fixes(run, est))}"
 
 
 def placed_estimate(run: RunConfig, gang: GangShape) -> Estimate:
@@ -94,9 +71,6 @@ def described_cluster(run: RunConfig) -> tuple[ClusterSpec, str]:
         device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
                                 logical_gpus=run.debug.logical_gpus)
         return local_cluster(run, device=device), ""
-    from trainlab.launch.preflight import check_cluster
-    from trainlab.launch.ray_trial import connect
-
     check_cluster(run)  # ValueError now, not ray.init retrying for minutes, when nothing answers there
     connect(run)
     import ray
@@ -105,8 +79,6 @@ def described_cluster(run: RunConfig) -> tuple[ClusterSpec, str]:
                             logical_gpus=run.debug.logical_gpus)
     if not (device == "cuda" or run.debug.logical_gpus):
         return ray_cluster(ray.nodes(), run, gpus=False), ""
-    from trainlab.launch.placement import PlacementError, place
-
     pools = gpu_pools(ray.nodes())
     try:
         placement = place(run, pools)

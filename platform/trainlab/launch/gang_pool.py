@@ -34,7 +34,7 @@ from trainlab.engine.isolation import fresh_gang_reason
 from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
 from trainlab.launch.interrupt import GangStop, StopRequest
-from trainlab.launch.plan import scaling
+from trainlab.launch.placement import scaling
 from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget
 

@@ -30,6 +30,7 @@ import time
 from typing import Iterator
 
 from trainlab.events import START, STEP, ProgressEvent
+from trainlab.launch.outcome import TrialOutcome
 
 STOP_GRACE_S = 120.0
 """After the first signal, how long the driver waits for the gangs to save and stop before it
@@ -285,7 +286,6 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
 def before_start(tracking_uri: str | None):
     """The outcome of a trial interrupted before it opened its run (launch.trial)."""
     from trainlab import names
-    from trainlab.launch.trial import TrialOutcome
 
     print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)
     return TrialOutcome(status=names.STATUS_PREEMPTED, result=None, run_id=None, tracking_uri=tracking_uri,

@@ -21,9 +21,12 @@ from trainlab.config.load import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
+from trainlab.estimate.fits import checked_estimate
+from trainlab.launch.estimate_cluster import placed_estimate
 from trainlab.launch.paths import resolve_paths
-from trainlab.launch.placement import Placement, PlacementError, gpu_pools, place, scaling_options
+from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
+from trainlab.launch.ray_trial import connect
 from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
 from trainlab.tracking.resume import unfinished_trial
 from trainlab.tracking.store_uri import resolve_tracking_uri
@@ -62,9 +65,6 @@ def launch_estimate(run: RunConfig, gang: GangShape):
     """The trial's estimate on the devices it was placed on (estimate.fits.checked_estimate):
     refused for a GPU gang it does not fit (placement let the type through: a mixed gang's
     weighted split can still overfill one), warned for CPU, None where it cannot be made."""
-    from trainlab.estimate.fits import checked_estimate
-    from trainlab.launch.estimate_cluster import placed_estimate
-
     return checked_estimate(run, lambda: placed_estimate(run, gang), gpus=gang.gpus,
                             warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
@@ -73,8 +73,6 @@ def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
     """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
     trial to the GPU types that can run it: (device, gang). ConfigError, with each type's
     reason, for a trial no GPU type can run, instead of a gang pending forever."""
-    from trainlab.launch.ray_trial import connect
-
     connect(run)  # first: Ray must not be imported before it keeps a local cluster on loopback
     import ray
 
@@ -91,16 +89,3 @@ def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
         raise ConfigError(str(e)) from None
     return device, dataclasses.replace(gang, accelerator_types=placement.types, strategy=placement.strategy,
                                        all_types=tuple(p.type for p in pools))
-
-
-def scaling(gang: GangShape) -> dict:
-    """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
-    resources = {"CPU": gang.cpus_per_worker, **({"GPU": 1} if gang.gpus else {})}
-    options = {"num_workers": gang.elastic or gang.num_workers, "use_gpu": gang.gpus,
-               "resources_per_worker": resources, "placement_strategy": "PACK"}
-    if gang.elastic:
-        options["elastic_resize_monitor_interval_s"] = gang.resize_interval_s
-    if gang.accelerator_types:
-        options |= scaling_options(Placement(types=gang.accelerator_types, strategy=gang.strategy),
-                                   all_types=gang.all_types)
-    return options

@@ -15,8 +15,7 @@ from typing import Callable
 from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
 from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, rearm, stop_flag
-from trainlab.launch.placement import accelerator_type
-from trainlab.launch.plan import scaling
+from trainlab.launch.placement import accelerator_type, scaling
 from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +13,7 @@ from trainlab.config import RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.events import ProgressEvent, TrialResult, step_of
 from trainlab.launch import interrupt
+from trainlab.launch.outcome import TrialOutcome
 from trainlab.launch.plan import plan_launch
 from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact
@@ -21,24 +21,6 @@ from trainlab.tracking.mlflow_ui import run_link
 from trainlab.tracking.runs import TrialRun, default_run_name
 from trainlab.tracking.store_uri import credentials_env, ui_command
 from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial
-
-
-@dataclass
-class TrialOutcome:
-    status: str
-    result: TrialResult | None
-    """Rank 0's result (None when the trial failed before reporting)."""
-    run_id: str | None
-    tracking_uri: str | None
-    error: str = ""
-    interrupted: int = 0
-    """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
-    last_step: int | None = None
-    """The last step the workers reported (what the tracker recorded), also when they failed."""
-    pruned_reason: str = ""
-    """Status pruned: why the sweep's pruner stopped it (its StopRequest's reason)."""
-    experiment_id: str = ""
-    """The MLflow experiment of its run ('' without one)."""
 
 
 def train(run: RunConfig | TrialPlan, *, parent_run_id: str | None = None, extra_tags: dict | None = None,
