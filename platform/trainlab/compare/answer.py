@@ -11,7 +11,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from trainlab import names
+from trainlab.compare.load import load_sweep
 from trainlab.compare.records import ConfigRow, Summary
+from trainlab.compare.summarize import summarize
+from trainlab.console import console
+from trainlab.redact import redact
+from trainlab.tracking.sweep_runs import log_sweep_result
 
 OK = "ok"  # summarize.verdict's word for "as good as the baseline"
 
@@ -85,9 +90,6 @@ def sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer:
     """The answer for a sweep's parent run as `trainlab compare --parent` computes it (default
     baseline, target and tolerance), read back from MLflow; a sweep without trial runs gets
     zero counts and a line that says so."""
-    from trainlab.compare.load import load_sweep
-    from trainlab.compare.summarize import summarize
-
     try:
         data = load_sweep(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
     except ValueError as e:  # no trial runs yet (every job refused at submission)
@@ -101,9 +103,6 @@ def log_sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer | None:
     summary can be had again with `trainlab compare`."""
     from rich.markup import escape
 
-    from trainlab.console import console
-    from trainlab.redact import redact
-    from trainlab.tracking.sweep_runs import log_sweep_result
 
     try:
         result = sweep_answer(tracking_uri=tracking_uri, parent_run_id=parent_run_id)

@@ -16,6 +16,9 @@ import os
 import re
 from typing import TYPE_CHECKING, Callable
 
+from trainlab.config import ConfigError
+from trainlab.estimate.calibration import load_calibration
+from trainlab.estimate.trial import estimate_trial
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
@@ -79,7 +82,6 @@ def calibration_of(run: RunConfig) -> Calibration | None:
     path = run.cluster.calibration
     if not path:
         return None
-    from trainlab.estimate.calibration import load_calibration
 
     try:
         return load_calibration(path)
@@ -93,8 +95,6 @@ def calibration_of(run: RunConfig) -> Calibration | None:
 
 def estimate_run(run: RunConfig, cluster: ClusterSpec) -> Estimate:
     """estimate_trial with cluster.calibration; ValueError (field, value, fix) if it cannot."""
-    from trainlab.estimate.trial import estimate_trial
-
     return estimate_trial(run, cluster, calibration=calibration_of(run))
 
 
@@ -150,8 +150,6 @@ def checked_estimate(run: RunConfig, estimate: Callable[[], Estimate], *, gpus: 
     and the fix when it does not fit a GPU gang; on CPU a warning only (the host's memory is shared
     with everything else it runs). None, warned, where it cannot be made (a device or layout it has
     no numbers for): the trial goes on unestimated."""
-    from trainlab.config import ConfigError
-
     try:
         est = estimate()
     except (ValueError, NotImplementedError) as e:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
+from trainlab.estimate.activations import rank_activations
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
     Shard,
@@ -58,7 +59,6 @@ def rank_memories(run: RunConfig, *, device_type: str,
     batch is not split equally (parallel.dp_balance=weighted gives faster ranks larger ones);
     None = the config's micro-batch on every rank."""
     from trainlab.distributed import backend_for
-    from trainlab.estimate.activations import rank_activations
     from trainlab.parallel import fsdp_shards
 
     layout = Sharding.of(run)

@@ -11,6 +11,7 @@ from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
 from trainlab.estimate.hardware import NOTES
 from trainlab.estimate.layout import Layout
+from trainlab.estimate.memory import rank_memories
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
@@ -45,8 +46,6 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibra
 
 def memories_on(layout: Layout, *, device_type: str) -> list[RankMemory]:
     """Each rank's memory (estimate.memory, uncalibrated) with its share of the batch."""
-    from trainlab.estimate.memory import rank_memories
-
     return rank_memories(layout.run, device_type=device_type, micro_batches=_largest_micro_batches(layout))
 
 

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Iterator
 
+from trainlab.config.checkpoints import latest_checkpoint
 from trainlab.events import START, STEP, ProgressEvent
 from trainlab.launch.outcome import TrialOutcome
 
@@ -267,8 +268,6 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
     """The one line an interrupted trial ends with: where it stopped and how it goes on.
     `at_once`: the gang was let go without its last checkpoint (`step` is the last it reported;
     it may have trained a few more until Ray's shutdown ended it)."""
-    from trainlab.config.checkpoints import latest_checkpoint
-
     ckpt = latest_checkpoint(root)
     again = "run the same command" if tracked else f"add train.resume={root}"
     if ckpt is None:
