@@ -31,16 +31,16 @@ def under_torchrun() -> bool:
 
 def run_engine_here(run: RunConfig):
     """torchrun path: every process executes the trial's plan, made here as there is no driver
-    (engine.local_plan); rank 0 tracks the trial as the Ray path does (tracking.trial_tracking:
+    (plan.here); rank 0 tracks the trial as the Ray path does (tracking.trial_tracking:
     the same run, tags, tracker and closing), prints its progress and the same summary."""
     from pathlib import Path
 
     from trainlab.console import ProgressLine
     from trainlab.distributed import close_distributed
-    from trainlab.engine.local_plan import plan_here
     from trainlab.engine.run import run_trial
     from trainlab.launch.outcome import TrialOutcome
     from trainlab.launch.trial import print_summary
+    from trainlab.plan.here import plan_here
     from trainlab.tracking.runs import default_run_name
     from trainlab.tracking.store_uri import resolve_tracking_uri
     from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial, rank0_tracker

@@ -44,8 +44,8 @@ def _history(client, run_id, key):
 def store(mlflow_server, tmp_path_factory):
     """The sweep's parent and one finished child per configuration, each logged by the engine
     with the estimate its plan carries (the driver's, under Ray; plan_here's, under torchrun)."""
-    from trainlab.engine.local_plan import plan_here
     from trainlab.engine.run import run_trial
+    from trainlab.plan.here import plan_here
     from trainlab.tracking.sweep_runs import open_sweep_parent
     from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial, rank0_tracker
 

@@ -10,11 +10,11 @@ import re
 import pytest
 
 from trainlab.config import compose_run_config
-from trainlab.engine.local_plan import plan_here
 from trainlab.estimate.fits import ray_type_of, refusal
 from trainlab.estimate.trial import estimate_trial
 from trainlab.launch.estimate_cluster import ray_cluster
 from trainlab.launch.placement import GpuPool, PlacementError, place
+from trainlab.plan.here import plan_here
 from trainlab.vocab.nodes import ClusterSpec, NodeSpec
 
 POOLS = [GpuPool("V100", 2, 1), GpuPool("H100", 2, 1)]

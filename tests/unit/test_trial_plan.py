@@ -16,10 +16,10 @@ from trainlab.config import load as config_load
 from trainlab.config import schema as config_schema
 from trainlab.console import ProgressLine, console, status_text
 from trainlab.devices import resolve_device
-from trainlab.engine.local_plan import plan_here
 from trainlab.engine.run import run_trial
 from trainlab.events import Notice, StepDone, TrialFinished, TrialResult, TrialStarted
 from trainlab.launch.preflight import check_device
+from trainlab.plan.here import plan_here
 from trainlab.plan.trial import plan_trial
 from trainlab.tracking.runs import closing_tags
 

@@ -42,7 +42,6 @@ from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import Checkpointer, discard_after, rollback_of
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
-from trainlab.engine.local_plan import plan_here
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
@@ -64,6 +63,7 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
+from trainlab.plan.here import plan_here
 from trainlab.plan.trial import TrialPlan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe

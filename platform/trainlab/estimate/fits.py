@@ -6,7 +6,7 @@
 
 Who calls it: `trainlab estimate` (a cluster from config, this machine or a running Ray
 cluster: launch.estimate_cluster), the Ray driver before any worker starts (launch.plan) and
-torchrun's in-process plan (engine.local_plan). Nothing here imports Ray: torchrun runs
+torchrun's in-process plan (plan.here). Nothing here imports Ray: torchrun runs
 without it.
 """
 

@@ -11,12 +11,14 @@ GPUs). The resume is decided by the ranks together when they start
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
 from trainlab.config import RunConfig
 from trainlab.config.checkpoints import checkpoint_root
 from trainlab.devices import resolve_device
+from trainlab.estimate.fits import checked_estimate, estimate_run, torchrun_cluster
 from trainlab.plan.trial import TrialPlan, plan_trial
 
 
@@ -32,9 +34,5 @@ def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
 def local_estimate(run: RunConfig, *, device: str):
     """The trial's estimate on the gang torchrun started (estimate.fits.checked_estimate: refused
     where it does not fit its GPUs, warned on CPU, None where it cannot be made)."""
-    import warnings
-
-    from trainlab.estimate.fits import checked_estimate, estimate_run, torchrun_cluster
-
     return checked_estimate(run, lambda: estimate_run(run, torchrun_cluster(run, device=device)),
                             gpus=device == "cuda", warn=lambda m: warnings.warn(m, stacklevel=3))

@@ -5,7 +5,7 @@
 
 The Ray driver (launch.plan.plan_launch) resolves it from a validated RunConfig and the
 cluster it joined; a process with no driver (torchrun, a test, a benchmark) resolves it
-itself the same way (engine.run.plan_here). Workers execute it: they never rebuild the config
+itself the same way (plan.here.plan_here). Workers execute it: they never rebuild the config
 from a dict, validate it again or decide its device, paths or identity. What a worker still
 decides is what only it can see: the checkpoint it starts from when Ray Train restarts its gang
 (newer than the one the driver found), the gang it was given (an elastic trial runs on fewer
