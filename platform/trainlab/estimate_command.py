@@ -50,14 +50,15 @@ def estimate_jobs(jobs) -> list:
     from trainlab.estimate.fits import estimate_run
     from trainlab.estimate.table import TrialEstimate
     from trainlab.launch.estimate_cluster import described_cluster
+    from trainlab.plan.layout import plan_layout
 
     out = []
     for label, job in zip(_labels(jobs), jobs):
         cluster = None
         try:
             cluster, note = described_cluster(job.run)
-            out.append(TrialEstimate(label=label, cluster=cluster, estimate=estimate_run(job.run, cluster),
-                                     note=note))
+            estimate = estimate_run(job.run, cluster, trial_layout=plan_layout(job.run))
+            out.append(TrialEstimate(label=label, cluster=cluster, estimate=estimate, note=note))
         except ValueError as e:
             out.append(TrialEstimate(label=label, cluster=cluster, estimate=None, error=str(e)))
     return out
@@ -68,6 +69,7 @@ def main(argv: list[str]) -> None:
     from trainlab.config.multirun import expand_jobs
     from trainlab.console import console
     from trainlab.estimate.table import ranking_table, trial_renderables
+    from trainlab.plan.layout import plan_layout
     from trainlab.redact import redact
 
     if any(a in ("-h", "--help") for a in argv):
@@ -75,6 +77,8 @@ def main(argv: list[str]) -> None:
         return
     try:
         jobs = expand_jobs(argv)
+        for job in jobs:  # a layout that cannot run refuses the command, as `trainlab train` refuses it
+            plan_layout(job.run)
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)

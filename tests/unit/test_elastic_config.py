@@ -9,14 +9,16 @@ import pytest
 from trainlab import names
 from trainlab.config import ConfigError, compose_run_config, config_hash
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
+from trainlab.plan.layout import plan_layout
 
 ELASTIC = ["cluster.num_workers=2", "cluster.min_workers=1", "cluster.max_failures=1",
            "train.global_batch_size=16", "train.micro_batch_size=2"]
 
 
 def _refused(overrides: list[str]) -> str:
+    """The refusal of `overrides`: composition's, or the plan's where the layout cannot run."""
     with pytest.raises(ConfigError) as info:
-        compose_run_config(overrides)
+        plan_layout(compose_run_config(overrides))
     return str(info.value)
 
 

@@ -15,6 +15,7 @@ from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
 from trainlab.parallel.pp import bubble_fraction
+from trainlab.plan.layout import plan_layout
 from trainlab.telemetry.peak_flops import GPU_PEAK_TFLOPS
 from trainlab.vocab.nodes import ClusterSpec
 
@@ -23,7 +24,7 @@ BIG = ["model=7b", "train.seq_len=2048", "train.micro_batch_size=1", "train.glob
 
 def times(overrides: list[str], cluster: ClusterSpec, cal: Calibration | None = None):
     run = compose_run_config(overrides)
-    layout = Layout.of(run, cluster)
+    layout = Layout.of(run, cluster, plan_layout(run))
     terms = step_terms(run, layout=layout)
     return layout, terms, rank_times(terms, calibration=cal or Calibration())
 
@@ -139,8 +140,9 @@ def test_a_weighted_splits_faster_gpu_holds_its_larger_micro_batches():
     base = ["model=1b", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.global_batch_size=32",
             "train.micro_batch_size=4"]
     mixed = ClusterSpec.of_nodes(["1xH100", "1xA100"])
-    equal = estimate_trial(compose_run_config(base), mixed)
-    weighted = estimate_trial(compose_run_config(base + ["parallel.dp_balance=weighted"]), mixed)
+    equal_run, weighted_run = compose_run_config(base), compose_run_config(base + ["parallel.dp_balance=weighted"])
+    equal = estimate_trial(equal_run, mixed, trial_layout=plan_layout(equal_run))
+    weighted = estimate_trial(weighted_run, mixed, trial_layout=plan_layout(weighted_run))
     h100, a100 = (r.memory for r in weighted.ranks)
     assert h100.state == a100.state == equal.ranks[0].memory.state
     assert h100.activations > equal.ranks[0].memory.activations > a100.activations
@@ -197,9 +199,9 @@ def test_fit_recovers_the_coefficients_that_made_the_observations():
     observations = []
     for overrides in CPU_TRIALS:
         run, cluster = compose_run_config(overrides), ClusterSpec.cpu(ranks=2)
-        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster)),
+        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster, plan_layout(run))),
                                                      calibration=truth))
-        observations.append(Observation(run=run, cluster=cluster, step_time_s=measured))
+        observations.append(Observation(run=run, trial_layout=plan_layout(run), cluster=cluster, step_time_s=measured))
     cal = fit(observations)
     assert cal.observations == len(CPU_TRIALS) and cal.source == "fit"
     assert cal.step_error_before > 0.3 and cal.step_error_after < 0.05
@@ -223,7 +225,7 @@ def test_more_cpu_ranks_than_cores_share_them(monkeypatch):
     def step(world: int) -> tuple[float, float]:
         run = compose_run_config(["model=tiny", "parallel=ddp", f"cluster.num_workers={world}",
                                   f"train.global_batch_size={4 * world}", "train.micro_batch_size=4"])
-        layout = Layout.of(run, ClusterSpec.cpu(ranks=world))
+        layout = Layout.of(run, ClusterSpec.cpu(ranks=world), plan_layout(run))
         t = rank_times(step_terms(run, layout=layout), calibration=cal)[0]
         return layout.threads[0], t.compute_s + t.overhead_s
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainlab.bench.estimate_runner import Measured, run_config_of
+from trainlab.plan.layout import plan_layout
 
 PEAK_TOLERANCE = 0.15
 """Peak memory counts as right within +-15 % (the issue's target)."""
@@ -95,7 +96,8 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
     clusters = {id(r): ClusterSpec.cpu(ranks=r.measured.case.world) for r in ok}
 
     def observations(subset: list[Row]) -> list:
-        return [Observation(run=runs[id(r)], cluster=clusters[id(r)], step_time_s=r.measured.step_time_s,
+        return [Observation(run=runs[id(r)], trial_layout=plan_layout(runs[id(r)]), cluster=clusters[id(r)],
+                            step_time_s=r.measured.step_time_s,
                             peak_mem_gb=max(r.measured.peak_gb)) for r in subset]
 
     def fitted(subset: list[Row], label: str) -> tuple[Calibration | None, str]:
@@ -123,7 +125,7 @@ def _estimate_row(row: Row, run, cluster, calibrations: dict) -> None:
     from trainlab.estimate.trial import estimate_trial
 
     for kind, cal in calibrations.items():
-        est = estimate_trial(run, cluster, calibration=cal)
+        est = estimate_trial(run, cluster, trial_layout=plan_layout(run), calibration=cal)
         if kind == "default":
             row.state = [(r.memory.params, r.memory.grads, r.memory.optim_state) for r in est.ranks]
         row.est[kind] = Estimated(peak_gb=[r.memory.total_gb for r in est.ranks],

@@ -36,6 +36,7 @@ from trainlab.devices import resolve_device
 from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
+from trainlab.plan.layout import plan_layout
 from trainlab.precision.capability import cpu_lacks_native
 from trainlab.vocab.precision import emulates, spec_of
 
@@ -135,7 +136,7 @@ def _estimated(run, *, device: str) -> dict:
     from trainlab.estimate.fits import estimate_run, torchrun_cluster
 
     try:
-        est = estimate_run(run, torchrun_cluster(run, device=device))
+        est = estimate_run(run, torchrun_cluster(run, device=device), trial_layout=plan_layout(run))
     except (ValueError, NotImplementedError):
         return {}
     return {"est_tokens_per_s": est.tokens_per_s, "est_peak_mem_gb": est.peak_mem_gb, "est_bound": est.bound}

@@ -32,10 +32,11 @@ import torch
 import torch.distributed as dist
 
 from trainlab import names
-from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
+from trainlab.config import CONF_DIR, compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
+from trainlab.plan.layout import plan_layout
 from trainlab.telemetry.memory import memory_source
 from trainlab.vocab.tracker import NullTracker
 
@@ -102,7 +103,7 @@ def _check_not_degenerate(run) -> None:
     """A layout that combines data parallelism with tp or pp, left to derive dp from the world
     size, must get dp >= 2; otherwise it is only its tp or pp layout under another name."""
     p = run.parallel
-    dims = parallel_dims(run)
+    dims = plan_layout(run).dims
     if p.dp == 0 and p.tp * p.pp > 1 and dims.dp == 1:
         raise ValueError(f"dp x {'tp' if p.tp > 1 else 'pp'} needs at least {2 * p.tp * p.pp} ranks "
                          f"(dp = {dims.world_size} / {p.tp * p.pp} = 1 here)")

@@ -90,8 +90,8 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
         table.add_column(head, overflow="fold")
     steps, peaks = {"before": [], "after": []}, {"before": [], "after": []}
     for label, obs in zip(found.labels, found.observations):
-        before = estimate_trial(obs.run, obs.cluster)
-        after = estimate_trial(obs.run, obs.cluster, calibration=fitted)
+        before = estimate_trial(obs.run, obs.cluster, trial_layout=obs.trial_layout)
+        after = estimate_trial(obs.run, obs.cluster, trial_layout=obs.trial_layout, calibration=fitted)
         row = [label, f"{obs.step_time_s:.4g}"]
         for when, est in (("before", before), ("after", after)):
             steps[when].append((est.step_time_s, obs.step_time_s))

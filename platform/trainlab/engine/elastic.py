@@ -5,7 +5,7 @@ any worker count in that range (fewer after a node is lost, all of them again on
 back). Each start resumes from the last checkpoint, which does not depend on the worker count
 in pure data parallel (engine.checkpoint.elastic_layout), and runs the config resized to the
 process group it found: dp follows the world size and the global batch stays
-train.global_batch_size, cut into more micro-batches per worker (config.validate.check_elastic
+train.global_batch_size, cut into more micro-batches per worker (plan.layout.check_elastic
 made sure every count in the range divides it). The config's hash, and with it the trial's
 identity in its checkpoints and runs, stays the one it was launched with (engine.run).
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from trainlab import names
-from trainlab.config import RunConfig, grad_accum_steps
-from trainlab.config.validate import elastic_range
+from trainlab.config import RunConfig
+from trainlab.plan.layout import elastic_range, grad_accum_steps
 
 
 def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:

@@ -21,14 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from trainlab import names
-from trainlab.config import RunConfig, parallel_dims
+from trainlab.config import RunConfig
 from trainlab.config.checkpoints import Checkpoint, complete_checkpoints
-from trainlab.config.validate import (
-    compile_unit,
-    pp_microbatches,
-    pp_virtual_stages,
-    unordered_reductions,
-)
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.distributed import (
     DistInfo,
@@ -64,6 +58,7 @@ from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.plan.here import plan_here
+from trainlab.plan.layout import compile_unit, plan_layout, unordered_reductions
 from trainlab.plan.trial import TrialPlan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
@@ -90,7 +85,8 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
     for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
     attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
-    dims = parallel_dims(run)
+    layout = plan_layout(run)
+    dims = layout.dims
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
@@ -110,18 +106,17 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
     run = resolve_compile(run, unit=compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated))
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
-    layout = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
+    parallel = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
                          param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
                          compile_unit=run.train.compile_unit if run.train.compile == "true" else None,
                          deterministic=run.train.deterministic, loss_fn=_loss,
-                         pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1,
-                         pp_virtual_stages=pp_virtual_stages(run))
-    model = layout.model
+                         pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages)
+    model = parallel.model
     # this rank's part of the layout gets storage and the one-process model's values
     materialize(model, device=dist_info.device, seed=run.seed)
-    recipe.attach(model, dp_group=layout.dp_group)
+    recipe.attach(model, dp_group=parallel.dp_group)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
-                                           make_optimizer=layout.make_optimizer,
+                                           make_optimizer=parallel.make_optimizer,
                                            bf16_update=run.precision.bf16_update,  # bf16 params only
                                            seed=run.seed)
 
@@ -147,7 +142,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                               device=dist_info.device)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
+                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=parallel.pipeline,
                       balancer=balancer, checkpointer=checkpointer, rollback=rollback, restarts=restarts)
     if run.debug.nan_injection is not None and not trainer.rollback.count:
         module, step = run.debug.nan_injection
@@ -276,7 +271,7 @@ class Attempt:
         """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
         `restarts`: the trial's restarts from a checkpoint so far."""
         run, dist_info = attempt_config(self.run, rollback), self.dist_info
-        dims = parallel_dims(run)
+        dims = plan_layout(run).dims
         checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
             config_hash=self.trial_hash, config=self.trial_config,

@@ -23,6 +23,7 @@ from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
     from trainlab.config import RunConfig
+    from trainlab.config.layout import TrialLayout
     from trainlab.estimate.calibration import Calibration
     from trainlab.estimate.result import Estimate
 
@@ -93,9 +94,10 @@ def calibration_of(run: RunConfig) -> Calibration | None:
                          "`trainlab calibrate -o FILE`, or set cluster.calibration='' for the defaults") from None
 
 
-def estimate_run(run: RunConfig, cluster: ClusterSpec) -> Estimate:
-    """estimate_trial with cluster.calibration; ValueError (field, value, fix) if it cannot."""
-    return estimate_trial(run, cluster, calibration=calibration_of(run))
+def estimate_run(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> Estimate:
+    """estimate_trial with cluster.calibration, for the layout the plan decided
+    (plan.layout.plan_layout); ValueError (field, value, fix) if it cannot."""
+    return estimate_trial(run, cluster, trial_layout=trial_layout, calibration=calibration_of(run))
 
 
 # ---- refusal ------------------------------------------------------------------------------------

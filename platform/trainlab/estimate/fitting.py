@@ -79,7 +79,7 @@ ITERATIONS = 4
 
 def _case(o: Observation) -> tuple[list[StepTerms], Observation, list, Layout]:
     """The observation's terms of every rank, with its memories."""
-    layout = Layout.of(o.run, o.cluster)
+    layout = Layout.of(o.run, o.cluster, o.trial_layout)
     device_type = "cpu" if layout.hardware[0].type == "cpu" else "cuda"
     memories = memories_on(layout, device_type=device_type)
     return step_terms(o.run, layout=layout, state_bytes=[m.state for m in memories]), o, memories, layout

@@ -2,7 +2,7 @@
 driver puts in a trial's plan (placement's memory check is launch.placement.memory_reason).
 
     cluster = ray_cluster(ray.nodes(), run, gpus=True, types=("H100",))   # the nodes a gang may use
-    est = placed_estimate(run, gang)     # launch.plan: the trial on the devices it was placed on
+    est = placed_estimate(run, gang, layout)   # launch.plan: the trial on the devices it was placed on
 
 A GPU node is read by its accelerator type (``accelerator_type:<TYPE>``, launch.placement) and
 GPU count; a CPU trial's ranks fill each node's CPUs, cluster.cpus_per_worker each. Nodes come
@@ -12,6 +12,7 @@ in gpu_pools' order (the largest pool first), the order the estimate packs ranks
 from __future__ import annotations
 
 from trainlab.config import RunConfig
+from trainlab.config.layout import TrialLayout
 from trainlab.estimate.fits import config_cluster, estimate_run, local_cluster
 from trainlab.estimate.result import Estimate
 from trainlab.launch.placement import PlacementError, accelerator_type, gpu_pools, place
@@ -43,17 +44,18 @@ def ray_cluster(nodes: list[dict], run: RunConfig, *, gpus: bool, types: tuple[s
     return ClusterSpec(nodes=tuple(specs), nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
 
 
-def placed_estimate(run: RunConfig, gang: GangShape) -> Estimate:
+def placed_estimate(run: RunConfig, gang: GangShape, layout: TrialLayout) -> Estimate:
     """The trial on the devices its gang was given: the placement's GPU types of the joined
     cluster, or CPU ranks (the cluster's nodes when joined, this machine's for a local one).
     ValueError where the estimate cannot be made."""
     import ray
 
     if gang.gpus:
-        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=True, types=gang.accelerator_types))
+        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=True, types=gang.accelerator_types),
+                            trial_layout=layout)
     if run.cluster.address:
-        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=False))
-    return estimate_run(run, local_cluster(run, device="cpu"))
+        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=False), trial_layout=layout)
+    return estimate_run(run, local_cluster(run, device="cpu"), trial_layout=layout)
 
 
 def described_cluster(run: RunConfig) -> tuple[ClusterSpec, str]:

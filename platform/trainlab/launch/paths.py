@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from trainlab.config import ConfigError, RunConfig, to_run_config
 from trainlab.config.checkpoints import checkpoint_root
+from trainlab.plan.layout import plan_layout
 from trainlab.redact import redact_files
 from trainlab.tracking.store_uri import (
     DATABASE_PORTS,
@@ -104,4 +105,6 @@ def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
     run = to_run_config(cfg)
     if not run.output_dir:
         run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
-    return resolve_paths(run)
+    run = resolve_paths(run)
+    plan_layout(run)  # a layout that cannot run is refused here, as every bad config is, before anything starts
+    return run

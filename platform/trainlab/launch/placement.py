@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from trainlab.config.schema import PLACEMENTS, RunConfig
 from trainlab.estimate.fits import estimate_run, fixes, memory_line
+from trainlab.plan.layout import plan_layout
 from trainlab.plan.trial import GangShape
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.vocab.nodes import ClusterSpec, NodeSpec
@@ -194,7 +195,7 @@ def memory_reason(run: RunConfig, pool: GpuPool) -> str | None:
     """Why the trial's estimate does not fit `pool`'s GPUs, or None (it fits, or the type is one
     the estimate has no numbers for: placement's other checks decide then)."""
     try:
-        est = estimate_run(run, pool_cluster(run, pool))
+        est = estimate_run(run, pool_cluster(run, pool), trial_layout=plan_layout(run))
     except (ValueError, NotImplementedError):  # a type or layout it has no numbers for
         return None
     if est.fits:

@@ -17,6 +17,7 @@ import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.checkpoints import CheckpointError, checkpoint_root
+from trainlab.config.layout import TrialLayout
 from trainlab.config.load import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
@@ -27,6 +28,7 @@ from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
 from trainlab.launch.ray_trial import connect
+from trainlab.plan.layout import plan_layout
 from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
 from trainlab.tracking.resume import unfinished_trial
 from trainlab.tracking.store_uri import resolve_tracking_uri
@@ -37,6 +39,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     sweep's run (its trials are found again by the sweep, not one by one); `services=False`:
     the sweep checked its cluster and store once already (preflight.check_sweep_services)."""
     run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
+    layout = plan_layout(run)  # a layout that cannot run is refused before anything else
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri, services=services)  # 'auto' is left for a joined cluster
@@ -57,15 +60,15 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
             raise ConfigError(str(e)) from None
     plan = plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
                       resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
-                      continues_run=found.run_id if found else "")
-    return dataclasses.replace(plan, estimate=launch_estimate(run, gang))
+                      continues_run=found.run_id if found else "", layout=layout)
+    return dataclasses.replace(plan, estimate=launch_estimate(run, gang, layout))
 
 
-def launch_estimate(run: RunConfig, gang: GangShape):
+def launch_estimate(run: RunConfig, gang: GangShape, layout: TrialLayout):
     """The trial's estimate on the devices it was placed on (estimate.fits.checked_estimate):
     refused for a GPU gang it does not fit (placement let the type through: a mixed gang's
     weighted split can still overfill one), warned for CPU, None where it cannot be made."""
-    return checked_estimate(run, lambda: placed_estimate(run, gang), gpus=gang.gpus,
+    return checked_estimate(run, lambda: placed_estimate(run, gang, layout), gpus=gang.gpus,
                             warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from trainlab.config.layout import ParallelDims
 from trainlab.config.schema import ParallelConfig
-from trainlab.config.validate import ParallelDims
 from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 from trainlab.parallel.fsdp import apply_zero1

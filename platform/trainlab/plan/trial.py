@@ -11,7 +11,7 @@ decides is what only it can see: the checkpoint it starts from when Ray Train re
 (newer than the one the driver found), the gang it was given (an elastic trial runs on fewer
 workers) and a rollback's precision.
 
-Here, below every other layer, so that the engine can read it without importing launch/.
+The plan layer sits below the engine, tracking and launch: each reads the plan, none re-derives it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from trainlab import names
+from trainlab.config.layout import ParallelDims, TrialLayout
 from trainlab.config.load import config_hash, hashed_config
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import (
-    ParallelDims,
-    elastic_range,
-    grad_accum_steps,
-    parallel_dims,
-    pp_microbatches,
-    pp_virtual_stages,
-)
+from trainlab.plan.layout import elastic_range, plan_layout
 from trainlab.vocab.precision import PrecisionSpec, spec_of
 
 if TYPE_CHECKING:
@@ -120,20 +114,28 @@ class TrialPlan:
     def resuming(self) -> bool:
         return bool(self.resume_from)
 
+    @property
+    def layout(self) -> TrialLayout:
+        """The layout decisions, as the estimate and parallelize() are handed them."""
+        return TrialLayout(dims=self.dims, grad_accum_steps=self.grad_accum_steps,
+                           pp_microbatches=self.pp_microbatches, pp_virtual_stages=self.pp_virtual_stages,
+                           elastic=self.gang.elastic)
+
 
 def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangShape | None = None,
                tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
-               continues_run: str = "") -> TrialPlan:
+               continues_run: str = "", layout: TrialLayout | None = None) -> TrialPlan:
     """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root and resume
-    the caller decided; derives the rest from the config, once."""
+    the caller decided; derives the rest from the config, once (`layout`: plan_layout(run), where the
+    caller checked it already, before anything started)."""
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
-    dims = parallel_dims(run)
+    layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
     out = os.path.abspath(run.output_dir or ".")
     paths = TrialPaths(output_dir=out, checkpoint_root=str(checkpoint_root), ray_storage=os.path.join(out, "ray"),
                        spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
     return TrialPlan(
-        run=run, device=device, dims=dims, grad_accum_steps=grad_accum_steps(run),
-        pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1, pp_virtual_stages=pp_virtual_stages(run),
+        run=run, device=device, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
+        pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
         precision=spec_of(run.precision.name), gang=gang or GangShape.of(run, gpus=device == "cuda"),
         paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=tracking_uri,
         resume_from=resume_from, resume_step=resume_step, continues_run=continues_run)
