@@ -76,9 +76,7 @@ def main(argv: list[str]) -> None:
         print(USAGE)
         return
     try:
-        jobs = expand_jobs(argv)
-        for job in jobs:  # a layout that cannot run refuses the command, as `trainlab train` refuses it
-            plan_layout(job.run)
+        jobs = expand_jobs(argv, check=plan_layout)  # a layout that cannot run is refused as train refuses it
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
