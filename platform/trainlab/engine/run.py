@@ -58,8 +58,8 @@ from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.plan.here import plan_here
-from trainlab.plan.layout import compile_unit, plan_layout, unordered_reductions
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.layout import compile_unit, unordered_reductions
+from trainlab.plan.trial import TrialPlan, replan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
@@ -79,14 +79,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None,
+def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | None = None,
                   checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
                   restarts: int = 0) -> Trainer:
     """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
-    for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
-    attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
-    layout = plan_layout(run)
-    dims = layout.dims
+    for `checkpointer`, `rollback` and `restarts`), as `plan` decided it: its degrees, pipeline
+    micro-batches and stages and precision spec are read, never derived again here.
+    debug.inject_nan is armed on a trial's first attempt only: a rollback's retry runs without
+    it, as without debug.inject_fault."""
+    run, dims = plan.run, plan.dims
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
@@ -99,7 +100,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         check_precision_on_gpu(run.precision,
                                capability=torch.cuda.get_device_capability(dist_info.device),
                                device_name=device_name(dist_info.device))
-    spec = spec_of(run.precision.name)
+    spec = plan.precision
     recipe = build_recipe(run.precision, device_type=dist_info.device.type,
                           fsdp_backend=backend_for(dist_info.device.type) if fsdp_shards(dims, run.parallel) else "")
     model = recipe.prepare(model)
@@ -110,7 +111,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                          param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
                          compile_unit=run.train.compile_unit if run.train.compile == "true" else None,
                          deterministic=run.train.deterministic, loss_fn=_loss,
-                         pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages)
+                         pp_microbatches=plan.pp_microbatches, pp_virtual_stages=plan.pp_virtual_stages)
     model = parallel.model
     # this rank's part of the layout gets storage and the one-process model's values
     materialize(model, device=dist_info.device, seed=run.seed)
@@ -190,20 +191,21 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
     trial_hash = plan.config_hash  # the trial's identity in its checkpoints, whatever it changes at run time
     trial_config = dict(plan.hashed_fields)  # its fields, so that a resume can name those that differ
     elastic = plan.gang.elastic  # as launched: Ray may have started the gang smaller
-    run = fit_to_gang(run, world_size=dist_info.world_size)
+    plan = replan(plan, run=fit_to_gang(run, world_size=dist_info.world_size))  # an elastic gang's size
+    run = plan.run
     resume_from = agreed_resume(run, root, trial_hash, trial_config=trial_config,
                                 warn=_warner(progress) if dist_info.is_rank0 else None)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     warn = progress if progress is not None and dist_info.is_rank0 else _print_event
     try:
-        attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
+        attempt = Attempt(plan, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
                           first=resume_from, trial_config=trial_config)
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
         trainer = attempt.start(resume_from, rollback_of(resume_from), restarts=restarts)
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
-                             **elastic_metrics(elastic, run), **estimate_metrics(estimate)}, step=trainer.step)
+                             **elastic_metrics(elastic, plan), **estimate_metrics(estimate)}, step=trainer.step)
         if resumed:
             tracker.set_tags({names.TAG_RESUMED_FROM: str(resume_from.path)})
         corpus = trainer.corpus
@@ -222,10 +224,10 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
             **_layer_tags(trainer.recipe),
             **estimate_tags(estimate),
         })
-        plan = trainer.recipe.plan
-        if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
+        layers = trainer.recipe.plan
+        if spec_of(trainer.recipe.name).fp8 and layers is not None and not layers.lowp and dist_info.is_rank0:
             warn(Notice(WARNING, (
-                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(plan.hp)} "
+                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(layers.hp)} "
                 f"linears in high precision (tag {names.TAG_HP_LAYERS}), so this is not an FP8 trial; this "
                 "model's linears are too small for this recipe's FP8 matmuls to pay (keep_hp 'small'): "
                 "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")))
@@ -236,7 +238,7 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
         if resumed and dist_info.is_rank0:
             warn(Notice(RESUMED, f"resumed from {resume_from.path} at step {trainer.step} "
                                  f"(restart {restarts}) on {dist_info.world_size} workers"))
-        resized = shrunk_note(elastic, run)
+        resized = shrunk_note(elastic, plan)
         if resized and dist_info.is_rank0:
             warn(Notice(RESIZED, resized))
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
@@ -257,10 +259,10 @@ class Attempt:
     """Builds the trainer of each attempt at a trial: the first (fresh or resumed from a
     checkpoint) and, with train.on_divergence=rollback, each retry after a divergence."""
 
-    def __init__(self, run: RunConfig, dist_info: DistInfo, *, tracker: Tracker, root: Path,
+    def __init__(self, plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker, root: Path,
                  trial_hash: str, progress: Progress | None, first: Checkpoint | None,
                  trial_config: dict | None = None):
-        self.run, self.dist_info, self.tracker = run, dist_info, tracker
+        self.plan, self.run, self.dist_info, self.tracker = plan, plan.run, dist_info, tracker
         self.trial_config = trial_config
         """The hashed config fields as launched, written into every checkpoint's manifest."""
         self.first = first
@@ -270,13 +272,13 @@ class Attempt:
     def start(self, ckpt: Checkpoint | None, rollback: Rollback, *, restarts: int) -> Trainer:
         """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
         `restarts`: the trial's restarts from a checkpoint so far."""
-        run, dist_info = attempt_config(self.run, rollback), self.dist_info
-        dims = plan_layout(run).dims
+        plan, dist_info = replan(self.plan, run=attempt_config(self.run, rollback)), self.dist_info  # its precision
+        run, dims = plan.run, plan.dims
         checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
             config_hash=self.trial_hash, config=self.trial_config,
             shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
-        trainer = build_trainer(run, dist_info, tracker=self.tracker, checkpointer=checkpointer,
+        trainer = build_trainer(plan, dist_info, tracker=self.tracker, checkpointer=checkpointer,
                                 rollback=rollback, restarts=restarts)
         if ckpt is not None:
             checkpointer.load(trainer, ckpt)

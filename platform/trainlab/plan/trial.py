@@ -16,11 +16,13 @@ The plan layer sits below the engine, tracking and launch: each reads the plan, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from trainlab import names
+from trainlab.config.checkpoints import checkpoint_root as default_checkpoint_root
 from trainlab.config.layout import ParallelDims, TrialLayout
 from trainlab.config.load import config_hash, hashed_config
 from trainlab.config.schema import RunConfig
@@ -122,16 +124,18 @@ class TrialPlan:
                            elastic=self.gang.elastic)
 
 
-def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangShape | None = None,
+def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str = "", gang: GangShape | None = None,
                tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
                continues_run: str = "", layout: TrialLayout | None = None) -> TrialPlan:
-    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root and resume
-    the caller decided; derives the rest from the config, once (`layout`: plan_layout(run), where the
-    caller checked it already, before anything started)."""
+    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root ('' = the
+    folder the config names, config.checkpoints.checkpoint_root) and resume the caller decided;
+    derives the rest from the config, once (`layout`: plan_layout(run), where the caller checked
+    it already, before anything started)."""
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
     out = os.path.abspath(run.output_dir or ".")
-    paths = TrialPaths(output_dir=out, checkpoint_root=str(checkpoint_root), ray_storage=os.path.join(out, "ray"),
+    root = str(checkpoint_root or default_checkpoint_root(run))
+    paths = TrialPaths(output_dir=out, checkpoint_root=root, ray_storage=os.path.join(out, "ray"),
                        spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
     return TrialPlan(
         run=run, device=device, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
@@ -139,3 +143,16 @@ def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangS
         precision=spec_of(run.precision.name), gang=gang or GangShape.of(run, gpus=device == "cuda"),
         paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=tracking_uri,
         resume_from=resume_from, resume_step=resume_step, continues_run=continues_run)
+
+
+def replan(plan: TrialPlan, *, run: RunConfig) -> TrialPlan:
+    """`plan` for `run`, a changed config of the same trial: an elastic gang's resized one
+    (engine.elastic.fit_to_gang) or a rollback's retry precision (engine.rollback.attempt_config).
+    Its layout and precision spec are derived again, here; its identity (config hash and fields),
+    paths, resume and gang stay the trial's as it was launched."""
+    if run is plan.run:
+        return plan
+    layout = plan_layout(run)
+    return dataclasses.replace(plan, run=run, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
+                               pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
+                               precision=spec_of(run.precision.name))
