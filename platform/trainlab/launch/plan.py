@@ -17,13 +17,11 @@ import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.checkpoints import CheckpointError, checkpoint_root
-from trainlab.config.layout import TrialLayout
 from trainlab.config.load import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
-from trainlab.estimate.fits import checked_estimate
-from trainlab.launch.estimate_cluster import placed_estimate
+from trainlab.launch.estimate_cluster import placed_cluster
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
@@ -58,18 +56,11 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
             check_comm_backend(run, device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    plan = plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
+    return plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
                       resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
-                      continues_run=found.run_id if found else "", layout=layout)
-    return dataclasses.replace(plan, estimate=launch_estimate(run, gang, layout))
-
-
-def launch_estimate(run: RunConfig, gang: GangShape, layout: TrialLayout):
-    """The trial's estimate on the devices it was placed on (estimate.fits.checked_estimate):
-    refused for a GPU gang it does not fit (placement let the type through: a mixed gang's
-    weighted split can still overfill one), warned for CPU, None where it cannot be made."""
-    return checked_estimate(run, lambda: placed_estimate(run, gang, layout), gpus=gang.gpus,
-                            warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+                      continues_run=found.run_id if found else "", layout=layout,
+                      estimate_on=lambda: placed_cluster(run, gang),  # refused where it does not fit its GPUs
+                      warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 
 def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
