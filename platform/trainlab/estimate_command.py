@@ -94,7 +94,8 @@ def described_cluster(run) -> tuple:
     if not gang.gpus:
         return placed_cluster(run, gang), ""
     others = [t for t in gang.all_types if t not in gang.accelerator_types]
-    note = f"placed on {', '.join(gang.accelerator_types)}" + (f" (not {', '.join(others)})" if others else "")
+    note = f"placed on {', '.join(gang.accelerator_types)}"
+    note += f" (not {', '.join(others)})" if others else ""
     return placed_cluster(run, gang), note
 
 

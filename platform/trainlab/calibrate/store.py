@@ -136,8 +136,9 @@ def read_observations(*, tracking_uri: str, experiment: str | None = None, sweep
             # the largest rank's peak, as the estimate's (sys/peak_mem_gb_max where ranks reported theirs)
             peak = curves.max_finite(trial.series(names.PEAK_MEM_GB_MAX)) or m.peak_mem_gb
             run = run_config_of(dict(trial.params))
-            obs = Observation(run=run, trial_layout=plan_layout(run), cluster=cluster_of(r.data.tags, trial.params),
-                              step_time_s=m.step_time_s, peak_mem_gb=peak)
+            obs = Observation(run=run, trial_layout=plan_layout(run),
+                              cluster=cluster_of(r.data.tags, trial.params), step_time_s=m.step_time_s,
+                              peak_mem_gb=peak)
         except ValueError as e:
             found.skipped.append(f"{who}: {e}")
             continue

@@ -199,7 +199,8 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     warn = progress if progress is not None and dist_info.is_rank0 else _print_event
     try:
-        attempt = Attempt(plan, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
+        attempt = Attempt(plan, dist_info, tracker=tracker, root=root, trial_hash=trial_hash,
+                          progress=progress,
                           first=resume_from, trial_config=trial_config)
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
@@ -272,7 +273,8 @@ class Attempt:
     def start(self, ckpt: Checkpoint | None, rollback: Rollback, *, restarts: int) -> Trainer:
         """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
         `restarts`: the trial's restarts from a checkpoint so far."""
-        plan, dist_info = replan(self.plan, run=attempt_config(self.run, rollback)), self.dist_info  # its precision
+        # the retry's precision (engine.rollback) re-planned, never derived here
+        plan, dist_info = replan(self.plan, run=attempt_config(self.run, rollback)), self.dist_info
         run, dims = plan.run, plan.dims
         checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,

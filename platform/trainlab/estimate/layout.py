@@ -56,7 +56,8 @@ class Layout:
         threads = [1.0] * world
         if kinds == {"cpu"}:
             threads = [_cpu_threads(run, cluster, n, nodes) for n in nodes]
-        layout = cls(run=run, cluster=cluster, trial_layout=trial_layout, world=world, hardware=tuple(hws[t] for t in types),
+        layout = cls(run=run, cluster=cluster, trial_layout=trial_layout, world=world,
+                     hardware=tuple(hws[t] for t in types),
                      nodes=tuple(nodes), coords=tuple(coords(r, dims) for r in range(world)),
                      shares=(), threads=tuple(threads))
         return _with_shares(layout)

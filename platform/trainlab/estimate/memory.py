@@ -82,7 +82,8 @@ def rank_memories(run: RunConfig, *, trial_layout: TrialLayout, device_type: str
     return out
 
 
-def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int, trial_layout: TrialLayout) -> StateBytes:
+def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int,
+                trial_layout: TrialLayout) -> StateBytes:
     """Rank `rank`'s counted bytes; `model`, `recipe`: estimate.shards.prepared_model's."""
     shards = rank_shards(model, run, rank=rank, trial_layout=trial_layout)
     params = sum(s.nbytes for s in shards)

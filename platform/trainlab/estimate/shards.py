@@ -197,7 +197,8 @@ def _shard_index(at: MeshCoords, layout: Sharding) -> int:
     return at.dp_rank % layout.shard_size
 
 
-def optimizer_shards(shards: list[Shard], run: RunConfig, *, rank: int, trial_layout: TrialLayout) -> list[Shard]:
+def optimizer_shards(shards: list[Shard], run: RunConfig, *, rank: int,
+                     trial_layout: TrialLayout) -> list[Shard]:
     """The parameters whose optimizer states rank `rank` holds: all of its own, or under
     ZeRO-1 its partition (engine.schedule's groups: decay first, then no-decay)."""
     layout = Sharding.of(run, trial_layout)

@@ -106,5 +106,5 @@ def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
     if not run.output_dir:
         run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
     run = resolve_paths(run)
-    plan_layout(run)  # a layout that cannot run is refused here, as every bad config is, before anything starts
+    plan_layout(run)  # a layout that cannot run is refused here, like every bad config, before anything starts
     return run
