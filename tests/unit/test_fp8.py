@@ -16,7 +16,7 @@ from torch import nn
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.config.schema import KEEP_HP_SELECTORS, PrecisionConfig
+from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
@@ -31,7 +31,7 @@ from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, peak_flops
-from trainlab.vocab.precision import FP8_PRECISIONS, PRECISIONS
+from trainlab.vocab.precision import FP8_PRECISIONS, KEEP_HP_SELECTORS, PRECISIONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -30,15 +30,17 @@ from trainlab.vocab.formats import parse_format
 from trainlab.vocab.nodes import parse_node
 
 # the precision modes and their families come from their specifications (vocab.precision)
-from trainlab.vocab.precision import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
+from trainlab.vocab.precision import (
+    BF16_UPDATES,
+    EMULATION_TARGETS,
+    PRECISIONS,
+    ROLLBACK_PRECISIONS,
+    spec_of,
+)
 
 ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
-BF16_UPDATES = ("plain", "stochastic", "kahan")
-"""How bf16_pure's bf16 parameters take an update (precision.bf16_update)."""
-EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
-KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned", "small")
 DEVICES = ("auto", "cpu", "cuda")
 DATASETS = ("text", "markov", "tokens")
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
