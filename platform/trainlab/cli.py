@@ -6,6 +6,9 @@ import importlib
 import sys
 from typing import Callable
 
+from trainlab.ray_job import job_overrides
+from trainlab.shell_completion import hydra_argv, is_completion_call
+
 USAGE = """usage: trainlab <command> [args]
 
 commands:
@@ -29,11 +32,8 @@ commands:
 
 
 def _train(_command: str, rest: list[str]) -> None:
-    from trainlab.ray_job import job_overrides
-    from trainlab.shell_completion import hydra_argv
-
     rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
-    sys.argv = hydra_argv(sys.argv[0], rest)  # Hydra parses sys.argv
+    sys.argv = hydra_argv(sys.argv[0], rest, commands=list(COMMANDS))  # Hydra parses sys.argv
     try:
         from trainlab import train
 
@@ -58,7 +58,7 @@ def _entry(module: str, *, with_command: bool = False) -> Callable[[str, list[st
 
 COMMANDS: dict[str, Callable[[str, list[str]], None]] = {
     "train": _train,
-    "estimate": _entry("trainlab.estimate.cli"),
+    "estimate": _entry("trainlab.estimate_command"),
     "compare": _entry("trainlab.compare"),
     "calibrate": _entry("trainlab.calibrate"),
     "bench": _entry("trainlab.bench"),
@@ -68,7 +68,7 @@ COMMANDS: dict[str, Callable[[str, list[str]], None]] = {
     "stop": _entry("trainlab.jobs", with_command=True),
     "import-spill": _entry("trainlab.tracking.import_spill"),
 }
-"""Every subcommand, in the order completion offers them (shell_completion reads this table)."""
+"""Every subcommand, in the order completion offers them (their names go to shell_completion)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
-    from trainlab.shell_completion import is_completion_call
-
     if is_completion_call(argv):  # Hydra's bash hook runs `trainlab -sc query=bash` at every TAB
         command, rest = "train", argv
     if command not in COMMANDS:

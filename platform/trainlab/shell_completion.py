@@ -25,20 +25,21 @@ def is_completion_call(args: list[str]) -> bool:
     return bool(args) and args[0] in SHELL_COMPLETION_FLAGS
 
 
-def hydra_argv(program: str, args: list[str]) -> list[str]:
+def hydra_argv(program: str, args: list[str], *, commands: list[str]) -> list[str]:
     """sys.argv for the Hydra app of `trainlab train ARGS` (Hydra parses sys.argv).
 
     Hydra names the app after sys.argv[0]: `trainlab train` in its help (`eval "$(trainlab train
     -sc install=bash)"`), but the hook it installs must be registered for the program alone
-    (`complete ... trainlab`), or bash would also complete a command named `train`."""
+    (`complete ... trainlab`), or bash would also complete a command named `train`. `commands`:
+    the subcommands a TAB on the subcommand word offers (trainlab.cli's table, in its order)."""
     if not any(a in SHELL_COMPLETION_FLAGS for a in args):
         return [f"{program} train", *args]
     if any(a.startswith("query=") for a in args):
-        _retarget_query()
+        _retarget_query(commands)
     return [program, *args]
 
 
-def _retarget_query() -> None:
+def _retarget_query(commands: list[str]) -> None:
     """COMP_LINE as Hydra's query reads it: `trainlab OVERRIDES`, the text up to the cursor.
     Exits (0) with the subcommands when the cursor is on the subcommand word, and with nothing
     when the line is another subcommand's."""
@@ -53,9 +54,7 @@ def _retarget_query() -> None:
     words = line.split()
     cursor = len(words) if not line or line[-1].isspace() else len(words) - 1  # the word's index
     if cursor == 1:
-        from trainlab.cli import COMMANDS
-
-        print("\n".join(COMMANDS))  # the hook keeps those that start with the word typed
+        print("\n".join(commands))  # the hook keeps those that start with the word typed
         # (a line each: bash's compgen -W splits on newlines too, fish's hook reads lines)
         sys.exit(0)
     # `estimate` takes `train`'s overrides: the same Hydra app completes them

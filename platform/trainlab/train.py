@@ -17,10 +17,9 @@ from trainlab import names
 from trainlab.config import (
     CONF_DIR,
     ConfigError,
-    RunConfig,
     register_configs,
-    to_run_config,
 )
+from trainlab.launch.paths import run_config_from_hydra
 from trainlab.redact import redact
 
 register_configs()
@@ -28,21 +27,6 @@ register_configs()
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
-
-
-def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
-    """The job's typed config with every path absolute (launch.paths): the driver's one resolution."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from trainlab.launch.paths import resolve_paths
-    from trainlab.redact import redact_files
-
-    if HydraConfig.initialized() and HydraConfig.get().output_subdir:  # Hydra saved the overrides there
-        redact_files([os.path.join(HydraConfig.get().runtime.output_dir, HydraConfig.get().output_subdir)])
-    run = to_run_config(cfg)
-    if not run.output_dir:
-        run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
-    return resolve_paths(run)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from trainlab.bench.checkpoint import report, spawn, summarise
+from trainlab.config.checkpoints import complete_checkpoints
 from trainlab.config.schema import TrainConfig
-from trainlab.engine.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.distributed
 

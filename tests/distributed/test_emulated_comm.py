@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.distributed import close_distributed
-from trainlab.precision.formats import parse_format, quantize, tensor_scale
+from trainlab.precision.formats import quantize, tensor_scale
+from trainlab.vocab.formats import parse_format
 
 pytestmark = pytest.mark.distributed
 
@@ -22,8 +23,9 @@ def _grads(run):
     """One forward/backward of the trial's model on a fixed batch; grads by parameter name."""
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
+    from trainlab.plan.trial import plan_trial
 
-    trainer = build_trainer(run, setup_distributed("cpu"))
+    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
     torch.manual_seed(123)  # the same batch on every rank
     x = torch.randint(0, 256, (2, 16))
     with trainer.recipe.autocast():

@@ -72,11 +72,13 @@ def _measured_vs_estimated(rank: int, world: int, overrides: list[str]) -> list[
     from trainlab.engine.run import build_trainer
     from trainlab.estimate.memory import rank_memories
     from trainlab.parallel.fsdp import sharded_bytes
+    from trainlab.plan.layout import plan_layout
+    from trainlab.plan.trial import plan_trial
     from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
-    estimate = rank_memories(run, device_type="cpu")
-    trainer = build_trainer(run, setup_distributed("cpu"))
+    estimate = rank_memories(run, trial_layout=plan_layout(run), device_type="cpu")
+    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
     for _ in range(2):
         trainer.train_step(trainer.batches.next_step())
     got = sharded_bytes(trainer.model, trainer.optimizer)

@@ -24,8 +24,8 @@ from trainlab import names
 from trainlab.bench.fp8 import mode_overrides
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
-from trainlab.precision.spec import spec_of
 from trainlab.telemetry.peak_flops import gpu_peak
+from trainlab.vocab.precision import spec_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -124,9 +124,10 @@ def test_fp8_layers_really_run_fp8_matmuls(mode, cuda_dist_info):
     from torch.profiler import ProfilerActivity, profile
 
     from trainlab.engine.run import build_trainer
+    from trainlab.plan.trial import plan_trial
 
     skip_unless_runs(mode)
-    trainer = build_trainer(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), cuda_dist_info)
+    trainer = build_trainer(plan_trial(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), device="cuda"), cuda_dist_info)
     lowp = len(trainer.recipe.plan.lowp)
     assert trainer.recipe.plan.summary.startswith(f"{lowp}/")  # what the fp8_layers tag says
     micro = trainer.batches.next_step()

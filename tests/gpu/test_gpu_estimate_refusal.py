@@ -1,4 +1,4 @@
-"""On a CUDA GPU, a trial planned in process (torchrun's path: engine.local_plan) is estimated on
+"""On a CUDA GPU, a trial planned in process (torchrun's path: plan.here) is estimated on
 this GPU, named as Ray names it, and one its estimate does not fit is refused with the numbers and
 the fix before anything is allocated on the device."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from trainlab.config import ConfigError, compose_run_config
-from trainlab.engine.local_plan import plan_here
 from trainlab.estimate.hardware import known_types
+from trainlab.plan.here import plan_here
 from trainlab.vocab.gpus import ray_type_of
 
 pytestmark = [pytest.mark.gpu,

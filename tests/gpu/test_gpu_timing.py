@@ -89,8 +89,8 @@ def test_pipeline_chunks_are_timed_by_events_without_a_sync():
     """A pipeline stage's forward/backward chunks are timed on the compute stream (before:
     torch.cuda.synchronize before and after every chunk): the spans read back later hold the
     chunks' GPU time."""
+    from trainlab.clock import total_seconds
     from trainlab.parallel.pp import _Clock
-    from trainlab.telemetry.clock import total_seconds
 
     cycles = _sleep_cycles(WAIT_S)
     busy = _Clock(torch.device("cuda", torch.cuda.current_device()))
@@ -143,13 +143,14 @@ def test_a_gpu_step_between_log_steps_syncs_the_host_once(precision):
         pytest.skip("bf16 needs SM 8.0+")
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
+    from trainlab.plan.trial import plan_trial
 
     run = compose_run_config(["model=tiny", "data=markov", f"precision={precision}", "cluster.device=cuda",
                               "cluster.num_workers=1", "tracking=none", "train.seq_len=64",
                               "train.global_batch_size=8", "train.micro_batch_size=4",
                               f"train.max_steps={STEPS}", f"train.log_every={STEPS}",
                               "train.numerics_every=0", "train.eval_every=0", "optim.grad_clip=0.5"])
-    trainer = build_trainer(run, setup_distributed("cuda"))
+    trainer = build_trainer(plan_trial(run, device="cuda"), setup_distributed("cuda"))
     counts: list[int] = []
     with _device_syncs() as syncs:
         trainer.add_hook(lambda *_: counts.append(len(syncs())))

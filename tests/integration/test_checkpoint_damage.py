@@ -28,7 +28,7 @@ import pytest
 
 from conftest import assert_refused, free_port
 from trainlab import names
-from trainlab.engine.checkpoint import complete_checkpoints, step_dir
+from trainlab.config.checkpoints import complete_checkpoints, step_dir
 
 pytestmark = pytest.mark.distributed
 

@@ -29,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import free_port, trainlab_cmd
 from trainlab import names
-from trainlab.engine.checkpoint import complete_checkpoints
+from trainlab.config.checkpoints import complete_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -14,8 +14,9 @@ import pytest
 
 from conftest import assert_refused, closed_port, trainlab_cmd
 from trainlab.config import compose_run_config
-from trainlab.estimate import ClusterSpec
 from trainlab.estimate.trial import estimate_trial
+from trainlab.plan.layout import plan_layout
+from trainlab.vocab.nodes import ClusterSpec
 
 
 def _cmd(command: str, args: list[str], cwd: Path, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:
@@ -38,7 +39,8 @@ def test_a_trial_is_estimated_as_the_estimator_computes_it(cli_env, tmp_path):
     proc, sessions = _cmd("estimate", args, tmp_path, cli_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    est = estimate_trial(compose_run_config(args), ClusterSpec.of_nodes(["2xH100", "2xH100"]))
+    run = compose_run_config(args)
+    est = estimate_trial(run, ClusterSpec.of_nodes(["2xH100", "2xH100"]), trial_layout=plan_layout(run))
     assert "on 2xH100 + 2xH100 (config)" in out
     assert _tokens_per_s(out) == [round(est.tokens_per_s)], out
     assert f"bound: {est.bound}" in out and "fits" in out
@@ -60,9 +62,10 @@ def test_a_sweep_is_estimated_trial_by_trial_and_ranked(cli_env, tmp_path):
     layouts = ["ddp", "zero1", "zero2", "fsdp", "tp", "pp"]  # the sweep file's parallel: list
     titles = re.findall(r"^#(\d) parallel=(\w+) on 2xA100 \(config\)", out, re.M)
     assert titles == [(str(i), p) for i, p in enumerate(layouts)], out[-3000:]
-    expected = {p: estimate_trial(compose_run_config(["+sweep=parallel_grid", "model=tiny", f"parallel={p}",
-                                                      "cluster.nodes=[2xA100]"]), ClusterSpec.of_nodes(["2xA100"]))
-                for p in layouts}
+    runs = {p: compose_run_config(["+sweep=parallel_grid", "model=tiny", f"parallel={p}", "cluster.nodes=[2xA100]"])
+            for p in layouts}
+    expected = {p: estimate_trial(run, ClusterSpec.of_nodes(["2xA100"]), trial_layout=plan_layout(run))
+                for p, run in runs.items()}
     per_trial = _tokens_per_s(out)
     assert per_trial == [round(expected[p].tokens_per_s) for p in layouts], out[-3000:]
     ranked = re.findall(r"^\S\s+\d+\s+\S\s+#\d parallel=(\w+)", out.split("ranked:")[1], re.M)
@@ -98,4 +101,4 @@ def test_the_driver_plans_a_trial_with_its_estimate(ray_cluster, tmp_path):
     run = compose_run_config(["model=tiny", "tracking=none", f"output_dir={tmp_path}"])
     plan = plan_launch(run)
     assert plan.estimate is not None
-    assert plan.estimate.ranks == estimate_trial(run, ClusterSpec.cpu(ranks=2)).ranks
+    assert plan.estimate.ranks == estimate_trial(run, ClusterSpec.cpu(ranks=2), trial_layout=plan_layout(run)).ranks

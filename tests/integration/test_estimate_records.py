@@ -18,8 +18,10 @@ from mlflow.tracking import MlflowClient
 from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.estimate import ClusterSpec, estimate_trial
 from trainlab.estimate.calibration import load_calibration
+from trainlab.estimate.trial import estimate_trial
+from trainlab.plan.layout import plan_layout
+from trainlab.vocab.nodes import ClusterSpec
 
 pytestmark = [pytest.mark.slow]  # three trials into a server, two CLI subprocesses, a browser
 
@@ -43,8 +45,8 @@ def _history(client, run_id, key):
 def store(mlflow_server, tmp_path_factory):
     """The sweep's parent and one finished child per configuration, each logged by the engine
     with the estimate its plan carries (the driver's, under Ray; plan_here's, under torchrun)."""
-    from trainlab.engine.local_plan import plan_here
     from trainlab.engine.run import run_trial
+    from trainlab.plan.here import plan_here
     from trainlab.tracking.sweep_runs import open_sweep_parent
     from trainlab.tracking.trial_tracking import TrackingTarget, close_trial, open_trial, rank0_tracker
 
@@ -56,7 +58,8 @@ def store(mlflow_server, tmp_path_factory):
     for i, (label, overrides) in enumerate(CONFIGS.items()):
         run = compose_run_config([*BASE, *overrides, f"tracking.uri={uri}", f"output_dir={out / str(i)}"])
         plan = plan_here(run, tracking_uri=uri)
-        plan = dataclasses.replace(plan, estimate=estimate_trial(run, ClusterSpec.cpu(ranks=1)))
+        plan = dataclasses.replace(plan, estimate=estimate_trial(run, ClusterSpec.cpu(ranks=1),
+                                                                          trial_layout=plan_layout(run)))
         trial = open_trial(plan, resuming=False, parent_run_id=parent, tags={
             names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: SWEEP, names.TAG_CONFIG_LABEL: label})
         result = run_trial(plan, tracker_factory=lambda _d, _r, p=plan, t=trial: rank0_tracker(p, TrackingTarget(t)))
@@ -141,7 +144,7 @@ def test_calibrate_fits_the_store_and_writes_what_cluster_calibration_reads(stor
     errs = []
     for run_id, run, est in children.values():
         measured = statistics.median([v for _, v in _history(client, run_id, names.STEP_TIME_S)[1:]])
-        after_est = estimate_trial(run, ClusterSpec.cpu(ranks=1), calibration=fitted)
+        after_est = estimate_trial(run, ClusterSpec.cpu(ranks=1), trial_layout=plan_layout(run), calibration=fitted)
         assert after_est.calibration == str(path)  # recorded as the trial's est/calibration tag
         errs.append((abs(est.step_time_s / measured - 1), abs(after_est.step_time_s / measured - 1)))
     assert sum(a for _, a in errs) < sum(b for b, _ in errs), errs

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import trainlab_cmd
 from trainlab import names
-from trainlab.engine.checkpoint import complete_checkpoints, latest_checkpoint
+from trainlab.config.checkpoints import complete_checkpoints, latest_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

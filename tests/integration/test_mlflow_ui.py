@@ -14,9 +14,9 @@ from mlflow.tracking import MlflowClient
 from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.config.plan import plan_trial
 from trainlab.engine.run import run_trial
 from trainlab.launch.trial import train
+from trainlab.plan.trial import plan_trial
 from trainlab.tracking.runs import open_trial_run
 from trainlab.tracking.sweep_runs import open_sweep_parent
 from trainlab.tracking.trial_tracking import rank0_tracker

@@ -12,8 +12,9 @@ import torch
 
 from trainlab.config import ConfigError, compose_run_config, ignored_options
 from trainlab.data import TokenBatches
-from trainlab.engine.balance import Share, apportion, loss_weight, plan_shares
+from trainlab.data.shares import Share, apportion, loss_weight, plan_shares
 from trainlab.engine.slowdown import Slowdown
+from trainlab.plan.layout import plan_layout
 from trainlab.telemetry.ranks import RankTimer
 
 
@@ -129,7 +130,7 @@ def test_set_shares_refuses_shares_that_do_not_cover_the_batch():
 # ---------------------------------------------------------------------------- config
 def _refusal(overrides: list[str]) -> str:
     with pytest.raises(ConfigError) as info:
-        compose_run_config(["model=tiny", *overrides])
+        plan_layout(compose_run_config(["model=tiny", *overrides]))
     return str(info.value)
 
 

@@ -9,8 +9,8 @@ import pytest
 from trainlab import names
 from trainlab.calibrate.store import cluster_of, run_config_of
 from trainlab.config import compose_run_config, flatten
-from trainlab.estimate.cluster import ClusterSpec, NodeSpec
 from trainlab.tracking.runs import config_of, split_config
+from trainlab.vocab.nodes import ClusterSpec, NodeSpec
 
 
 @pytest.mark.parametrize("overrides", [

@@ -151,7 +151,7 @@ def test_summary_numbers(store):
     assert "1 earlier attempt(s)" in data.note and len(data.trials) == 6
     s = summarize(data.trials)
     assert s.baseline == FP32
-    assert [r.label for r in s.rows] == [FP32, BF16, FP16]  # precision.spec rank order
+    assert [r.label for r in s.rows] == [FP32, BF16, FP16]  # vocab.precision rank order
     r32, r16, r_bf = s.row(FP32), s.row(FP16), s.row(BF16)
     # one fp16 seed diverged: the configuration is unstable, whatever its other seeds did
     assert (r32.verdict, r16.verdict, r_bf.verdict) == ("baseline", "diverged", "failed")
@@ -235,7 +235,7 @@ def test_default_baseline_by_precision_rank():
     def t(label, precision, status=names.STATUS_FINISHED):
         return Trial(run_id=label, label=label, status=status, precision=precision)
 
-    # bf16 ranks above fp16 (precision.spec: more range; a diverged fp16 trial retries in bf16)
+    # bf16 ranks above fp16 (vocab.precision: more range; a diverged fp16 trial retries in bf16)
     trials = [t("b", "fp16"), t("a", "bf16"), t("z", "fp32", names.STATUS_FAILED)]
     assert summarize(trials).baseline == "a"  # fp32 never finished
     assert summarize([t("y", "bf16"), t("x", "bf16")]).baseline == "x"  # tie: label order

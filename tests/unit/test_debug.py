@@ -10,12 +10,12 @@ import os
 import pytest
 
 from trainlab.config import ConfigError, compose_run_config, config_hash
+from trainlab.config.checkpoints import META_FILE, CheckpointError, step_dir
 from trainlab.config.load import hashed_config
 from trainlab.config.moved import MOVED_KEYS
 from trainlab.config.overrides import check_overrides
 from trainlab.config.schema import PrecisionConfig
 from trainlab.engine import integrity
-from trainlab.engine.checkpoint import META_FILE, CheckpointError, step_dir
 from trainlab.engine.resume import resolve_resume
 
 TINY = ["model=tiny"]

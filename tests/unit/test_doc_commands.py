@@ -130,7 +130,7 @@ def test_the_trainings_the_docs_show_compose_and_validate(command):
 @pytest.mark.parametrize("command", _params("show_run"))
 def test_the_estimates_the_docs_show_run(command, capsys):
     """`trainlab estimate` as shown: it runs here (nothing starts) and prints a verdict per trial."""
-    from trainlab.estimate.cli import main
+    from trainlab.estimate_command import main
 
     main(_words(command)[2:])  # a refusal exits 2 (SystemExit fails the test)
     out = capsys.readouterr().out

@@ -9,20 +9,22 @@ import pytest
 import torch
 
 from trainlab.config.load import compose_run_config
-from trainlab.estimate.calibration import Calibration, Observation, fit
+from trainlab.estimate.calibration import Calibration, Observation
 from trainlab.estimate.calls import tensors_of
-from trainlab.estimate.cluster import ClusterSpec
+from trainlab.estimate.fitting import fit
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.transformer import Transformer
+from trainlab.plan.layout import plan_layout
+from trainlab.vocab.nodes import ClusterSpec
 
 CPU2 = ["cluster.num_workers=2"]
 
 
 def terms_of(overrides: list[str], cluster: ClusterSpec | None = None):
     run = compose_run_config(overrides)
-    return step_terms(run, layout=Layout.of(run, cluster or ClusterSpec.cpu(ranks=run.cluster.num_workers)))
+    return step_terms(run, layout=Layout.of(run, cluster or ClusterSpec.cpu(ranks=run.cluster.num_workers), plan_layout(run)))
 
 
 def step(overrides: list[str], cal: Calibration | None = None, cluster: ClusterSpec | None = None) -> float:
@@ -193,9 +195,9 @@ def test_fit_recovers_the_call_redistribute_unit_contention_and_bf16_coefficient
     for overrides in FIT_TRIALS:
         run = compose_run_config(overrides)
         cluster = ClusterSpec.cpu(ranks=run.cluster.num_workers)
-        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster)),
+        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster, plan_layout(run))),
                                                      calibration=truth))
-        observations.append(Observation(run=run, cluster=cluster, step_time_s=measured))
+        observations.append(Observation(run=run, trial_layout=plan_layout(run), cluster=cluster, step_time_s=measured))
     cal = fit(observations)
     assert cal.step_error_after < 0.03 < cal.step_error_before
     for name in ("cpu_redistribute_s", "cpu_unit_overhead_s", "cpu_half_efficiency", "cpu_contended_comm_cost",

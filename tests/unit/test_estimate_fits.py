@@ -10,13 +10,14 @@ import re
 import pytest
 
 from trainlab.config import compose_run_config
-from trainlab.engine.local_plan import plan_here
-from trainlab.estimate import ClusterSpec, NodeSpec
 from trainlab.estimate.fits import refusal
 from trainlab.estimate.trial import estimate_trial
 from trainlab.launch.estimate_cluster import ray_cluster
 from trainlab.launch.placement import GpuPool, PlacementError, place
+from trainlab.plan.here import plan_here
+from trainlab.plan.layout import plan_layout
 from trainlab.vocab.gpus import ray_type_of
+from trainlab.vocab.nodes import ClusterSpec, NodeSpec
 
 POOLS = [GpuPool("V100", 2, 1), GpuPool("H100", 2, 1)]
 BIG = ["model=7b", "parallel=fsdp", "precision=fp16", "cluster.num_workers=2"]
@@ -28,7 +29,7 @@ def _run(*overrides: str):
 
 
 def _fits(run, node: str) -> bool:
-    return estimate_trial(run, ClusterSpec.of_nodes([node])).fits
+    return estimate_trial(run, ClusterSpec.of_nodes([node]), trial_layout=plan_layout(run)).fits
 
 
 def test_same_type_passes_over_a_type_the_estimate_does_not_fit():
@@ -44,7 +45,7 @@ def test_a_trial_no_type_can_hold_is_refused_with_the_numbers_and_the_fix():
     with pytest.raises(PlacementError) as e:
         place(run, POOLS)
     msg = str(e.value)
-    est = estimate_trial(run, ClusterSpec.of_nodes(["2xH100"]))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["2xH100"]), trial_layout=plan_layout(run))
     for kind in ("V100", "H100"):
         assert re.search(rf"{kind}: by its estimate, rank \d needs [\d.]+ GB \(parameters [\d.]+, .*\) but its "
                          rf"{kind} holds [\d.]+ GB \(short by [\d.]+ GB\)", msg), msg
@@ -55,12 +56,13 @@ def test_a_trial_no_type_can_hold_is_refused_with_the_numbers_and_the_fix():
 def test_the_refusal_names_only_fixes_the_config_does_not_use_already():
     run = _run("model=7b", "parallel=fsdp", "parallel.activation_checkpoint=block", "train.micro_batch_size=1",
                "train.global_batch_size=2", "cluster.num_workers=2")
-    est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]), trial_layout=plan_layout(run))
     assert not est.fits
     msg = refusal(run, est)
     assert "activation_checkpoint=block" not in msg and "micro_batch_size" not in msg
     assert "cluster.num_workers=2" in msg  # more ranks to shard over
-    assert refusal(_run(), estimate_trial(_run(), ClusterSpec.of_nodes(["2xH100"]))) is None
+    run = _run()
+    assert refusal(run, estimate_trial(run, ClusterSpec.of_nodes(["2xH100"]), trial_layout=plan_layout(run))) is None
 
 
 def test_a_running_clusters_nodes_are_read_by_type_and_count():
@@ -90,7 +92,8 @@ def test_a_trial_planned_in_process_carries_its_estimate():
     plan = plan_here(run)
     assert plan.estimate is not None
     assert [r.device.name for r in plan.estimate.ranks] == ["cpu", "cpu"]
-    assert plan.estimate.tokens_per_step == estimate_trial(run, ClusterSpec.cpu(ranks=2)).tokens_per_step
+    expected = estimate_trial(run, ClusterSpec.cpu(ranks=2), trial_layout=plan_layout(run))
+    assert plan.estimate.tokens_per_step == expected.tokens_per_step
 
 
 def test_a_planned_estimate_refuses_a_gpu_gang_warns_a_cpu_one_and_lets_an_unknown_device_go_on():
@@ -99,7 +102,7 @@ def test_a_planned_estimate_refuses_a_gpu_gang_warns_a_cpu_one_and_lets_an_unkno
     from trainlab.estimate.fits import checked_estimate
 
     run = compose_run_config(["model=7b", "parallel=ddp", "precision=fp16", "cluster.num_workers=2"])
-    est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]), trial_layout=plan_layout(run))
     warned: list[str] = []
     with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* holds [\d.]+ GB .*fix: parallel=fsdp"):
         checked_estimate(run, lambda: est, gpus=True, warn=warned.append)

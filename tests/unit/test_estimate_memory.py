@@ -14,6 +14,7 @@ import torch
 from trainlab.config import compose_run_config
 from trainlab.estimate.memory import rank_memories
 from trainlab.estimate.shards import chunk_len, zero1_partition
+from trainlab.plan.layout import plan_layout
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.numerics_every=0", "cluster.device=cpu"]
@@ -25,7 +26,8 @@ def _run(*overrides: str, world: int = 1):
 
 
 def _mems(*overrides: str, world: int = 1, device_type: str = "cpu"):
-    return rank_memories(_run(*overrides, world=world), device_type=device_type)
+    run = _run(*overrides, world=world)
+    return rank_memories(run, trial_layout=plan_layout(run), device_type=device_type)
 
 
 # ---------------------------------------------------------------------------------------
@@ -52,10 +54,11 @@ def test_one_process_state_equals_what_a_real_trainer_holds_after_its_steps(over
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
     from trainlab.parallel.fsdp import sharded_bytes
+    from trainlab.plan.trial import plan_trial
 
     run = _run(*overrides)
-    (est,) = rank_memories(run, device_type="cpu")
-    trainer = build_trainer(run, setup_distributed("cpu"))
+    (est,) = rank_memories(run, trial_layout=plan_layout(run), device_type="cpu")
+    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
     for _ in range(2):
         trainer.train_step(trainer.batches.next_step())
     got = sharded_bytes(trainer.model, trainer.optimizer)
@@ -107,7 +110,7 @@ def _saved_bytes(run) -> int:
     from trainlab.data.build import corpus_vocab_size
     from trainlab.models import build_model
     from trainlab.parallel.checkpoint import apply_activation_checkpointing
-    from trainlab.precision import build_recipe
+    from trainlab.precision.recipes import build_recipe
 
     torch.manual_seed(0)
     model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))

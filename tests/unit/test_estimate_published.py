@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 
 from trainlab.config.load import compose_run_config
-from trainlab.estimate import ClusterSpec, estimate_trial
+from trainlab.estimate.trial import estimate_trial
+from trainlab.plan.layout import plan_layout
+from trainlab.vocab.nodes import ClusterSpec
 
 TORCHTITAN_8B = ["model=llama3_8b", "parallel=fsdp", "cluster.num_workers=8", "train.seq_len=8192",
                  "train.micro_batch_size=2", "train.global_batch_size=16", "parallel.activation_checkpoint=selective"]
@@ -28,15 +30,15 @@ FACTOR = 1.25
 
 @pytest.mark.parametrize("precision,technique,published", PUBLISHED)
 def test_llama3_8b_fsdp_on_8xh100_lands_near_torchtitans_published_throughput(precision, technique, published):
-    est = estimate_trial(compose_run_config(TORCHTITAN_8B + [f"precision={precision}"]),
-                         ClusterSpec.of_nodes(["8xH100"]))
+    run = compose_run_config(TORCHTITAN_8B + [f"precision={precision}"])
+    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), trial_layout=plan_layout(run))
     per_gpu = est.tokens_per_s / 8
     assert published / FACTOR < per_gpu < published * FACTOR, f"{technique}: estimate {per_gpu:.0f} tok/s/GPU"
     assert est.bound == "compute" or not est.fits  # FSDP on NVLink hides its gathers behind 8B's matmuls
 
 
 def test_fp8_estimate_gains_what_torchtitan_measured_over_bf16_with_compile():
-    bf16, fp8 = (estimate_trial(compose_run_config(TORCHTITAN_8B + [f"precision={p}"]),
-                                ClusterSpec.of_nodes(["8xH100"])) for p in ("bf16", "fp8_tensorwise"))
+    runs = [compose_run_config(TORCHTITAN_8B + [f"precision={p}"]) for p in ("bf16", "fp8_tensorwise")]
+    bf16, fp8 = (estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), trial_layout=plan_layout(run)) for run in runs)
     gain = fp8.tokens_per_s / bf16.tokens_per_s
     assert 1.1 < gain < 8532 / 6667 * 1.15  # published: 1.28x over compiled bf16

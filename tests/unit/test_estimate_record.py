@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from trainlab import names
-from trainlab.estimate import DeviceSpec, Estimate, RankEstimate, RankMemory, RankTime
 from trainlab.estimate.record import estimate_metrics, estimate_tags, ratio_metrics
+from trainlab.estimate.result import DeviceSpec, Estimate, RankEstimate, RankMemory, RankTime
 
 GB = 10**9
 

@@ -8,7 +8,6 @@ import pytest
 
 from trainlab.config.load import compose_run_config
 from trainlab.estimate.calibration import Calibration, load_calibration
-from trainlab.estimate.cluster import ClusterSpec
 from trainlab.estimate.hardware import hardware
 from trainlab.estimate.layout import Layout
 from trainlab.estimate.links import Link, all_gather_s, all_reduce_s
@@ -16,14 +15,16 @@ from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
 from trainlab.parallel.pp import bubble_fraction
+from trainlab.plan.layout import plan_layout
 from trainlab.vocab.gpus import GPUS
+from trainlab.vocab.nodes import ClusterSpec
 
 BIG = ["model=7b", "train.seq_len=2048", "train.micro_batch_size=1", "train.global_batch_size=16"]
 
 
 def times(overrides: list[str], cluster: ClusterSpec, cal: Calibration | None = None):
     run = compose_run_config(overrides)
-    layout = Layout.of(run, cluster)
+    layout = Layout.of(run, cluster, plan_layout(run))
     terms = step_terms(run, layout=layout)
     return layout, terms, rank_times(terms, calibration=cal or Calibration())
 
@@ -134,13 +135,14 @@ def test_a_slower_gpu_makes_the_step_and_the_weighted_split_recovers_it():
 def test_a_weighted_splits_faster_gpu_holds_its_larger_micro_batches():
     """dp_balance=weighted cuts every rank's share into the same number of micro-batches: the
     H100's are larger, and so are its activations and logits (the state is the same)."""
-    from trainlab.estimate import estimate_trial
+    from trainlab.estimate.trial import estimate_trial
 
     base = ["model=1b", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.global_batch_size=32",
             "train.micro_batch_size=4"]
     mixed = ClusterSpec.of_nodes(["1xH100", "1xA100"])
-    equal = estimate_trial(compose_run_config(base), mixed)
-    weighted = estimate_trial(compose_run_config(base + ["parallel.dp_balance=weighted"]), mixed)
+    equal_run, weighted_run = compose_run_config(base), compose_run_config(base + ["parallel.dp_balance=weighted"])
+    equal = estimate_trial(equal_run, mixed, trial_layout=plan_layout(equal_run))
+    weighted = estimate_trial(weighted_run, mixed, trial_layout=plan_layout(weighted_run))
     h100, a100 = (r.memory for r in weighted.ranks)
     assert h100.state == a100.state == equal.ranks[0].memory.state
     assert h100.activations > equal.ranks[0].memory.activations > a100.activations
@@ -189,16 +191,17 @@ CPU_TRIALS = [["model=tiny", "parallel=ddp", "cluster.num_workers=2"],
 
 
 def test_fit_recovers_the_coefficients_that_made_the_observations():
-    from trainlab.estimate.calibration import Observation, fit
+    from trainlab.estimate.calibration import Observation
+    from trainlab.estimate.fitting import fit
 
     truth = Calibration(cpu_efficiency=0.2, cpu_layer_overhead_s=0.004, cpu_step_overhead_s=0.03,
                         cpu_comm_efficiency=0.3, cpu_emulation_cost=2.0)
     observations = []
     for overrides in CPU_TRIALS:
         run, cluster = compose_run_config(overrides), ClusterSpec.cpu(ranks=2)
-        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster)),
+        measured = max(t.step_s for t in rank_times(step_terms(run, layout=Layout.of(run, cluster, plan_layout(run))),
                                                      calibration=truth))
-        observations.append(Observation(run=run, cluster=cluster, step_time_s=measured))
+        observations.append(Observation(run=run, trial_layout=plan_layout(run), cluster=cluster, step_time_s=measured))
     cal = fit(observations)
     assert cal.observations == len(CPU_TRIALS) and cal.source == "fit"
     assert cal.step_error_before > 0.3 and cal.step_error_after < 0.05
@@ -207,7 +210,7 @@ def test_fit_recovers_the_coefficients_that_made_the_observations():
 
 
 def test_fit_needs_observations():
-    from trainlab.estimate.calibration import fit
+    from trainlab.estimate.fitting import fit
 
     with pytest.raises(ValueError, match="no observations"):
         fit([])
@@ -222,7 +225,7 @@ def test_more_cpu_ranks_than_cores_share_them(monkeypatch):
     def step(world: int) -> tuple[float, float]:
         run = compose_run_config(["model=tiny", "parallel=ddp", f"cluster.num_workers={world}",
                                   f"train.global_batch_size={4 * world}", "train.micro_batch_size=4"])
-        layout = Layout.of(run, ClusterSpec.cpu(ranks=world))
+        layout = Layout.of(run, ClusterSpec.cpu(ranks=world), plan_layout(run))
         t = rank_times(step_terms(run, layout=layout), calibration=cal)[0]
         return layout.threads[0], t.compute_s + t.overhead_s
 

@@ -7,15 +7,8 @@ import math
 import pytest
 import torch
 
-from trainlab.precision.formats import (
-    FloatFormat,
-    cast_stats,
-    fake_cast,
-    fake_quantize,
-    parse_format,
-    quantize,
-    tensor_scale,
-)
+from trainlab.precision.formats import cast_stats, fake_cast, fake_quantize, quantize, tensor_scale
+from trainlab.vocab.formats import FloatFormat, parse_format
 
 E4M3 = parse_format("e4m3fn")
 E5M2 = parse_format("e5m2")

@@ -16,17 +16,22 @@ from torch import nn
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.config.schema import KEEP_HP_SELECTORS, PrecisionConfig
+from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
-from trainlab.precision import build_recipe, check_precision_supported
+from trainlab.plan.trial import plan_trial
 from trainlab.precision import capability as precision_capability
-from trainlab.precision.capability import MIN_CUDA_CAPABILITY, cpu_rowwise_scaled_mm
+from trainlab.precision.capability import (
+    MIN_CUDA_CAPABILITY,
+    check_precision_supported,
+    cpu_rowwise_scaled_mm,
+)
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import check_keep_hp
-from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, peak_flops
+from trainlab.vocab.precision import FP8_PRECISIONS, KEEP_HP_SELECTORS, PRECISIONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +72,7 @@ def quick_build(run, dist_info, tracker=None):
     bf16) measures nothing these tests check; the MFU test below uses the real one."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(run, dist_info, tracker=tracker)
+        return build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
 
 
 def tiny_model(cfg) -> nn.Module:
@@ -369,7 +374,7 @@ def test_fp8_trial_on_cpu_reports_mfu_against_its_high_precision_peak_only(dist_
     run = compose_run_config(TINY_RUN + ["precision=fp8_tensorwise", "precision.hp_dtype=fp32",
                                          "train.max_steps=3"])
     tracker = RecordingTracker()
-    trainer = build_trainer(run, dist_info, tracker=tracker)  # the real CPU probe
+    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)  # the real CPU probe
     result = trainer.train()
     tflops, tps, mfu = (tracker.by_step(k) for k in (names.MODEL_TFLOPS, names.TOKENS_PER_S, names.MFU))
     assert sorted(tflops) == sorted(tps) == sorted(mfu) == [1, 2, 3]

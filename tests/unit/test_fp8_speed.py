@@ -12,12 +12,12 @@ from torch import nn
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import ConfigError, compose_run_config
-from trainlab.config.validate import compile_unit
 from trainlab.engine.run import run_trial
 from trainlab.models import build_model
+from trainlab.plan.layout import compile_unit, plan_layout
 from trainlab.precision.fp8 import float8_all_gather
 from trainlab.precision.policy import linear_layers, plan_layers
-from trainlab.precision.spec import FP8_PRECISIONS, spec_of
+from trainlab.vocab.precision import FP8_PRECISIONS, spec_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,7 +111,7 @@ def test_train_compile_takes_auto_true_false_and_refuses_the_rest():
     assert "train.compile='yes'" in str(info.value) and "auto, true, false" in str(info.value)
     # an explicit whole-model graph still cannot be sharded afterwards
     with pytest.raises(ConfigError, match="train.compile_unit=block"):
-        compose_run_config(["parallel=fsdp", "cluster.num_workers=2", "train.compile=true"])
+        plan_layout(compose_run_config(["parallel=fsdp", "cluster.num_workers=2", "train.compile=true"]))
 
 
 # ---------------------------------------------------------------------------- float8 all-gather

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from trainlab.config import compose_run_config
-from trainlab.engine.local_plan import plan_here
 from trainlab.launch.gang_pool import _plan, shape_key
+from trainlab.plan.here import plan_here
 
 
 def _plan_of(overrides: list[str], *, device: str = "cpu"):

@@ -15,7 +15,8 @@ from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
 from trainlab.parallel.compile import compile_blocks
-from trainlab.precision import build_recipe
+from trainlab.plan.trial import plan_trial
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, peak_flops
 
 TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_size=4",
@@ -96,4 +97,4 @@ def _one_process():
 def _one_trainer():
     with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(compose_run_config(TINY_RUN), _one_process())
+        return build_trainer(plan_trial(compose_run_config(TINY_RUN), device="cpu"), _one_process())

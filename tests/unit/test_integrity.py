@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from trainlab.config import compose_run_config, config_hash
+from trainlab.config.checkpoints import META_FILE, CheckpointError, step_dir
 from trainlab.config.load import hashed_config
 from trainlab.engine import integrity
-from trainlab.engine.checkpoint import META_FILE, CheckpointError, step_dir
 from trainlab.engine.resume import check_checkpoint, resolve_resume, verify_here
 
 FILES = {"__0_0.distcp": 4096, "__1_0.distcp": 4000, ".metadata": 700, "rank_0.pt": 300, "rank_1.pt": 300}

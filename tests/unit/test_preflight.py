@@ -21,10 +21,13 @@ from trainlab.launch.preflight import (
     check_tracking_uri,
     preflight,
 )
-from trainlab.precision import check_precision_supported
-from trainlab.precision.capability import MIN_CUDA_CAPABILITY, cpu_rowwise_scaled_mm
-from trainlab.precision.spec import PRECISIONS, spec_of
-from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.precision.capability import (
+    MIN_CUDA_CAPABILITY,
+    check_precision_supported,
+    cpu_rowwise_scaled_mm,
+)
+from trainlab.tracking.store import resolve_tracking_uri
+from trainlab.vocab.precision import PRECISIONS, spec_of
 
 BASE = ["model=tiny", "cluster.device=cpu", "tracking=none"]
 # enough for a global batch of train.seq_len windows in train and a batch per rank in val

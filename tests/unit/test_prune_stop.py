@@ -13,13 +13,15 @@ import pytest
 from conftest import probe_free_trainer, train_off_main_thread
 from trainlab import names
 from trainlab.config import compose_run_config
+from trainlab.config.checkpoints import complete_checkpoints
 from trainlab.engine import preemption
-from trainlab.engine.checkpoint import Checkpointer, complete_checkpoints
+from trainlab.engine.checkpoint import Checkpointer
 from trainlab.engine.run import Attempt
 from trainlab.events import StepDone
-from trainlab.tracking import NullTracker
+from trainlab.plan.trial import plan_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
 from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, unfinished_checkpoints
+from trainlab.vocab.tracker import NullTracker
 
 TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=4",
             "train.micro_batch_size=4", "train.seq_len=32", "cluster.num_workers=1",
@@ -68,8 +70,8 @@ def test_progress_events_carry_every_validation_with_its_tokens(dist_info, tmp_p
     run = compose_run_config([*TINY_RUN, "train.log_every=4", "train.eval_every=3"])
     events: list = []
     trainer = _trainer(dist_info, ["train.log_every=4", "train.eval_every=3"])
-    attempt = Attempt(run, dist_info, tracker=NullTracker(), root=tmp_path, trial_hash="h",
-                      progress=events.append, first=None)
+    attempt = Attempt(plan_trial(run, device=dist_info.device.type), dist_info, tracker=NullTracker(),
+                      root=tmp_path, trial_hash="h", progress=events.append, first=None)
     attempt.announce(trainer)
     trainer.train()
     steps = [e for e in events if isinstance(e, StepDone)]

@@ -15,9 +15,9 @@ from trainlab.compare import summarize, tables
 from trainlab.compare.records import Trial
 from trainlab.compare.repro import math_key, reproducibility, same_math
 from trainlab.config import compose_run_config, ignored_options
-from trainlab.config.validate import check_run
 from trainlab.models import build_model
 from trainlab.parallel.pp import split_stages
+from trainlab.plan.layout import plan_layout, unordered_reductions
 from trainlab.telemetry.checksum import (
     canonical_name,
     combine,
@@ -148,7 +148,9 @@ def test_compare_prints_the_section_only_when_some_runs_should_match():
 def test_deterministic_mode_is_refused_with_powersgd_and_names_what_it_leaves_unordered():
     with pytest.raises(ValueError, match=r"train.deterministic=true with parallel.powersgd_rank=2.*"
                                          r"set parallel.powersgd_rank=0"):
-        check_run(compose_run_config(["train.deterministic=true", "parallel.powersgd_rank=2"]))
-    notes = ignored_options(compose_run_config(["train.deterministic=true", "parallel=fsdp"]))
+        plan_layout(compose_run_config(["train.deterministic=true", "parallel.powersgd_rank=2"]))
+    fsdp = compose_run_config(["train.deterministic=true", "parallel=fsdp"])
+    notes = ignored_options(fsdp) + unordered_reductions(fsdp)  # what preflight warns about
     assert any("parallel.data_parallel=fsdp" in n and "DDP gradients only" in n for n in notes)
-    assert not ignored_options(compose_run_config(["train.deterministic=true", "parallel=ddp"]))
+    ddp = compose_run_config(["train.deterministic=true", "parallel=ddp"])
+    assert not ignored_options(ddp) + unordered_reductions(ddp)

@@ -1,4 +1,4 @@
-"""Each precision mode is decided once (precision.spec): every layer reads the same answer."""
+"""Each precision mode is decided once (vocab.precision): every layer reads the same answer."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 
 from trainlab.config import compose_run_config
 from trainlab.config.schema import EmulatedFormats, PrecisionConfig
-from trainlab.precision import build_recipe
 from trainlab.precision.capability import check_precision_supported
-from trainlab.precision.spec import FP8_PRECISIONS, PRECISIONS, SPECS, emulates
+from trainlab.precision.recipes import build_recipe
+from trainlab.vocab.precision import FP8_PRECISIONS, PRECISIONS, SPECS, emulates
 
 
 @pytest.mark.parametrize("name", PRECISIONS)
@@ -23,7 +23,7 @@ def test_every_mode_builds_its_recipe_from_its_spec(name):
 @pytest.mark.parametrize("name", PRECISIONS)
 @pytest.mark.parametrize("impl", ["auto", "native", "emulated"])
 def test_the_recipe_emulates_exactly_when_the_spec_says(name, impl):
-    """Warm-gang isolation and the capability check read precision.spec.emulates; the recipe
+    """Warm-gang isolation and the capability check read vocab.precision.emulates; the recipe
     that actually trains must agree with it (they were two copies of the rule before)."""
     fp16_impl = impl
     fp8_impl = "emulated" if impl == "emulated" else "native"

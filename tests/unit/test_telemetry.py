@@ -44,7 +44,7 @@ def test_fp32_mfu_is_against_plain_fp32_unless_tf32_is_on():
     """fp32 matmuls run on CUDA cores unless precision.tf32 turns TF32 tensor cores on: the
     peak MFU divides by must be the one the run used (the TF32 figure is 7x the FP32 one)."""
     from trainlab.config.schema import PrecisionConfig
-    from trainlab.precision import build_recipe
+    from trainlab.precision.recipes import build_recipe
 
     assert gpu_peak("NVIDIA H100 80GB HBM3", "fp32").flops_per_s == 67e12
     assert gpu_peak("NVIDIA H100 80GB HBM3", "tf32").flops_per_s == 494e12

@@ -17,8 +17,8 @@ from trainlab.config.schema import EmulatedFormats, PrecisionConfig
 from trainlab.models import build_model
 from trainlab.parallel.parts import holds_stages, model_parts, modules_by_name
 from trainlab.parallel.pp import split_stages
-from trainlab.precision import build_recipe
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import NonFiniteMonitor, NumericsProbe, inject_nan
 
 pytestmark = pytest.mark.usefixtures("one_thread")

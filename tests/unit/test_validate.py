@@ -20,6 +20,7 @@ from trainlab.config import (
     from_dict,
 )
 from trainlab.data import write_token_file
+from trainlab.plan.layout import plan_layout
 
 
 def _options(group: str) -> list[str]:
@@ -42,8 +43,9 @@ def default_run() -> RunConfig:
 
 
 def _bad(overrides: list[str]) -> str:
+    """The refusal of `overrides`: composition's, or the plan's where the layout cannot run."""
     with pytest.raises(ConfigError) as info:
-        compose_run_config(overrides)
+        plan_layout(compose_run_config(overrides))
     return str(info.value)
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 
 from trainlab.config import compose_run_config
-from trainlab.config.validate import check_run, pp_microbatches
+from trainlab.config.validate import check_run
 from trainlab.launch.preflight import check_layout
+from trainlab.plan.layout import plan_layout, pp_microbatches
 
 
 def _refusal(overrides: list[str]) -> str:
     with pytest.raises(ValueError) as info:
         run = compose_run_config(["model=tiny", "cluster.device=cpu", *overrides])
         check_run(run)
+        plan_layout(run)
         check_layout(run)
     return str(info.value)
 
@@ -70,6 +72,7 @@ def test_pipeline_microbatches_default_to_the_accumulation_count():
 def test_data_parallel_communication_the_layout_can_send_passes(overrides):
     run = compose_run_config(["model=tiny", "cluster.device=cpu", "train.global_batch_size=32", *overrides])
     check_run(run)
+    plan_layout(run)
     check_layout(run)
 
 
@@ -77,4 +80,5 @@ def test_data_parallel_communication_the_layout_can_send_passes(overrides):
 def test_layouts_that_fit_two_workers_pass(layout):
     run = compose_run_config(["model=tiny", "model.n_layers=4", f"parallel={layout}", "cluster.device=cpu"])
     check_run(run)
+    plan_layout(run)
     check_layout(run)

@@ -7,7 +7,6 @@ trials, run the rest concurrently on Ray). This class only adapts it to Hydra's 
 
 
 import sys
-from dataclasses import dataclass
 from typing import Sequence
 
 from hydra.core.config_store import ConfigStore
@@ -16,31 +15,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-
-@dataclass
-class TrainlabRayLauncherConf:
-    _target_: str = "hydra_plugins.trainlab_launcher.ray_launcher.TrainlabRayLauncher"
-    max_concurrent_trials: int = 0
-    """Trials running at once; 0 = as many as the cluster's CPUs (or GPUs) fit."""
-    rerun: bool = False
-    """Run trials again even when the sweep already holds a finished run of the same config."""
-    # stopping hopeless trials early (trainlab.config.prune, trainlab.launch.prune)
-    prune: str = "none"
-    """none | margin | asha: none stops a trial early only when it diverges (as always); margin
-    when its val loss at equal tokens is worse than the best trial's by more than prune_margin;
-    asha by asynchronous successive halving (Ray Tune's ASHAScheduler)."""
-    prune_margin: float = 0.1
-    """margin: how much worse than the best trial's val loss, as a fraction (0.1 = 10 %)."""
-    prune_grace_tokens: int = 0
-    """Tokens every trial trains before it can be pruned (asha: the first rung); 0 = a quarter
-    of the sweep's shortest trial."""
-    prune_reduction_factor: float = 4.0
-    """asha: each rung keeps the best 1/factor of the trials that reached it; rungs are
-    grace x factor^k tokens."""
-    reuse_gangs: bool = True
-    """Trials of the same gang shape run one after another on warm gangs (one Ray Train run
-    each, trial after trial from a queue); false gives each trial a gang of its own."""
-
+from trainlab.vocab.launcher import TrainlabRayLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=TrainlabRayLauncherConf,
                              provider="trainlab")

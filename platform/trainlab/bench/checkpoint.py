@@ -33,7 +33,7 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.bench.spawn import spawn_rows
-from trainlab.tracking import NullTracker
+from trainlab.vocab.tracker import NullTracker
 
 DEFAULTS = ("model=small", "train.max_steps=30", "parallel=ddp")
 # nothing but training steps and saves inside the timed loop; every step's time is logged
@@ -101,7 +101,7 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
 
 def verify_times(folder: Path) -> dict:
     """{'verify': [(warm s, cold s, MiB)]}: the driver's check of each checkpoint kept in `folder`."""
-    from trainlab.engine.checkpoint import complete_checkpoints
+    from trainlab.config.checkpoints import complete_checkpoints
     from trainlab.engine.resume import check_checkpoint, verify_here
 
     out = []

@@ -8,7 +8,7 @@
 Trains every trial of the matrix through the real trainer on gloo ranks (one spawned group per
 world size runs its trials in turn; bench/estimate_runner.py), measuring per rank the bytes of
 parameters, gradients and optimizer state, the peak resident set after warm-up and the steady
-step time; then estimates each trial (trainlab.estimate.estimate_trial) with the default
+step time; then estimates each trial (trainlab.estimate.trial.estimate_trial) with the default
 calibration, in-sample (fitted to every trial) and held out (fitted to the other half only;
 bench/estimate_compare.py). Prints a table per trial with ratios (estimate / measured; '*' where
 a ratio is outside its tolerance), writes estimate_bench.csv, estimate_bench.png (log-log) and

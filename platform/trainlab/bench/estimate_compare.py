@@ -3,7 +3,7 @@
     rows, fits = compare(measured, steps=8)
     summary(rows, kind="held_out")   # 'state bytes exact: n/n; peak memory within 15 %: n/n; ...'
 
-Each measured trial is estimated (trainlab.estimate.estimate_trial on ClusterSpec.cpu(ranks=
+Each measured trial is estimated (trainlab.estimate.trial.estimate_trial on ClusterSpec.cpu(ranks=
 world)) three times: with the default calibration; in-sample, with a calibration fitted to
 every trial (calibration.fit); held out, with a calibration fitted to the other half of the
 trials only (two folds: the trials alternate between the halves in matrix order, so that both
@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainlab.bench.estimate_runner import Measured, run_config_of
+from trainlab.plan.layout import plan_layout
 
 PEAK_TOLERANCE = 0.15
 """Peak memory counts as right within +-15 % (the issue's target)."""
@@ -85,8 +86,9 @@ def folds(n: int) -> list[int]:
 def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[str, str]]:
     """Rows for every measured trial (skipped and failed ones too, without estimates), and what
     each calibration was fitted on (kind -> a line for the report)."""
-    from trainlab.estimate import ClusterSpec
-    from trainlab.estimate.calibration import Calibration, Observation, fit
+    from trainlab.estimate.calibration import Calibration, Observation
+    from trainlab.estimate.fitting import fit
+    from trainlab.vocab.nodes import ClusterSpec
 
     rows = [Row(m) for m in measured]
     ok = [r for r in rows if r.measured.ok]
@@ -94,7 +96,8 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
     clusters = {id(r): ClusterSpec.cpu(ranks=r.measured.case.world) for r in ok}
 
     def observations(subset: list[Row]) -> list:
-        return [Observation(run=runs[id(r)], cluster=clusters[id(r)], step_time_s=r.measured.step_time_s,
+        return [Observation(run=runs[id(r)], trial_layout=plan_layout(runs[id(r)]), cluster=clusters[id(r)],
+                            step_time_s=r.measured.step_time_s,
                             peak_mem_gb=max(r.measured.peak_gb)) for r in subset]
 
     def fitted(subset: list[Row], label: str) -> tuple[Calibration | None, str]:
@@ -119,10 +122,10 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
 
 
 def _estimate_row(row: Row, run, cluster, calibrations: dict) -> None:
-    from trainlab.estimate import estimate_trial
+    from trainlab.estimate.trial import estimate_trial
 
     for kind, cal in calibrations.items():
-        est = estimate_trial(run, cluster, calibration=cal)
+        est = estimate_trial(run, cluster, trial_layout=plan_layout(run), calibration=cal)
         if kind == "default":
             row.state = [(r.memory.params, r.memory.grads, r.memory.optim_state) for r in est.ranks]
         row.est[kind] = Estimated(peak_gb=[r.memory.total_gb for r in est.ranks],

@@ -36,8 +36,10 @@ from trainlab.devices import resolve_device
 from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
+from trainlab.plan.layout import plan_layout
+from trainlab.plan.trial import plan_trial
 from trainlab.precision.capability import cpu_lacks_native
-from trainlab.precision.spec import emulates, spec_of
+from trainlab.vocab.precision import emulates, spec_of
 
 DEFAULT_PRECISIONS = "bf16,fp8_tensorwise,fp8_rowwise"
 
@@ -72,7 +74,7 @@ def run_precision(overrides: list[str], precision: str, world: int) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dist_info.device)
-    trainer = build_trainer(run, dist_info)
+    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
     build_s = time.perf_counter() - t0
     tokens = watch_tokens(trainer)
     marks: list[float] = []
@@ -135,7 +137,7 @@ def _estimated(run, *, device: str) -> dict:
     from trainlab.estimate.fits import estimate_run, torchrun_cluster
 
     try:
-        est = estimate_run(run, torchrun_cluster(run, device=device))
+        est = estimate_run(run, torchrun_cluster(run, device=device), trial_layout=plan_layout(run))
     except (ValueError, NotImplementedError):
         return {}
     return {"est_tokens_per_s": est.tokens_per_s, "est_peak_mem_gb": est.peak_mem_gb, "est_bound": est.bound}

@@ -4,7 +4,7 @@ JSONL tracker, for machines without MLflow) against a bare PyTorch loop.
 Both train the same model from the same init on the same batches in this process (or in
 each torchrun process), alternating engine / bare for --repeats rounds so drift on a shared
 machine hits both alike. Like with like: the bare loop compiles exactly where and what the
-engine compiles (config.validate.compile_unit: train.compile=auto compiles on CUDA, not on
+engine compiles (plan.layout.compile_unit: train.compile=auto compiles on CUDA, not on
 CPU), and each loop has a warm-up round first, so neither's ratio pays the other's compile. Prints each round, the medians, and last `ratio: X.XXX` =
 engine tokens/s / bare tokens/s (1.0 = no overhead).
 
@@ -35,8 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab import names
-from trainlab.config import compose_run_config, parallel_dims
-from trainlab.config.validate import compile_unit
+from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.data import TokenBatches
 from trainlab.distributed import setup_distributed
@@ -44,9 +43,11 @@ from trainlab.engine.run import build_trainer, seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
-from trainlab.precision import build_recipe
-from trainlab.precision.spec import emulates
-from trainlab.tracking import JsonlTracker
+from trainlab.plan.layout import compile_unit, plan_layout
+from trainlab.plan.trial import plan_trial
+from trainlab.precision.recipes import build_recipe
+from trainlab.vocab.precision import emulates
+from trainlab.vocab.tracker import JsonlTracker
 
 
 class Stopped(Exception):
@@ -118,7 +119,7 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> Loop:
     recipe = build_recipe(run.precision, device_type=dist_info.device.type)
     model = recipe.prepare(model)
     unit = compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated)
-    layout = parallelize(model, dims=parallel_dims(run), cfg=run.parallel, device=dist_info.device,
+    layout = parallelize(model, dims=plan_layout(run).dims, cfg=run.parallel, device=dist_info.device,
                          compile_unit=unit or None, deterministic=run.train.deterministic)
     model = layout.model
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
@@ -154,12 +155,12 @@ def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
     writer_cpu = children_cpu_s()
     tracker = None
     if dist_info.is_rank0 and run.tracking.name == "mlflow":
-        from trainlab.tracking.runs import start_trial_tracking
+        from trainlab.tracking.resume import start_trial_tracking
 
         tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
     elif dist_info.is_rank0:
         tracker = JsonlTracker(os.path.join(tracking_dir, "metrics.jsonl"))
-    trainer = build_trainer(run, dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = trainer.train()

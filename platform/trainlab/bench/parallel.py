@@ -32,12 +32,14 @@ import torch
 import torch.distributed as dist
 
 from trainlab import names
-from trainlab.config import CONF_DIR, compose_run_config, parallel_dims
+from trainlab.config import CONF_DIR, compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
+from trainlab.plan.layout import plan_layout
+from trainlab.plan.trial import plan_trial
 from trainlab.telemetry.memory import memory_source
-from trainlab.tracking import NullTracker
+from trainlab.vocab.tracker import NullTracker
 
 DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"
 # the same trial for every layout: nothing but training steps inside the timed loop
@@ -57,7 +59,7 @@ def run_layout(overrides: list[str], layout: str, world: int) -> dict:
         else:
             torch.cuda.empty_cache()  # the trainer resets the peak: this layout's, after its warm-up
         latest = _Latest()
-        trainer = build_trainer(run, dist_info, tracker=latest)
+        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=latest)
     except ValueError as e:  # the config's checks: the same on every rank, before any collective
         return row | {"status": "skipped", "reason": " ".join(str(e).split())}
     result = trainer.train()
@@ -102,7 +104,7 @@ def _check_not_degenerate(run) -> None:
     """A layout that combines data parallelism with tp or pp, left to derive dp from the world
     size, must get dp >= 2; otherwise it is only its tp or pp layout under another name."""
     p = run.parallel
-    dims = parallel_dims(run)
+    dims = plan_layout(run).dims
     if p.dp == 0 and p.tp * p.pp > 1 and dims.dp == 1:
         raise ValueError(f"dp x {'tp' if p.tp > 1 else 'pp'} needs at least {2 * p.tp * p.pp} ranks "
                          f"(dp = {dims.world_size} / {p.tp * p.pp} = 1 here)")

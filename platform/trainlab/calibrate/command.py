@@ -68,8 +68,8 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
     from rich.text import Text
 
     from trainlab.calibrate.store import read_observations
-    from trainlab.estimate import estimate_trial
-    from trainlab.estimate.calibration import fit
+    from trainlab.estimate.fitting import fit
+    from trainlab.estimate.trial import estimate_trial
 
     found = read_observations(tracking_uri=tracking_uri, experiment=experiment, sweep=sweep)
     for why in found.skipped:
@@ -90,8 +90,8 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
         table.add_column(head, overflow="fold")
     steps, peaks = {"before": [], "after": []}, {"before": [], "after": []}
     for label, obs in zip(found.labels, found.observations):
-        before = estimate_trial(obs.run, obs.cluster)
-        after = estimate_trial(obs.run, obs.cluster, calibration=fitted)
+        before = estimate_trial(obs.run, obs.cluster, trial_layout=obs.trial_layout)
+        after = estimate_trial(obs.run, obs.cluster, trial_layout=obs.trial_layout, calibration=fitted)
         row = [label, f"{obs.step_time_s:.4g}"]
         for when, est in (("before", before), ("after", after)):
             steps[when].append((est.step_time_s, obs.step_time_s))
@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault(k, v)
     from mlflow.exceptions import MlflowException
 
-    from trainlab.tracking.runs import resolve_tracking_uri
+    from trainlab.tracking.store import resolve_tracking_uri
 
     probe = Console()  # a log or a pipe has no width: rich would fold the table into 80 columns
     console = Console(highlight=False, width=None if probe.is_terminal else 200)

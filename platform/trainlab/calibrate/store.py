@@ -21,7 +21,8 @@ from trainlab.compare import curves
 from trainlab.compare.estimates import measured
 from trainlab.compare.load import _experiments, _search_all, _tag_filter, read_trial
 from trainlab.config import RunConfig, from_dict
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
+from trainlab.plan.layout import plan_layout
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,10 @@ def read_observations(*, tracking_uri: str, experiment: str | None = None, sweep
                 raise ValueError(f"no {names.STEP_TIME_S} after its first step (train.max_steps >= 2 measures one)")
             # the largest rank's peak, as the estimate's (sys/peak_mem_gb_max where ranks reported theirs)
             peak = curves.max_finite(trial.series(names.PEAK_MEM_GB_MAX)) or m.peak_mem_gb
-            obs = Observation(run=run_config_of(dict(trial.params)), cluster=cluster_of(r.data.tags, trial.params),
-                              step_time_s=m.step_time_s, peak_mem_gb=peak)
+            run = run_config_of(dict(trial.params))
+            obs = Observation(run=run, trial_layout=plan_layout(run),
+                              cluster=cluster_of(r.data.tags, trial.params), step_time_s=m.step_time_s,
+                              peak_mem_gb=peak)
         except ValueError as e:
             found.skipped.append(f"{who}: {e}")
             continue

@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
     from sqlalchemy.exc import DatabaseError
 
     from trainlab.compare.compare_sweep import compare_sweep
-    from trainlab.tracking.runs import resolve_tracking_uri
+    from trainlab.tracking.store import resolve_tracking_uri
 
     uri = ""
     try:

@@ -39,14 +39,14 @@ from trainlab.compare import curves
 from trainlab.compare.answer import answer
 from trainlab.compare.records import ConfigRow, Summary, Trial
 from trainlab.compare.repro import reproducibility
-from trainlab.precision.spec import SPECS
+from trainlab.vocab.precision import SPECS
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
 TOLERANCE = 0.01  # default: worse than the baseline by more than 1 % of its val loss = degraded
 
 
 def precision_rank(precision: str) -> int:
-    """The mode's rank in precision.spec (most precise first); unknown modes sort last."""
+    """The mode's rank in vocab.precision (most precise first); unknown modes sort last."""
     return SPECS[precision].rank if precision in SPECS else len(SPECS)
 
 

@@ -1,5 +1,6 @@
 """Typed configuration: schemas, composition, validation."""
 
+from trainlab.config.layout import ParallelDims, TrialLayout
 from trainlab.config.load import (
     CONF_DIR,
     ConfigError,
@@ -11,10 +12,10 @@ from trainlab.config.load import (
     to_yaml,
 )
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
-from trainlab.config.validate import ParallelDims, grad_accum_steps, ignored_options, parallel_dims
+from trainlab.config.validate import ignored_options
 
 __all__ = [
-    "CONF_DIR", "ConfigError", "GROUPS", "ParallelDims", "RunConfig", "compose_run_config",
-    "config_hash", "flatten", "from_dict", "grad_accum_steps", "ignored_options", "parallel_dims",
+    "CONF_DIR", "ConfigError", "GROUPS", "ParallelDims", "RunConfig", "TrialLayout", "compose_run_config",
+    "config_hash", "flatten", "from_dict", "ignored_options",
     "register_configs", "to_run_config", "to_yaml",
 ]

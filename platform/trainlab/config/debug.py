@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from trainlab.config.bounds import bounded, check_fields
-
-if TYPE_CHECKING:
-    from trainlab.config.schema import RunConfig
 
 
 @dataclass
@@ -72,15 +68,3 @@ class DebugConfig:
         if not module or not step.isdigit() or int(step) < 1:
             return None
         return module, int(step)
-
-
-def check_debug(run: RunConfig) -> None:
-    """The debug knobs against the sections they act on."""
-    d, c = run.debug, run.cluster
-    if d.logical_gpus and c.device == "cuda":
-        raise ValueError("debug.logical_gpus=true computes on CPU but cluster.device=cuda; "
-                         "set cluster.device=cpu (or auto), or drop debug.logical_gpus")
-    if d.slowdown and len(d.slowdown) != c.num_workers:
-        raise ValueError(f"debug.slowdown={list(d.slowdown)} has {len(d.slowdown)} factors for "
-                         f"cluster.num_workers={c.num_workers}; give one per worker or [] for none")
-

@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainlab.config.moved import moved_key_message
 from trainlab.config.schema import AUTO_EVAL_EVERY, EVAL_AUTO, RunConfig, register_configs
 from trainlab.config.validate import check_run
+from trainlab.vocab.launcher import TrainlabRayLauncherConf
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = Path(os.environ.get("TRAINLAB_CONF_DIR", REPO_ROOT / "conf"))
@@ -78,8 +79,6 @@ def _check_known_keys(cfg: DictConfig, prefix: str = "") -> None:
 def schema_at(dotted: str) -> type | None:
     """The dataclass of a config section by dotted path ('' = RunConfig); None if not a section."""
     if dotted == "hydra.launcher":  # trainlab's launcher (its keys: hydra.launcher.prune, ...)
-        from hydra_plugins.trainlab_launcher.ray_launcher import TrainlabRayLauncherConf
-
         return TrainlabRayLauncherConf
     schema: Any = RunConfig
     for part in [p for p in dotted.split(".") if p]:

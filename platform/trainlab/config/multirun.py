@@ -13,7 +13,7 @@ then every invalid job named at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from trainlab.config.load import CONF_DIR, ConfigError, to_run_config
 from trainlab.config.overrides import _MULTIRUN_FLAGS, check_overrides, hydra_error_message
@@ -29,9 +29,12 @@ class Job:
     run: RunConfig
 
 
-def expand_jobs(args: Sequence[str], *, config_name: str = "config") -> list[Job]:
+def expand_jobs(args: Sequence[str], *, config_name: str = "config",
+                check: Callable[[RunConfig], object] | None = None) -> list[Job]:
     """Every job of the command line `args` (as after `trainlab train`), validated; ConfigError
-    naming the key, the value and the fix, or every invalid job of a sweep."""
+    naming the key, the value and the fix, or every invalid job of a sweep. `check`: what the
+    caller asks of each job's RunConfig besides (the estimate command: plan.layout.plan_layout),
+    its ConfigError counted as the job's."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
@@ -70,7 +73,10 @@ def expand_jobs(args: Sequence[str], *, config_name: str = "config") -> list[Job
                 cfg = compose(config_name=config_name, overrides=list(overrides))
                 with open_dict(cfg):
                     cfg.pop("hydra", None)
-                out.append(Job(overrides=tuple(overrides), run=to_run_config(cfg)))
+                run = to_run_config(cfg)
+                if check is not None:
+                    check(run)
+                out.append(Job(overrides=tuple(overrides), run=run))
             except ConfigError as e:
                 errors.append((i, overrides, str(e)))
             except (HydraException, OmegaConfBaseException) as e:

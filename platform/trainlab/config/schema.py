@@ -26,17 +26,21 @@ from omegaconf import MISSING
 from trainlab.config.bounds import bounded, check_fields, text
 from trainlab.config.debug import DebugConfig
 from trainlab.config.moved import removed_value_message
+from trainlab.vocab.formats import parse_format
+from trainlab.vocab.nodes import parse_node
 
-# the precision modes and their families come from their specifications (precision.spec)
-from trainlab.precision.spec import PRECISIONS, ROLLBACK_PRECISIONS, spec_of
+# the precision modes and their families come from their specifications (vocab.precision)
+from trainlab.vocab.precision import (
+    BF16_UPDATES,
+    EMULATION_TARGETS,
+    PRECISIONS,
+    ROLLBACK_PRECISIONS,
+    spec_of,
+)
 
 ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
-BF16_UPDATES = ("plain", "stochastic", "kahan")
-"""How bf16_pure's bf16 parameters take an update (precision.bf16_update)."""
-EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
-KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned", "small")
 DEVICES = ("auto", "cpu", "cuda")
 DATASETS = ("text", "markov", "tokens")
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
@@ -341,8 +345,6 @@ class PrecisionConfig:
                 f"precision.keep_hp entry 'small' (linears too small for FP8 matmuls to pay) has no "
                 f"meaning with precision={self.name}, which runs no FP8 kernels; remove it")
         if self.name == "emulated":
-            from trainlab.precision.formats import parse_format
-
             chosen = {t: getattr(self.formats, t) for t in EMULATION_TARGETS if getattr(self.formats, t)}
             if not chosen:
                 raise ValueError(
@@ -560,8 +562,7 @@ class ClusterConfig:
         if not self.host or any(c.isspace() or c == "/" for c in self.host):
             raise ValueError(f"cluster.host={self.host!r} is not an address to listen on; use 127.0.0.1 "
                              "(this machine only), this node's IP, or 0.0.0.0")
-        from trainlab.estimate.cluster import parse_node  # ValueError naming cluster.nodes
-
+        # parse_node raises a ValueError naming cluster.nodes
         for item in self.nodes:
             parse_node(item)
 

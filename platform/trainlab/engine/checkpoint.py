@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -40,76 +38,36 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainlab import names
-from trainlab.config import config_hash
+from trainlab.config.checkpoints import (
+    META_FILE,
+    Checkpoint,
+    CheckpointError,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_dir,
+)
+from trainlab.distributed import gather_strings
 from trainlab.engine import integrity
+from trainlab.engine.resume import check_checkpoint
 from trainlab.engine.rollback import Rollback
 
-if TYPE_CHECKING:
-    from trainlab.engine.trainer import Trainer
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-META_FILE = "trainlab.json"
+class Checkpointable(Protocol):
+    """What a checkpoint saves and restores: the engine's Trainer (its step, its config, and
+    its whole state as state_dict() says; load_state_dict puts it back)."""
+
+    step: int
+    run: Any
+
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
 FORMAT_VERSION = 2
 """2: files carry a SHA-256 and the manifest the config's fields and its own digest (1: sizes)."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or of another run."""
-
-
 class CheckpointWriteError(RuntimeError):
     """A save that failed on some rank (a full disk, an I/O error); its partial files are gone."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path
-    step: int
-
-
-def checkpoint_root(run) -> Path:
-    """train.checkpoint_dir, or <output_dir>/checkpoints (absolute: workers run elsewhere).
-    Without an output_dir (the engine called as a library) it is ./checkpoints/<config hash>,
-    so two different trials started in one folder never resume each other."""
-    if run.train.checkpoint_dir:
-        return Path(run.train.checkpoint_dir).resolve()
-    if run.output_dir:
-        return (Path(run.output_dir) / "checkpoints").resolve()
-    return (Path("checkpoints") / config_hash(run)).resolve()
-
-
-def unused_checkpoint_root(run) -> Path:
-    """checkpoint_root(run) if it is empty or absent, else the first empty `<root>-rerun<N>`
-    beside it: hydra.launcher.rerun=true trains a trial again from step 1, so it must neither
-    resume the checkpoints (nor continue the MLflow run, trial.json) that an earlier run of the
-    trial left in its folder, nor mix its own among them."""
-    root = checkpoint_root(run)
-    found, n = root, 1
-    while found.is_dir() and any(found.iterdir()):
-        n += 1
-        found = root.with_name(f"{root.name}-rerun{n}")
-    return found
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:08d}"
-
-
-def complete_checkpoints(root: Path) -> list[Checkpoint]:
-    """The finished checkpoints under `root`, oldest first (``.tmp`` folders are ignored)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / META_FILE).is_file():
-            found.append(Checkpoint(p, int(m.group(1))))
-    return sorted(found, key=lambda c: c.step)
-
-
-def latest_checkpoint(root: Path) -> Checkpoint | None:
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
 
 
 class Checkpointer:
@@ -134,7 +92,7 @@ class Checkpointer:
         _barrier()
 
     # -- save ------------------------------------------------------------------------------
-    def save(self, trainer: Trainer) -> dict[str, float]:
+    def save(self, trainer: Checkpointable) -> dict[str, float]:
         """Write a checkpoint of `trainer`'s state_dict() at its current step (a collective); returns the
         metrics ckpt/save_s, ckpt/size_mb and ckpt/checksum_s, the same on every rank.
         A rank that fails to write (a full disk) fails the save on every rank, together: the
@@ -190,10 +148,8 @@ class Checkpointer:
         return {self.shard_key: sharded} if self.shard_key else sharded
 
     # -- load ------------------------------------------------------------------------------
-    def load(self, trainer: Trainer, ckpt: Checkpoint) -> None:
+    def load(self, trainer: Checkpointable, ckpt: Checkpoint) -> None:
         """Put `trainer` back in the state it had at `ckpt` (its load_state_dict; a collective)."""
-        from trainlab.engine.resume import check_checkpoint
-
         meta = check_checkpoint(ckpt.path, world_size=self.world_size)
         state = trainer.state_dict()  # DCP loads into its tensors, in place
         del state["local"]
@@ -222,8 +178,6 @@ class _Together:
         self.ckpt, self.tmp, self.step = ckpt, tmp, step
 
     def __call__(self, fn: Callable[[], str | None]) -> list[str]:
-        from trainlab.distributed import gather_strings
-
         try:
             said = "ok:" + (fn() or "")
         except (Exception, CheckpointException) as e:

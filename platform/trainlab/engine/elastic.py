@@ -4,8 +4,8 @@ A trial with 1 <= cluster.min_workers < cluster.num_workers may be started by Ra
 any worker count in that range (fewer after a node is lost, all of them again once it is
 back). Each start resumes from the last checkpoint, which does not depend on the worker count
 in pure data parallel (engine.checkpoint.elastic_layout), and runs the config resized to the
-process group it found: dp follows the world size and the global batch stays
-train.global_batch_size, cut into more micro-batches per worker (config.validate.check_elastic
+process group it found (re-planned: plan.trial.replan): dp follows the world size and the global batch stays
+train.global_batch_size, cut into more micro-batches per worker (plan.layout.check_elastic
 made sure every count in the range divides it). The config's hash, and with it the trial's
 identity in its checkpoints and runs, stays the one it was launched with (engine.run).
 """
@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 
 from trainlab import names
-from trainlab.config import RunConfig, grad_accum_steps
-from trainlab.config.validate import elastic_range
+from trainlab.config import RunConfig
+from trainlab.plan.layout import elastic_range
+from trainlab.plan.trial import TrialPlan
 
 
 def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
@@ -36,17 +37,19 @@ def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
     return dataclasses.replace(run, cluster=cluster, debug=debug)
 
 
-def elastic_metrics(span: tuple[int, int] | None, run: RunConfig) -> dict[str, float]:
+def elastic_metrics(span: tuple[int, int] | None, plan: TrialPlan) -> dict[str, float]:
     """For an elastic trial, logged at each (re)start beside fault/workers: the micro-batches
-    each worker runs per step to keep the global batch on the gang it has."""
-    return {names.GRAD_ACCUM: grad_accum_steps(run)} if span else {}
+    each worker runs per step to keep the global batch on the gang it has (`plan`: re-planned
+    for that gang, plan.trial.replan)."""
+    return {names.GRAD_ACCUM: plan.grad_accum_steps} if span else {}
 
 
-def shrunk_note(span: tuple[int, int] | None, run: RunConfig) -> str:
+def shrunk_note(span: tuple[int, int] | None, plan: TrialPlan) -> str:
     """What a person watching should read when an elastic trial runs below its full gang;
     empty otherwise."""
+    run = plan.run
     if span is None or run.cluster.num_workers >= span[1]:
         return ""
     return (f"continuing on {run.cluster.num_workers} of {span[1]} workers: global batch "
-            f"{run.train.global_batch_size} kept with {grad_accum_steps(run)} micro-batches per step")
+            f"{run.train.global_batch_size} kept with {plan.grad_accum_steps} micro-batches per step")
 

@@ -66,10 +66,10 @@ import torch
 import torch.distributed as dist
 
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import compile_unit
 from trainlab.distributed import clear_dtensor_caches
 from trainlab.engine import preemption
-from trainlab.precision.spec import emulates, spec_of
+from trainlab.plan.layout import compile_unit
+from trainlab.vocab.precision import emulates, spec_of
 
 CUDA_DEFAULT_SEED = 67280421310721
 """c10's default_rng_seed_val: what a CUDA device's generator starts from in a fresh process."""

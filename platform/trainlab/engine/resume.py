@@ -22,15 +22,16 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from trainlab.config.moved import upgraded
-from trainlab.engine import integrity
-from trainlab.engine.checkpoint import (
+from trainlab.config.checkpoints import (
     _STEP_DIR,
     META_FILE,
     Checkpoint,
     CheckpointError,
     complete_checkpoints,
 )
+from trainlab.config.moved import upgraded
+from trainlab.distributed import gather_strings
+from trainlab.engine import integrity
 
 Verify = Callable[[Path, dict], list[str]]
 """(checkpoint folder, its manifest's files) -> what is wrong with those whose content differs
@@ -208,8 +209,6 @@ def agreed_resume(resume: str, root: Path, *, expect_hash: str | None, expect_co
     its share of each candidate's files back against their digests, and every rank returns the
     same checkpoint or raises the same CheckpointError."""
     import torch.distributed as dist
-
-    from trainlab.distributed import gather_strings
 
     kwargs = {"expect_hash": expect_hash, "expect_config": expect_config, "warn": warn}
     if not dist.is_initialized() or dist.get_world_size() == 1:

@@ -24,7 +24,7 @@ from trainlab.config import RunConfig
 from trainlab.config.schema import PrecisionConfig
 
 if TYPE_CHECKING:
-    from trainlab.engine.checkpoint import Checkpoint
+    from trainlab.config.checkpoints import Checkpoint
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""One worker's whole trial: execute a TrialPlan (config.plan), train, report.
+"""One worker's whole trial: execute a TrialPlan (plan.trial), train, report.
 
 Called identically by a Ray Train worker (with the plan its driver made) and by a torchrun
 process (which plans for itself, as it has no driver: plan_here). No Ray, no MLflow: the
@@ -21,14 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from trainlab import names
-from trainlab.config import RunConfig, parallel_dims
-from trainlab.config.plan import TrialPlan
-from trainlab.config.validate import (
-    compile_unit,
-    pp_microbatches,
-    pp_virtual_stages,
-    unordered_reductions,
-)
+from trainlab.config import RunConfig
+from trainlab.config.checkpoints import Checkpoint, complete_checkpoints
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.distributed import (
     DistInfo,
@@ -39,16 +33,9 @@ from trainlab.distributed import (
     setup_distributed,
 )
 from trainlab.engine.balance import DpBalancer
-from trainlab.engine.checkpoint import (
-    Checkpoint,
-    Checkpointer,
-    complete_checkpoints,
-    discard_after,
-    rollback_of,
-)
+from trainlab.engine.checkpoint import Checkpointer, discard_after, rollback_of
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
-from trainlab.engine.local_plan import plan_here
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
@@ -70,13 +57,16 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
-from trainlab.precision import build_recipe
+from trainlab.plan.here import plan_here
+from trainlab.plan.layout import compile_unit, unordered_reductions
+from trainlab.plan.trial import TrialPlan, replan
 from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.precision.spec import spec_of
+from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
 from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
-from trainlab.tracking import NullTracker, Tracker
+from trainlab.vocab.precision import spec_of
+from trainlab.vocab.tracker import NullTracker, Tracker
 
 TrackerFactory = Callable[[DistInfo, bool], Tracker]
 """(dist_info, resumed) -> rank 0's tracker; `resumed`: the trial goes on from a checkpoint in
@@ -89,13 +79,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | None = None,
+def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | None = None,
                   checkpointer: Checkpointer | None = None, rollback: Rollback | None = None,
                   restarts: int = 0) -> Trainer:
     """Corpus -> model -> precision recipe -> parallelize -> optimizer -> Trainer (see Trainer
-    for `checkpointer`, `rollback` and `restarts`). debug.inject_nan is armed on a trial's first
-    attempt only: a rollback's retry runs without it, as without debug.inject_fault."""
-    dims = parallel_dims(run)
+    for `checkpointer`, `rollback` and `restarts`), as `plan` decided it: its degrees, pipeline
+    micro-batches and stages and precision spec are read, never derived again here.
+    debug.inject_nan is armed on a trial's first attempt only: a rollback's retry runs without
+    it, as without debug.inject_fault."""
+    run, dims = plan.run, plan.dims
     assert dims.world_size == dist_info.world_size, (
         f"config world size {dims.world_size} != process group size {dist_info.world_size}"
     )
@@ -108,25 +100,24 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
         check_precision_on_gpu(run.precision,
                                capability=torch.cuda.get_device_capability(dist_info.device),
                                device_name=device_name(dist_info.device))
-    spec = spec_of(run.precision.name)
+    spec = plan.precision
     recipe = build_recipe(run.precision, device_type=dist_info.device.type,
                           fsdp_backend=backend_for(dist_info.device.type) if fsdp_shards(dims, run.parallel) else "")
     model = recipe.prepare(model)
     run = resolve_compile(run, unit=compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated))
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
-    layout = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
+    parallel = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,
                          param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
                          compile_unit=run.train.compile_unit if run.train.compile == "true" else None,
                          deterministic=run.train.deterministic, loss_fn=_loss,
-                         pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1,
-                         pp_virtual_stages=pp_virtual_stages(run))
-    model = layout.model
+                         pp_microbatches=plan.pp_microbatches, pp_virtual_stages=plan.pp_virtual_stages)
+    model = parallel.model
     # this rank's part of the layout gets storage and the one-process model's values
     materialize(model, device=dist_info.device, seed=run.seed)
-    recipe.attach(model, dp_group=layout.dp_group)
+    recipe.attach(model, dp_group=parallel.dp_group)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
-                                           make_optimizer=layout.make_optimizer,
+                                           make_optimizer=parallel.make_optimizer,
                                            bf16_update=run.precision.bf16_update,  # bf16 params only
                                            seed=run.seed)
 
@@ -152,7 +143,7 @@ def build_trainer(run: RunConfig, dist_info: DistInfo, *, tracker: Tracker | Non
                               device=dist_info.device)
     trainer = Trainer(model=model, optimizer=optimizer, scheduler=scheduler, recipe=recipe,
                       batches=batches, val=val, run=run, dist_info=dist_info,
-                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=layout.pipeline,
+                      throughput=throughput, tracker=tracker, corpus=corpus, pipeline=parallel.pipeline,
                       balancer=balancer, checkpointer=checkpointer, rollback=rollback, restarts=restarts)
     if run.debug.nan_injection is not None and not trainer.rollback.count:
         module, step = run.debug.nan_injection
@@ -200,20 +191,22 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
     trial_hash = plan.config_hash  # the trial's identity in its checkpoints, whatever it changes at run time
     trial_config = dict(plan.hashed_fields)  # its fields, so that a resume can name those that differ
     elastic = plan.gang.elastic  # as launched: Ray may have started the gang smaller
-    run = fit_to_gang(run, world_size=dist_info.world_size)
+    plan = replan(plan, run=fit_to_gang(run, world_size=dist_info.world_size))  # an elastic gang's size
+    run = plan.run
     resume_from = agreed_resume(run, root, trial_hash, trial_config=trial_config,
                                 warn=_warner(progress) if dist_info.is_rank0 else None)
     resumed = resume_from is not None
     tracker = tracker_factory(dist_info, resumed) if tracker_factory and dist_info.is_rank0 else NullTracker()
     warn = progress if progress is not None and dist_info.is_rank0 else _print_event
     try:
-        attempt = Attempt(run, dist_info, tracker=tracker, root=root, trial_hash=trial_hash, progress=progress,
+        attempt = Attempt(plan, dist_info, tracker=tracker, root=root, trial_hash=trial_hash,
+                          progress=progress,
                           first=resume_from, trial_config=trial_config)
         counted = str(count_start(root, resumed=resumed)) if dist_info.is_rank0 else ""
         restarts = int(gather_strings(counted)[0])  # rank 0 keeps the count
         trainer = attempt.start(resume_from, rollback_of(resume_from), restarts=restarts)
         tracker.log_metrics({names.RESTARTS: restarts, names.WORKERS: dist_info.world_size,
-                             **elastic_metrics(elastic, run), **estimate_metrics(estimate)}, step=trainer.step)
+                             **elastic_metrics(elastic, plan), **estimate_metrics(estimate)}, step=trainer.step)
         if resumed:
             tracker.set_tags({names.TAG_RESUMED_FROM: str(resume_from.path)})
         corpus = trainer.corpus
@@ -232,10 +225,10 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
             **_layer_tags(trainer.recipe),
             **estimate_tags(estimate),
         })
-        plan = trainer.recipe.plan
-        if spec_of(trainer.recipe.name).fp8 and plan is not None and not plan.lowp and dist_info.is_rank0:
+        layers = trainer.recipe.plan
+        if spec_of(trainer.recipe.name).fp8 and layers is not None and not layers.lowp and dist_info.is_rank0:
             warn(Notice(WARNING, (
-                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(plan.hp)} "
+                f"precision={trainer.recipe.name} runs no FP8 layer: precision.keep_hp kept all {len(layers.hp)} "
                 f"linears in high precision (tag {names.TAG_HP_LAYERS}), so this is not an FP8 trial; this "
                 "model's linears are too small for this recipe's FP8 matmuls to pay (keep_hp 'small'): "
                 "set precision.keep_hp=[output,unaligned] to study FP8 numerics on them anyway")))
@@ -246,7 +239,7 @@ def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | 
         if resumed and dist_info.is_rank0:
             warn(Notice(RESUMED, f"resumed from {resume_from.path} at step {trainer.step} "
                                  f"(restart {restarts}) on {dist_info.world_size} workers"))
-        resized = shrunk_note(elastic, run)
+        resized = shrunk_note(elastic, plan)
         if resized and dist_info.is_rank0:
             warn(Notice(RESIZED, resized))
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
@@ -267,10 +260,10 @@ class Attempt:
     """Builds the trainer of each attempt at a trial: the first (fresh or resumed from a
     checkpoint) and, with train.on_divergence=rollback, each retry after a divergence."""
 
-    def __init__(self, run: RunConfig, dist_info: DistInfo, *, tracker: Tracker, root: Path,
+    def __init__(self, plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker, root: Path,
                  trial_hash: str, progress: Progress | None, first: Checkpoint | None,
                  trial_config: dict | None = None):
-        self.run, self.dist_info, self.tracker = run, dist_info, tracker
+        self.plan, self.run, self.dist_info, self.tracker = plan, plan.run, dist_info, tracker
         self.trial_config = trial_config
         """The hashed config fields as launched, written into every checkpoint's manifest."""
         self.first = first
@@ -280,13 +273,14 @@ class Attempt:
     def start(self, ckpt: Checkpoint | None, rollback: Rollback, *, restarts: int) -> Trainer:
         """A trainer at `ckpt` (None: step 0) in the precision and learning rate of `rollback`;
         `restarts`: the trial's restarts from a checkpoint so far."""
-        run, dist_info = attempt_config(self.run, rollback), self.dist_info
-        dims = parallel_dims(run)
+        # the retry's precision (engine.rollback) re-planned, never derived here
+        plan, dist_info = replan(self.plan, run=attempt_config(self.run, rollback)), self.dist_info
+        run, dims = plan.run, plan.dims
         checkpointer = Checkpointer(
             self.root, keep=run.train.checkpoint_keep, rank=dist_info.rank, world_size=dist_info.world_size,
             config_hash=self.trial_hash, config=self.trial_config,
             shard_key=f"pp{coords(dist_info.rank, dims).pp_rank}" if dims.pp > 1 else "")
-        trainer = build_trainer(run, dist_info, tracker=self.tracker, checkpointer=checkpointer,
+        trainer = build_trainer(plan, dist_info, tracker=self.tracker, checkpointer=checkpointer,
                                 rollback=rollback, restarts=restarts)
         if ckpt is not None:
             checkpointer.load(trainer, ckpt)

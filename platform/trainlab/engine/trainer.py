@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +33,10 @@ from torch.distributed.tensor import DTensor
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.data.shares import loss_weight
 from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
-from trainlab.engine.balance import DpBalancer, loss_weight
+from trainlab.engine.balance import DpBalancer
+from trainlab.engine.checkpoint import Checkpointer
 from trainlab.engine.preemption import PREEMPT, Preemption
 from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown
@@ -50,7 +52,7 @@ from trainlab.events import TrialResult
 from trainlab.parallel import no_sync, reshard, unwrap
 from trainlab.parallel.ddp import allreduce_grads
 from trainlab.parallel.tp import clip_grads_with_norm_
-from trainlab.precision import PrecisionRecipe
+from trainlab.precision.recipes import PrecisionRecipe
 from trainlab.telemetry import (
     GradNormWindow,
     NonFiniteMonitor,
@@ -66,10 +68,7 @@ from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
-from trainlab.tracking import NullTracker, Tracker
-
-if TYPE_CHECKING:
-    from trainlab.engine.checkpoint import Checkpointer
+from trainlab.vocab.tracker import NullTracker, Tracker
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Hook = Callable[["Trainer", int, dict], None]

@@ -1,6 +1,6 @@
 """Know before you run: memory and time of a trial on a cluster, from the config alone.
 
-    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]))   # estimate.trial, vocab.nodes
     est.fits, est.ranks[0].memory, est.step_time_s, est.tokens_per_s, est.mfu, est.bound
 
 Per rank, from the same decisions the engine makes (the precision's spec, the layout's
@@ -10,20 +10,3 @@ the device's peak (the MFU table), communication from the bytes each collective 
 its link, the pipeline's bubble, overlap where the layout overlaps. Efficiencies come from a
 calibration fitted to recorded runs (`trainlab calibrate`), or defaults.
 """
-
-from trainlab.estimate.cluster import ClusterSpec, NodeSpec
-from trainlab.estimate.result import DeviceSpec, Estimate, RankEstimate, RankMemory, RankTime
-
-
-def __getattr__(name: str):
-    """estimate_trial on first use: config validates cluster.nodes with estimate.cluster, and the
-    config layer must not import torch (the model and the layouts estimate_trial reads)."""
-    if name == "estimate_trial":
-        from trainlab.estimate.trial import estimate_trial
-
-        return estimate_trial
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["ClusterSpec", "DeviceSpec", "Estimate", "NodeSpec", "RankEstimate", "RankMemory", "RankTime",
-           "estimate_trial"]

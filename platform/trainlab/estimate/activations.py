@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.validate import pp_microbatches
+from trainlab.config.layout import TrialLayout
 from trainlab.estimate.shards import Sharding, rank_shards, stage_modules
 from trainlab.parallel.mesh import coords
 
@@ -52,7 +52,7 @@ def compute_bytes(run: RunConfig, *, model: nn.Module, recipe) -> int:
     4 in fp32 and where casts are emulated in float32 (fp16 on CPU; emulated formats)."""
     if any(p.dtype == torch.bfloat16 for p in model.parameters()):
         return 2
-    from trainlab.precision.spec import spec_of
+    from trainlab.vocab.precision import spec_of
 
     spec = spec_of(run.precision.name)
     dtype = spec.matmul_dtype(run.precision.hp_dtype)
@@ -122,15 +122,15 @@ def checkpointed(run: RunConfig, block_index: int) -> bool:
     return mode == "block" or (mode == "selective" and block_index % SELECTIVE_EVERY == SELECTIVE_EVERY - 1)
 
 
-def in_flight(run: RunConfig, *, pp_rank: int) -> tuple[int, int]:
+def in_flight(run: RunConfig, *, pp_rank: int, trial_layout: TrialLayout) -> tuple[int, int]:
     """(micro-batches whose activations a pipeline rank holds at its peak, in chunks of one
     stage; stages per rank). Without a pipeline: one micro-batch (accumulation frees each
     micro-batch's activations in its backward)."""
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     pp, v = layout.dims.pp, layout.virtual_stages
     if pp == 1:
         return 1, 1
-    m = pp_microbatches(run)
+    m = layout.pp_microbatches
     schedule = run.parallel.pp_schedule
     if schedule == "gpipe":
         return m, 1
@@ -142,24 +142,24 @@ def in_flight(run: RunConfig, *, pp_rank: int) -> tuple[int, int]:
     return min(warmup + 1, m * v), v
 
 
-def micro_batch(run: RunConfig) -> int:
+def micro_batch(run: RunConfig, *, trial_layout: TrialLayout) -> int:
     """Sequences of one micro-batch: train.micro_batch_size, or a pipeline's batch over its m."""
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     if layout.dims.pp == 1:
         return run.train.micro_batch_size
-    return run.train.global_batch_size // layout.dims.dp // pp_microbatches(run)
+    return run.train.global_batch_size // layout.dims.dp // layout.pp_microbatches
 
 
 def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, device_type: str,
-                     sequences: int | None = None) -> Activations:
+                     trial_layout: TrialLayout, sequences: int | None = None) -> Activations:
     """`sequences`: this rank's micro-batch where it is not the config's (a weighted split)."""
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     at = coords(rank, layout.dims)
     a = compute_bytes(run, model=model, recipe=recipe)
-    tokens = (sequences or micro_batch(run)) * run.train.seq_len
+    tokens = (sequences or micro_batch(run, trial_layout=trial_layout)) * run.train.seq_len
     full, kept = block_bytes(run, model=model, recipe=recipe, tokens=tokens)
     parts = stage_modules(model, layout, at.pp_rank)
-    chunks, stages = in_flight(run, pp_rank=at.pp_rank)
+    chunks, stages = in_flight(run, pp_rank=at.pp_rank, trial_layout=trial_layout)
     # one stage's saved activations per micro-batch, the stages of this rank alike in depth
     per_stage = []
     for part in parts:
@@ -170,7 +170,7 @@ def rank_activations(run: RunConfig, *, model: nn.Module, recipe, rank: int, dev
     acts = per_chunk * chunks  # interleaved: chunks count (stage, micro-batch) pairs
     if run.parallel.activation_checkpoint != "none":
         acts += full  # the block being recomputed in backward
-    shards = rank_shards(model, run, rank=rank)
+    shards = rank_shards(model, run, rank=rank, trial_layout=trial_layout)
     grads = sum(s.grad_nbytes for s in shards)
     vocab = model.args.vocab_size
     holds_head = any(getattr(part, "output", None) is not None for part in parts)
@@ -186,7 +186,7 @@ def _comm_buffers(run: RunConfig, *, model: nn.Module, layout: Sharding, grads: 
     if layout.dims.dp == 1 and layout.dims.tp == 1:
         return 0
     if layout.fsdp:
-        from trainlab.precision.spec import spec_of
+        from trainlab.vocab.precision import spec_of
 
         spec = spec_of(run.precision.name)
         pdt = spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=False)

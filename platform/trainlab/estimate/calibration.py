@@ -1,7 +1,8 @@
 """The estimate's efficiencies and overheads: defaults, a JSON file, and a fit to recorded runs.
 
     cal = load_calibration("calibration.json")      # cluster.calibration; '' = Calibration()
-    cal = fit([Observation(run, cluster, step_time_s=0.21, peak_mem_gb=1.3), ...])
+    cal = fit([Observation(run=run, trial_layout=plan_layout(run), cluster=cluster, step_time_s=0.21,
+                           peak_mem_gb=1.3), ...])
     cal.save("calibration.json")
 
 The time model is linear in its coefficients once the device, the layout and the bytes are
@@ -25,14 +26,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from trainlab.config.layout import TrialLayout
     from trainlab.config.schema import RunConfig
-    from trainlab.estimate.cluster import ClusterSpec
+    from trainlab.vocab.nodes import ClusterSpec
 
 KINDS = ("cpu", "gpu")
 
@@ -151,16 +152,10 @@ class Observation:
     """One finished trial: what it was, where it ran, and what it measured."""
 
     run: RunConfig
+    trial_layout: TrialLayout
+    """Its layout as planned (plan.layout.plan_layout(run))."""
     cluster: ClusterSpec
     step_time_s: float
     """Steady step time (train/step_time_s, its median over the run)."""
     peak_mem_gb: float | None = None
     """The largest rank's peak (sys/peak_mem_gb); None = not measured."""
-
-
-def fit(observations: Sequence[Observation], *, prior: Calibration | None = None) -> Calibration:
-    """The calibration that best explains `observations` (module docstring); `prior` (defaults
-    if None) keeps the coefficients no observation informs."""
-    from trainlab.estimate.fitting import fit_calibration
-
-    return fit_calibration(list(observations), prior=prior or Calibration())

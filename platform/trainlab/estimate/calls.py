@@ -35,7 +35,6 @@ import math
 from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import parallel_dims
 from trainlab.estimate.links import Link
 from trainlab.estimate.shape import ModelShape
 
@@ -85,7 +84,7 @@ def rank_calls(run: RunConfig, *, layout, rank: int, shape: ModelShape, blocks: 
                virtual: int) -> Calls:
     """Collective calls of `rank` in one optimizer step (module docstring)."""
     p = run.parallel
-    dims = parallel_dims(run)
+    dims = layout.trial_layout.dims
     world = layout.world
     out = _of("all_reduce", n=world, link=layout.link(list(range(world))))  # the loss's mean
     dp_group = layout.dp_group(rank)

@@ -6,7 +6,7 @@
 
 Who calls it: `trainlab estimate` (a cluster from config, this machine or a running Ray
 cluster: launch.estimate_cluster), the Ray driver before any worker starts (launch.plan) and
-torchrun's in-process plan (engine.local_plan). Nothing here imports Ray: torchrun runs
+torchrun's in-process plan (plan.here). Nothing here imports Ray: torchrun runs
 without it.
 """
 
@@ -15,11 +15,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Callable
 
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
+from trainlab.config import ConfigError
+from trainlab.estimate.calibration import load_calibration
+from trainlab.estimate.trial import estimate_trial
 from trainlab.vocab.gpus import ray_type_of
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
     from trainlab.config import RunConfig
+    from trainlab.config.layout import TrialLayout
     from trainlab.estimate.calibration import Calibration
     from trainlab.estimate.result import Estimate
 
@@ -64,7 +68,6 @@ def calibration_of(run: RunConfig) -> Calibration | None:
     path = run.cluster.calibration
     if not path:
         return None
-    from trainlab.estimate.calibration import load_calibration
 
     try:
         return load_calibration(path)
@@ -76,11 +79,10 @@ def calibration_of(run: RunConfig) -> Calibration | None:
                          "`trainlab calibrate -o FILE`, or set cluster.calibration='' for the defaults") from None
 
 
-def estimate_run(run: RunConfig, cluster: ClusterSpec) -> Estimate:
-    """estimate_trial with cluster.calibration; ValueError (field, value, fix) if it cannot."""
-    from trainlab.estimate.trial import estimate_trial
-
-    return estimate_trial(run, cluster, calibration=calibration_of(run))
+def estimate_run(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> Estimate:
+    """estimate_trial with cluster.calibration, for the layout the plan decided
+    (plan.layout.plan_layout); ValueError (field, value, fix) if it cannot."""
+    return estimate_trial(run, cluster, trial_layout=trial_layout, calibration=calibration_of(run))
 
 
 # ---- refusal ------------------------------------------------------------------------------------
@@ -135,8 +137,6 @@ def checked_estimate(run: RunConfig, estimate: Callable[[], Estimate], *, gpus: 
     and the fix when it does not fit a GPU gang; on CPU a warning only (the host's memory is shared
     with everything else it runs). None, warned, where it cannot be made (a device or layout it has
     no numbers for): the trial goes on unestimated."""
-    from trainlab.config import ConfigError
-
     try:
         est = estimate()
     except (ValueError, NotImplementedError) as e:

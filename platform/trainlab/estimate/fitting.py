@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from trainlab.estimate.timing import (
     rank_times,
     step_terms,
 )
+from trainlab.estimate.trial import memories_on
 
 RIDGE = 0.003
 """Weight of the pull toward the prior, relative to one observation's relative error."""
@@ -44,6 +46,12 @@ def _field(kind: str, name: str) -> str:
 
 _ONE_KIND = {"fp8_efficiency": "gpu_fp8_efficiency", "contended_comm_cost": "cpu_contended_comm_cost"}
 """Coefficients only one device kind has."""
+
+
+def fit(observations: Sequence[Observation], *, prior: Calibration | None = None) -> Calibration:
+    """The calibration that best explains `observations` (module docstring); `prior` (defaults
+    if None) keeps the coefficients no observation informs."""
+    return fit_calibration(list(observations), prior=prior or Calibration())
 
 
 def fit_calibration(observations: list[Observation], *, prior: Calibration) -> Calibration:
@@ -71,9 +79,7 @@ ITERATIONS = 4
 
 def _case(o: Observation) -> tuple[list[StepTerms], Observation, list, Layout]:
     """The observation's terms of every rank, with its memories."""
-    from trainlab.estimate.trial import memories_on
-
-    layout = Layout.of(o.run, o.cluster)
+    layout = Layout.of(o.run, o.cluster, o.trial_layout)
     device_type = "cpu" if layout.hardware[0].type == "cpu" else "cuda"
     memories = memories_on(layout, device_type=device_type)
     return step_terms(o.run, layout=layout, state_bytes=[m.state for m in memories]), o, memories, layout

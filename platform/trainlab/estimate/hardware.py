@@ -16,8 +16,8 @@ import functools
 import os
 from dataclasses import dataclass
 
-from trainlab.estimate.cluster import CPU
 from trainlab.vocab.gpus import RAY_TYPES, by_ray_type
+from trainlab.vocab.nodes import CPU
 
 
 @dataclass(frozen=True)

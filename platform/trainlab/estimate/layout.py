@@ -1,13 +1,13 @@
 """Where a trial's ranks land: each rank's device, node, mesh coordinates, groups and batch share.
 
-    layout = Layout.of(run, cluster)
+    layout = Layout.of(run, cluster, trial_layout)   # trial_layout: plan.layout.plan_layout(run)
     layout.hardware[r], layout.dp_group(r), layout.link(layout.tp_group(r)), layout.shares[dp_rank]
 
 Ranks fill the cluster's nodes in order (ClusterSpec.rank_nodes, Ray's PACK), and sit on the
 mesh as parallel.mesh lays them out (tp innermost, then pp, dp outermost; HSDP's dp split into
 replicas of shard groups), so a group's link is the one its ranks really share.
 
-Each data-parallel rank's share of the global batch is the engine's (engine.balance.plan_shares):
+Each data-parallel rank's share of the global batch is the engine's (data.shares.plan_shares):
 equal, or with parallel.dp_balance=weighted / accumulate proportional to parallel.dp_weights, or,
 where those are left to be measured, to each rank's peak (what a measured rate approaches).
 """
@@ -16,20 +16,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainlab.config.layout import TrialLayout
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import grad_accum_steps, parallel_dims
-from trainlab.engine.balance import plan_shares
-from trainlab.estimate.cluster import CPU, ClusterSpec
+from trainlab.data.shares import plan_shares
 from trainlab.estimate.hardware import Hardware, hardware
 from trainlab.estimate.links import Link, group_link
 from trainlab.parallel.mesh import MeshCoords, coords
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.nodes import CPU, ClusterSpec
+from trainlab.vocab.precision import spec_of
 
 
 @dataclass(frozen=True)
 class Layout:
     run: RunConfig
     cluster: ClusterSpec
+    trial_layout: TrialLayout
+    """The degrees, accumulation and pipeline micro-batches the plan decided (plan.layout)."""
     world: int
     hardware: tuple[Hardware, ...]
     nodes: tuple[int, ...]
@@ -41,7 +43,7 @@ class Layout:
     node's ranks ask for more cores than the host has); GPUs: 1."""
 
     @classmethod
-    def of(cls, run: RunConfig, cluster: ClusterSpec) -> Layout:
+    def of(cls, run: RunConfig, cluster: ClusterSpec, trial_layout: TrialLayout) -> Layout:
         world = run.cluster.num_workers
         nodes = cluster.rank_nodes(world)  # ValueError naming cluster.num_workers if too few devices
         types = [cluster.nodes[n].type for n in nodes]
@@ -50,11 +52,12 @@ class Layout:
             raise ValueError(f"cluster.nodes={cluster.describe()} mixes CPU and GPU nodes for one gang; a "
                              "trial computes on one device kind: describe only GPU nodes or only cpu")
         hws = {t: hardware(t) for t in set(types)}
-        dims = parallel_dims(run)
+        dims = trial_layout.dims
         threads = [1.0] * world
         if kinds == {"cpu"}:
             threads = [_cpu_threads(run, cluster, n, nodes) for n in nodes]
-        layout = cls(run=run, cluster=cluster, world=world, hardware=tuple(hws[t] for t in types),
+        layout = cls(run=run, cluster=cluster, trial_layout=trial_layout, world=world,
+                     hardware=tuple(hws[t] for t in types),
                      nodes=tuple(nodes), coords=tuple(coords(r, dims) for r in range(world)),
                      shares=(), threads=tuple(threads))
         return _with_shares(layout)
@@ -75,12 +78,12 @@ class Layout:
         return list(range(base, base + tp))
 
     def pp_group(self, rank: int) -> list[int]:
-        dims = parallel_dims(self.run)
+        dims = self.trial_layout.dims
         c = self.coords[rank]
         return [c.dp_rank * dims.tp * dims.pp + s * dims.tp + c.tp_rank for s in range(dims.pp)]
 
     def dp_group(self, rank: int) -> list[int]:
-        dims = parallel_dims(self.run)
+        dims = self.trial_layout.dims
         c = self.coords[rank]
         return [d * dims.tp * dims.pp + c.pp_rank * dims.tp + c.tp_rank for d in range(dims.dp)]
 
@@ -97,19 +100,19 @@ class Layout:
 
     @property
     def _dp_shard(self) -> int:
-        return parallel_dims(self.run).dp // self.run.parallel.dp_replicate
+        return self.trial_layout.dims.dp // self.run.parallel.dp_replicate
 
     # ---- pipeline stages -----------------------------------------------------------------
     def blocks_of(self, rank: int, *, shape, virtual: int) -> list[int]:
         """The block indices of the stages `rank` holds (parallel.pp.split_stages's split)."""
-        pp = parallel_dims(self.run).pp
+        pp = self.trial_layout.dims.pp
         per_stage = shape.n_layers // (pp * virtual)
         pp_rank = self.coords[rank].pp_rank
         return [b for v in range(virtual) for b in range((v * pp + pp_rank) * per_stage,
                                                          (v * pp + pp_rank + 1) * per_stage)]
 
     def holds_head(self, rank: int, *, virtual: int) -> bool:
-        pp = parallel_dims(self.run).pp
+        pp = self.trial_layout.dims.pp
         return self.coords[rank].pp_rank == pp - 1  # the last stage (of the last virtual chunk)
 
 
@@ -126,9 +129,9 @@ def _cpu_threads(run: RunConfig, cluster: ClusterSpec, node: int, nodes: list[in
 def _with_shares(layout: Layout) -> Layout:
     run = layout.run
     p, t = run.parallel, run.train
-    dims = parallel_dims(run)
+    dims = layout.trial_layout.dims
     if dims.pp > 1 or p.dp_balance == "equal":
-        accum = grad_accum_steps(run)
+        accum = layout.trial_layout.grad_accum_steps
         shares = [(t.global_batch_size // dims.dp, accum)] * dims.dp
     else:
         weights = list(p.dp_weights) or _peak_weights(layout)

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainlab.estimate.cluster import CPU, ClusterSpec
+from trainlab.vocab.nodes import CPU, ClusterSpec
 
 NETWORK_GB_S = 25.0
 """Inter-node bandwidth per device when cluster.network_gb_s is 0: 200 Gb/s InfiniBand/RoCE per

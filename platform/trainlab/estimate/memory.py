@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
+from trainlab.config.layout import TrialLayout
+from trainlab.estimate.activations import rank_activations
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
     Shard,
@@ -50,18 +52,17 @@ class StateBytes:
     """The model's own buffers (rotary tables), one copy per pipeline stage held."""
 
 
-def rank_memories(run: RunConfig, *, device_type: str,
+def rank_memories(run: RunConfig, *, trial_layout: TrialLayout, device_type: str,
                   micro_batches: Sequence[int] | None = None) -> list[RankMemory]:
     """One RankMemory per global rank of `run` on devices of `device_type` ("cuda" or "cpu":
     it decides which casts are emulated, as on the workers). `runtime` is left 0.
     `micro_batches`: per data-parallel rank, the sequences of its largest micro-batch where the
     batch is not split equally (parallel.dp_balance=weighted gives faster ranks larger ones);
-    None = the config's micro-batch on every rank."""
+    None = the config's micro-batch on every rank. `trial_layout`: the plan's (plan.layout)."""
     from trainlab.distributed import backend_for
-    from trainlab.estimate.activations import rank_activations
     from trainlab.parallel import fsdp_shards
 
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     backend = backend_for(device_type) if fsdp_shards(layout.dims, run.parallel) else ""
     model, recipe = prepared_model(run, device_type=device_type, fsdp_backend=backend)
     out: list[RankMemory] = []
@@ -71,9 +72,9 @@ def rank_memories(run: RunConfig, *, device_type: str,
         sequences = micro_batches[at.dp_rank] if micro_batches else None
         key = (at.pp_rank, at.tp_rank, at.dp_rank if layout.fsdp or layout.zero1 else 0, sequences)
         if key not in cache:
-            state = state_bytes(run, model=model, recipe=recipe, rank=rank)
+            state = state_bytes(run, model=model, recipe=recipe, rank=rank, trial_layout=trial_layout)
             act = rank_activations(run, model=model, recipe=recipe, rank=rank, device_type=device_type,
-                                   sequences=sequences)
+                                   sequences=sequences, trial_layout=trial_layout)
             cache[key] = RankMemory(params=state.params, grads=state.grads, optim_state=state.optim_state,
                                     fp8_state=state.fp8_state, activations=act.activations,
                                     buffers=act.buffers + state.model_buffers)
@@ -81,12 +82,13 @@ def rank_memories(run: RunConfig, *, device_type: str,
     return out
 
 
-def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int) -> StateBytes:
+def state_bytes(run: RunConfig, *, model: nn.Module, recipe, rank: int,
+                trial_layout: TrialLayout) -> StateBytes:
     """Rank `rank`'s counted bytes; `model`, `recipe`: estimate.shards.prepared_model's."""
-    shards = rank_shards(model, run, rank=rank)
+    shards = rank_shards(model, run, rank=rank, trial_layout=trial_layout)
     params = sum(s.nbytes for s in shards)
-    owned = optimizer_shards(shards, run, rank=rank)
-    layout = Sharding.of(run)
+    owned = optimizer_shards(shards, run, rank=rank, trial_layout=trial_layout)
+    layout = Sharding.of(run, trial_layout)
     parts = stage_modules(model, layout, coords(rank, layout.dims).pp_rank)
     return StateBytes(params=params, grads=sum(s.grad_nbytes for s in shards),
                       optim_state=optim_state_bytes(owned, run, all_shards=shards),

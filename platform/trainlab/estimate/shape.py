@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from trainlab.config.schema import RunConfig
 from trainlab.data.build import corpus_vocab_size
 from trainlab.models.args import ModelArgs, resolve_dims
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.precision import spec_of
 
 RECOMPUTE = 4 / 3
 """A recomputed block costs one more forward: forward is 2 of training's 6 FLOPs per weight."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainlab.config import RunConfig, parallel_dims
-from trainlab.config.validate import ParallelDims, pp_virtual_stages
+from trainlab.config import RunConfig
+from trainlab.config.layout import ParallelDims, TrialLayout
 from trainlab.data.build import corpus_vocab_size
 from trainlab.parallel.mesh import MeshCoords, coords
 
@@ -85,7 +85,7 @@ def prepared_model(run: RunConfig, *, device_type: str, fsdp_backend: str = "") 
     """(the model on the meta device after the precision recipe's prepare, the recipe), as
     engine.run.build_trainer makes them: the parameters' dtypes and which linears became FP8."""
     from trainlab.models import build_model
-    from trainlab.precision.spec import spec_of
+    from trainlab.vocab.precision import spec_of
 
     with torch.device("meta"):
         model = build_model(run.model, vocab_size=corpus_vocab_size(run.data))
@@ -109,18 +109,22 @@ class Sharding:
     zero1: bool
     """ZeRO-1 partitions the optimizer states over dp."""
     virtual_stages: int
+    pp_microbatches: int
+    """Pipeline micro-batches per step (1 without a pipeline)."""
 
     @classmethod
-    def of(cls, run: RunConfig) -> Sharding:
+    def of(cls, run: RunConfig, trial_layout: TrialLayout) -> Sharding:
+        """`run`'s sharding under the layout the plan decided (plan.layout.plan_layout)."""
         from trainlab.parallel import fsdp_shards
 
-        dims = parallel_dims(run)
+        dims = trial_layout.dims
         p = run.parallel
         fsdp = fsdp_shards(dims, p)
         replicate = p.dp_replicate if fsdp and p.data_parallel == "hsdp" and p.dp_replicate > 1 else 1
         return cls(dims=dims, fsdp=fsdp, shard_size=dims.dp // replicate if fsdp else 1,
                    zero1=p.data_parallel == "zero1" and dims.dp > 1 and dims.pp == 1,
-                   virtual_stages=pp_virtual_stages(run) if dims.pp > 1 else 1)
+                   virtual_stages=trial_layout.pp_virtual_stages if dims.pp > 1 else 1,
+                   pp_microbatches=trial_layout.pp_microbatches if dims.pp > 1 else 1)
 
 
 def stage_modules(model: nn.Module, layout: Sharding, pp_rank: int) -> list[nn.Module]:
@@ -146,10 +150,10 @@ def _stages(model: nn.Module, pp_rank: int, pp: int, virtual: int) -> list[nn.Mo
     return cached[1]
 
 
-def rank_shards(model: nn.Module, run: RunConfig, *, rank: int) -> list[Shard]:
+def rank_shards(model: nn.Module, run: RunConfig, *, rank: int, trial_layout: TrialLayout) -> list[Shard]:
     """The parameters global rank `rank` stores, in the optimizer's order (model.parameters()
     of what the trainer trains), each with its local shape."""
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     at = coords(rank, layout.dims)
     shards: list[Shard] = []
     for part in stage_modules(model, layout, at.pp_rank):
@@ -193,10 +197,11 @@ def _shard_index(at: MeshCoords, layout: Sharding) -> int:
     return at.dp_rank % layout.shard_size
 
 
-def optimizer_shards(shards: list[Shard], run: RunConfig, *, rank: int) -> list[Shard]:
+def optimizer_shards(shards: list[Shard], run: RunConfig, *, rank: int,
+                     trial_layout: TrialLayout) -> list[Shard]:
     """The parameters whose optimizer states rank `rank` holds: all of its own, or under
     ZeRO-1 its partition (engine.schedule's groups: decay first, then no-decay)."""
-    layout = Sharding.of(run)
+    layout = Sharding.of(run, trial_layout)
     if not layout.zero1:
         return shards
     groups = [[s for s in shards if s.decay], [s for s in shards if not s.decay]]

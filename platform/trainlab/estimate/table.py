@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from trainlab.estimate.cluster import ClusterSpec
 from trainlab.estimate.result import Estimate, RankEstimate
+from trainlab.vocab.nodes import ClusterSpec
 
 MEMORY_KINDS = (("params", "params"), ("grads", "grads"), ("optim", "optim_state"), ("fp8", "fp8_state"),
                 ("activations", "activations"), ("buffers", "buffers"), ("runtime", "runtime"))

@@ -1,6 +1,6 @@
 """Seconds of one optimizer step on each rank: compute, communication, bubble, overheads.
 
-    terms = step_terms(run, layout=Layout.of(run, cluster))   # per rank, free of calibration
+    terms = step_terms(run, layout=Layout.of(run, cluster, trial_layout))   # per rank, free of calibration
     times = rank_times(terms, calibration=cal)                # per rank RankTime, slowest-rank waits
 
 Two stages, so that `calibration.fit` can solve for the coefficients by least squares: the
@@ -10,7 +10,7 @@ peak, bytes over a link), the calibration how much of each peak is reached.
 Compute: the rank's share of the model's matmul FLOPs (its pipeline stages' blocks, its 1/tp of
 each, its sequences of the global batch), recomputation by activation_checkpoint (block: one more
 forward of every block, selective: of every other block), at the peak of the precision's matmul
-dtype (precision.spec.matmul_dtype; the FP8 linears at the FP8 peak, from the same layer policy
+dtype (vocab.precision.matmul_dtype; the FP8 linears at the FP8 peak, from the same layer policy
 the recipe applies: precision.policy.plan_layers), plus the optimizer's memory-bound update
 (its state read and written once over HBM). Emulated casts (fp16 on CPU, FP8 emulated or on CPU,
 precision=emulated) run their matmuls in high precision and add a calibrated cost per matmul.
@@ -40,7 +40,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import parallel_dims, pp_microbatches, pp_virtual_stages
 from trainlab.estimate.calibration import Calibration
 from trainlab.estimate.calls import rank_calls
 from trainlab.estimate.layout import Layout
@@ -54,7 +53,7 @@ from trainlab.estimate.links import (
 from trainlab.estimate.result import RankTime
 from trainlab.estimate.shape import ModelShape, model_shape
 from trainlab.parallel.pp import bubble_fraction
-from trainlab.precision.spec import emulates, spec_of
+from trainlab.vocab.precision import emulates, spec_of
 
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 
@@ -108,10 +107,11 @@ def step_terms(run: RunConfig, *, layout: Layout, state_bytes: list[int] | None 
     """Each rank's StepTerms; `state_bytes` (per rank, RankMemory.state) sizes the optimizer update."""
     shape = model_shape(run)
     spec = spec_of(run.precision.name)
-    dims = parallel_dims(run)
+    decided = layout.trial_layout
+    dims = decided.dims
     p, t = run.parallel, run.train
-    pp_m = pp_microbatches(run) if dims.pp > 1 else 1
-    virtual = pp_virtual_stages(run) if dims.pp > 1 else 1
+    pp_m = decided.pp_microbatches if dims.pp > 1 else 1
+    virtual = decided.pp_virtual_stages if dims.pp > 1 else 1
     bubble = bubble_fraction(pp=dims.pp, n_microbatches=pp_m, virtual_stages=virtual) if dims.pp > 1 else 0.0
     shares = layout.shares
     out = []
@@ -164,7 +164,7 @@ def _comm(run: RunConfig, *, layout: Layout, rank: int, shape: ModelShape, block
     each weighted by its ring's steps (n - 1: every step waits for one more peer)."""
     p, prec = run.parallel, run.precision
     spec = spec_of(prec.name)
-    dims = parallel_dims(run)
+    dims = layout.trial_layout.dims
     pure = spec.low_precision_params  # bf16_pure: parameters and gradients are bf16
     grad_b = 2 if pure else _BYTES[p.comm_dtype]
     # FSDP2 gathers in the dtype parallelize() gives it (the spec decides; emulated casts gather

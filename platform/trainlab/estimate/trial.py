@@ -1,29 +1,34 @@
 """One trial on one cluster, before it runs: memory (estimate.memory) and time (estimate.timing).
 
-    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), calibration=load_calibration(path))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), trial_layout=plan_layout(run),
+                         calibration=load_calibration(path))
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from trainlab.config.layout import TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
-from trainlab.estimate.cluster import CPU, ClusterSpec
 from trainlab.estimate.layout import Layout
+from trainlab.estimate.memory import rank_memories
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import flops_per_token
-from trainlab.precision.spec import spec_of
 from trainlab.vocab.gpus import NOTES
+from trainlab.vocab.nodes import CPU, ClusterSpec
+from trainlab.vocab.precision import spec_of
 
 
-def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibration | None = None) -> Estimate:
+def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout,
+                   calibration: Calibration | None = None) -> Estimate:
     """Memory and time of `run` (validated) on `cluster`; ValueError naming the field, value and
-    fix for a cluster that cannot hold the gang (too few devices, an unknown GPU type)."""
+    fix for a cluster that cannot hold the gang (too few devices, an unknown GPU type).
+    `trial_layout`: the layout the plan decided (plan.layout.plan_layout); never re-derived here."""
     cal = calibration or Calibration()
-    layout = Layout.of(run, cluster)
+    layout = Layout.of(run, cluster, trial_layout)
     device_type = "cpu" if layout.hardware[0].type == CPU else "cuda"
     memories = [_calibrated(m, cal, device_type=device_type) for m in memories_on(layout, device_type=device_type)]
     times = rank_times(step_terms(run, layout=layout, state_bytes=[m.state for m in memories]), calibration=cal)
@@ -43,9 +48,8 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, calibration: Calibra
 
 def memories_on(layout: Layout, *, device_type: str) -> list[RankMemory]:
     """Each rank's memory (estimate.memory, uncalibrated) with its share of the batch."""
-    from trainlab.estimate.memory import rank_memories
-
-    return rank_memories(layout.run, device_type=device_type, micro_batches=_largest_micro_batches(layout))
+    return rank_memories(layout.run, trial_layout=layout.trial_layout, device_type=device_type,
+                         micro_batches=_largest_micro_batches(layout))
 
 
 def _largest_micro_batches(layout: Layout) -> list[int] | None:

@@ -1,9 +1,8 @@
-"""Estimates against a running Ray cluster: its nodes as a ClusterSpec, placement's memory check,
-and the estimate the driver puts in a trial's plan.
+"""A running Ray cluster's nodes as a ClusterSpec: the devices the driver's plan estimates a
+trial on (placement's memory check is launch.placement.memory_reason).
 
     cluster = ray_cluster(ray.nodes(), run, gpus=True, types=("H100",))   # the nodes a gang may use
-    why = memory_reason(run, pool)       # placement.why_not: None, or why the type cannot hold the trial
-    est = placed_estimate(run, gang)     # launch.plan: the trial on the devices it was placed on
+    cluster = placed_cluster(run, gang)   # launch.plan -> plan_trial: the devices it was placed on
 
 A GPU node is read by its accelerator type (``accelerator_type:<TYPE>``, launch.placement) and
 GPU count; a CPU trial's ranks fill each node's CPUs, cluster.cpus_per_worker each. Nodes come
@@ -12,14 +11,11 @@ in gpu_pools' order (the largest pool first), the order the estimate packs ranks
 
 from __future__ import annotations
 
-import math
-
 from trainlab.config import RunConfig
-from trainlab.config.plan import GangShape
-from trainlab.estimate.cluster import CPU, ClusterSpec, NodeSpec
-from trainlab.estimate.fits import config_cluster, estimate_run, fixes, local_cluster, memory_line
-from trainlab.estimate.result import Estimate
-from trainlab.launch.placement import GpuPool, accelerator_type, gpu_pools
+from trainlab.estimate.fits import local_cluster
+from trainlab.launch.placement import accelerator_type, gpu_pools
+from trainlab.plan.trial import GangShape
+from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 
 def ray_cluster(nodes: list[dict], run: RunConfig, *, gpus: bool, types: tuple[str, ...] = ()) -> ClusterSpec:
@@ -44,74 +40,14 @@ def ray_cluster(nodes: list[dict], run: RunConfig, *, gpus: bool, types: tuple[s
     return ClusterSpec(nodes=tuple(specs), nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
 
 
-def pool_cluster(run: RunConfig, pool: GpuPool) -> ClusterSpec:
-    """The trial's gang wholly on `pool`'s type, its nodes as the pool has them (as many more as
-    the gang needs: whether the pool has enough GPUs is placement's question, not memory's)."""
-    per_node = max(1, int(pool.gpus // max(pool.nodes, 1)))
-    count = max(pool.nodes, math.ceil(run.cluster.num_workers / per_node))
-    c = run.cluster
-    return ClusterSpec(nodes=tuple(NodeSpec(pool.type, per_node) for _ in range(count)),
-                       nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
-
-
-def memory_reason(run: RunConfig, pool: GpuPool) -> str | None:
-    """Why the trial's estimate does not fit `pool`'s GPUs, or None (it fits, or the type is one
-    the estimate has no numbers for: placement's other checks decide then)."""
-    try:
-        est = estimate_run(run, pool_cluster(run, pool))
-    except (ValueError, NotImplementedError):  # a type or layout it has no numbers for
-        return None
-    if est.fits:
-        return None
-    return f"by its estimate, {memory_line(est)}; fix: {'; or '.join(fixes(run, est))}"
-
-
-def placed_estimate(run: RunConfig, gang: GangShape) -> Estimate:
-    """The trial on the devices its gang was given: the placement's GPU types of the joined
-    cluster, or CPU ranks (the cluster's nodes when joined, this machine's for a local one).
-    ValueError where the estimate cannot be made."""
+def placed_cluster(run: RunConfig, gang: GangShape) -> ClusterSpec:
+    """The devices a trial's gang was given: the placement's GPU types of the joined cluster, or
+    CPU ranks (the cluster's nodes when joined, this machine's for a local one). ValueError where
+    they cannot be read."""
     import ray
 
     if gang.gpus:
-        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=True, types=gang.accelerator_types))
+        return ray_cluster(ray.nodes(), run, gpus=True, types=gang.accelerator_types)
     if run.cluster.address:
-        return estimate_run(run, ray_cluster(ray.nodes(), run, gpus=False))
-    return estimate_run(run, local_cluster(run, device="cpu"))
-
-
-def described_cluster(run: RunConfig) -> tuple[ClusterSpec, str]:
-    """`trainlab estimate`'s cluster and a note on it: cluster.nodes; else the running cluster at
-    cluster.address (the nodes placement gives the gang; all its GPUs, with placement's reasons
-    as the note, when no type can take it); else this machine."""
-    from trainlab.devices import resolve_device
-
-    described = config_cluster(run)
-    if described is not None:
-        return described, ""
-    if not run.cluster.address:
-        import torch
-
-        device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
-                                logical_gpus=run.debug.logical_gpus)
-        return local_cluster(run, device=device), ""
-    from trainlab.launch.preflight import check_cluster
-    from trainlab.launch.ray_trial import connect
-
-    check_cluster(run)  # ValueError now, not ray.init retrying for minutes, when nothing answers there
-    connect(run)
-    import ray
-
-    device = resolve_device(run.cluster.device, gpus=ray.cluster_resources().get("GPU", 0) > 0,
-                            logical_gpus=run.debug.logical_gpus)
-    if not (device == "cuda" or run.debug.logical_gpus):
-        return ray_cluster(ray.nodes(), run, gpus=False), ""
-    from trainlab.launch.placement import PlacementError, place
-
-    pools = gpu_pools(ray.nodes())
-    try:
-        placement = place(run, pools)
-    except PlacementError as e:  # shown beside the estimate on every GPU of the cluster
-        return ray_cluster(ray.nodes(), run, gpus=True), f"refused at launch: {e}"
-    others = [p.type for p in pools if p.type not in placement.types]
-    note = f"placed on {', '.join(placement.types)}" + (f" (not {', '.join(others)})" if others else "")
-    return ray_cluster(ray.nodes(), run, gpus=True, types=placement.types), note
+        return ray_cluster(ray.nodes(), run, gpus=False)
+    return local_cluster(run, device="cpu")

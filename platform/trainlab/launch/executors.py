@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, ContextManager, Protocol
 
-from trainlab.config.plan import TrialPlan
 from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
+from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.runs import default_run_name
 from trainlab.tracking.trial_tracking import TrialTracking
 

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan
 from trainlab.engine.isolation import fresh_gang_reason
 from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
 from trainlab.launch.interrupt import GangStop, StopRequest
-from trainlab.launch.plan import scaling
+from trainlab.launch.placement import scaling
+from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget
 
 TAKE_TIMEOUT_S = 0.5

@@ -29,7 +29,9 @@ import threading
 import time
 from typing import Iterator
 
+from trainlab.config.checkpoints import latest_checkpoint
 from trainlab.events import START, STEP, ProgressEvent
+from trainlab.launch.outcome import TrialOutcome
 
 STOP_GRACE_S = 120.0
 """After the first signal, how long the driver waits for the gangs to save and stop before it
@@ -266,8 +268,6 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
     """The one line an interrupted trial ends with: where it stopped and how it goes on.
     `at_once`: the gang was let go without its last checkpoint (`step` is the last it reported;
     it may have trained a few more until Ray's shutdown ended it)."""
-    from trainlab.engine.checkpoint import latest_checkpoint
-
     ckpt = latest_checkpoint(root)
     again = "run the same command" if tracked else f"add train.resume={root}"
     if ckpt is None:
@@ -285,7 +285,6 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
 def before_start(tracking_uri: str | None):
     """The outcome of a trial interrupted before it opened its run (launch.trial)."""
     from trainlab import names
-    from trainlab.launch.trial import TrialOutcome
 
     print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)
     return TrialOutcome(status=names.STATUS_PREEMPTED, result=None, run_id=None, tracking_uri=tracking_uri,

@@ -23,8 +23,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from trainlab.config import ConfigError, RunConfig
-from trainlab.engine.checkpoint import checkpoint_root
+from omegaconf import DictConfig
+
+from trainlab.config import ConfigError, RunConfig, to_run_config
+from trainlab.config.checkpoints import checkpoint_root
+from trainlab.plan.layout import plan_layout
+from trainlab.redact import redact_files
 from trainlab.tracking.store import (
     tracking_field,
     tracking_store,
@@ -87,3 +91,17 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
     return [f"{where}: {what} at {field}={path!r}; trainlab cannot check other nodes from "
             "here, so every node must see that absolute path (shared storage mounted at the same place)"
             for field, path, what in paths]
+
+
+def run_config_from_hydra(cfg: DictConfig) -> RunConfig:
+    """The job's typed config with every path absolute (resolve_paths): the driver's one resolution."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().output_subdir:  # Hydra saved the overrides there
+        redact_files([os.path.join(HydraConfig.get().runtime.output_dir, HydraConfig.get().output_subdir)])
+    run = to_run_config(cfg)
+    if not run.output_dir:
+        run.output_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else os.getcwd()
+    run = resolve_paths(run)
+    plan_layout(run)  # a layout that cannot run is refused here, like every bad config, before anything starts
+    return run

@@ -8,7 +8,7 @@ Ray gives every GPU node a resource ``accelerator_type:<TYPE>`` (names from
 its CUDA compute capability; `precision.capability` says what each precision mode needs
 (FP8 tensor cores SM 8.9+, BF16 8.0+, FP16 any CUDA GPU). A trial is routed to the types
 that pass its precision, its own asks (`cluster.accelerator_type`, `cluster.min_capability`)
-and its memory estimate (launch.estimate_cluster: what one rank needs must fit the type's
+and its memory estimate (memory_reason: what one rank needs must fit the type's
 memory); a trial that no type can run is refused with one reason per type, instead of waiting
 forever for resources that will never appear, or dying of out-of-memory once it got them.
 
@@ -29,11 +29,16 @@ token authentication, so every `ray start` and driver needs RAY_AUTH_MODE=token:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainlab.config.schema import PLACEMENTS, RunConfig
+from trainlab.estimate.fits import estimate_run, fixes, memory_line
+from trainlab.plan.layout import plan_layout
+from trainlab.plan.trial import GangShape
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.vocab.gpus import by_ray_type
+from trainlab.vocab.nodes import ClusterSpec, NodeSpec
 
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
 
@@ -132,9 +137,7 @@ def why_not(run: RunConfig, pool: GpuPool) -> str | None:
         check_precision_on_gpu(run.precision, capability=cap, device_name=pool.type)
     except ValueError as e:
         return str(e)
-    from trainlab.launch.estimate_cluster import memory_reason  # last: it builds the model on meta
-
-    return memory_reason(run, pool)  # its estimate must fit the type's memory
+    return memory_reason(run, pool)  # last (it builds the model on meta): the estimate must fit the type's memory
 
 
 def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
@@ -168,3 +171,38 @@ def place(run: RunConfig, pools: list[GpuPool]) -> Placement:
 
 __all__ = ["PLACEMENTS", "GpuPool", "Placement", "PlacementError",
            "gpu_pools", "parse_capability", "place", "scaling_options", "why_not"]
+
+
+def pool_cluster(run: RunConfig, pool: GpuPool) -> ClusterSpec:
+    """The trial's gang wholly on `pool`'s type, its nodes as the pool has them (as many more as
+    the gang needs: whether the pool has enough GPUs is placement's question, not memory's)."""
+    per_node = max(1, int(pool.gpus // max(pool.nodes, 1)))
+    count = max(pool.nodes, math.ceil(run.cluster.num_workers / per_node))
+    c = run.cluster
+    return ClusterSpec(nodes=tuple(NodeSpec(pool.type, per_node) for _ in range(count)),
+                       nvlink_gb_s=c.nvlink_gb_s, network_gb_s=c.network_gb_s, source="ray")
+
+
+def memory_reason(run: RunConfig, pool: GpuPool) -> str | None:
+    """Why the trial's estimate does not fit `pool`'s GPUs, or None (it fits, or the type is one
+    the estimate has no numbers for: placement's other checks decide then)."""
+    try:
+        est = estimate_run(run, pool_cluster(run, pool), trial_layout=plan_layout(run))
+    except (ValueError, NotImplementedError):  # a type or layout it has no numbers for
+        return None
+    if est.fits:
+        return None
+    return f"by its estimate, {memory_line(est)}; fix: {'; or '.join(fixes(run, est))}"
+
+
+def scaling(gang: GangShape) -> dict:
+    """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
+    resources = {"CPU": gang.cpus_per_worker, **({"GPU": 1} if gang.gpus else {})}
+    options = {"num_workers": gang.elastic or gang.num_workers, "use_gpu": gang.gpus,
+               "resources_per_worker": resources, "placement_strategy": "PACK"}
+    if gang.elastic:
+        options["elastic_resize_monitor_interval_s"] = gang.resize_interval_s
+    if gang.accelerator_types:
+        options |= scaling_options(Placement(types=gang.accelerator_types, strategy=gang.strategy),
+                                   all_types=gang.all_types)
+    return options

@@ -1,4 +1,4 @@
-"""The driver plans a trial once, before any of its workers starts (config.plan.TrialPlan).
+"""The driver plans a trial once, before any of its workers starts (plan.trial.TrialPlan).
 
     plan = plan_launch(run)            # ConfigError (field, value, fix) if it cannot run
     train(plan)                        # launch.trial: the MLflow run, the gang, the summary
@@ -16,17 +16,20 @@ from __future__ import annotations
 import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
+from trainlab.config.checkpoints import CheckpointError, checkpoint_root
 from trainlab.config.load import hashed_config
-from trainlab.config.plan import GangShape, TrialPlan, plan_trial
 from trainlab.console import console
 from trainlab.devices import resolve_device
-from trainlab.engine.checkpoint import CheckpointError, checkpoint_root
 from trainlab.engine.resume import resolve_resume, verify_here
+from trainlab.launch.estimate_cluster import placed_cluster
 from trainlab.launch.paths import resolve_paths
-from trainlab.launch.placement import Placement, PlacementError, gpu_pools, place, scaling_options
+from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
+from trainlab.launch.ray_trial import connect
+from trainlab.plan.layout import plan_layout
+from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
 from trainlab.tracking.resume import unfinished_trial
-from trainlab.tracking.runs import resolve_tracking_uri
+from trainlab.tracking.store import resolve_tracking_uri
 
 
 def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True) -> TrialPlan:
@@ -34,6 +37,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     sweep's run (its trials are found again by the sweep, not one by one); `services=False`:
     the sweep checked its cluster and store once already (preflight.check_sweep_services)."""
     run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
+    layout = plan_layout(run)  # a layout that cannot run is refused before anything else
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri, services=services)  # 'auto' is left for a joined cluster
@@ -52,29 +56,17 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
             check_comm_backend(run, device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    plan = plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
+    return plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
                       resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
-                      continues_run=found.run_id if found else "")
-    return dataclasses.replace(plan, estimate=launch_estimate(run, gang))
-
-
-def launch_estimate(run: RunConfig, gang: GangShape):
-    """The trial's estimate on the devices it was placed on (estimate.fits.checked_estimate):
-    refused for a GPU gang it does not fit (placement let the type through: a mixed gang's
-    weighted split can still overfill one), warned for CPU, None where it cannot be made."""
-    from trainlab.estimate.fits import checked_estimate
-    from trainlab.launch.estimate_cluster import placed_estimate
-
-    return checked_estimate(run, lambda: placed_estimate(run, gang), gpus=gang.gpus,
-                            warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+                      continues_run=found.run_id if found else "", layout=layout,
+                      estimate_on=lambda: placed_cluster(run, gang),  # refused where it does not fit its GPUs
+                      warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 
 def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
     """Join the cluster, resolve cluster.device=auto against its resources, and route a GPU
     trial to the GPU types that can run it: (device, gang). ConfigError, with each type's
     reason, for a trial no GPU type can run, instead of a gang pending forever."""
-    from trainlab.launch.ray_trial import connect
-
     connect(run)  # first: Ray must not be imported before it keeps a local cluster on loopback
     import ray
 
@@ -91,16 +83,3 @@ def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
         raise ConfigError(str(e)) from None
     return device, dataclasses.replace(gang, accelerator_types=placement.types, strategy=placement.strategy,
                                        all_types=tuple(p.type for p in pools))
-
-
-def scaling(gang: GangShape) -> dict:
-    """Ray Train ScalingConfig keywords; an elastic trial asks for (min, max) workers."""
-    resources = {"CPU": gang.cpus_per_worker, **({"GPU": 1} if gang.gpus else {})}
-    options = {"num_workers": gang.elastic or gang.num_workers, "use_gpu": gang.gpus,
-               "resources_per_worker": resources, "placement_strategy": "PACK"}
-    if gang.elastic:
-        options["elastic_resize_monitor_interval_s"] = gang.resize_interval_s
-    if gang.accelerator_types:
-        options |= scaling_options(Placement(types=gang.accelerator_types, strategy=gang.strategy),
-                                   all_types=gang.all_types)
-    return options

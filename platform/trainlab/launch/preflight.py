@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from trainlab.config import ConfigError, RunConfig, ignored_options, parallel_dims
+from trainlab.config import ConfigError, RunConfig, ignored_options
 from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
 from trainlab.console import console
@@ -23,12 +23,11 @@ from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
-from trainlab.precision import check_precision_supported
-from trainlab.precision.capability import check_precision_on_gpu
-from trainlab.precision.spec import emulates
-from trainlab.tracking.runs import resolve_tracking_uri
-from trainlab.tracking.store import tracking_field
+from trainlab.plan.layout import plan_layout, unordered_reductions
+from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
+from trainlab.tracking.store import resolve_tracking_uri, tracking_field
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
+from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379
@@ -63,7 +62,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
             check_sqlite_uri(tracking_uri, field=field, elsewhere=STORE_ELSEWHERE)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    for note in ignored_options(run) + shared_storage_notes(run):
+    for note in ignored_options(run) + unordered_reductions(run) + shared_storage_notes(run):
         console.print(f"[yellow]warning:[/] {note}")
     return device
 
@@ -102,7 +101,7 @@ def check_data(run: RunConfig) -> None:
 
 def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None:
     """The corpus split as the engine splits it holds enough windows of train.seq_len + 1."""
-    t, dims = run.train, parallel_dims(run)
+    t, dims = run.train, plan_layout(run).dims
     n_train = split_point(num_tokens=num_tokens, val_fraction=run.data.val_fraction, source=source)
     train_windows = num_windows(n_train, t.seq_len)
     if train_windows < t.global_batch_size:

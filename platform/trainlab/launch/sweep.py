@@ -28,13 +28,30 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.markup import escape
 
 from trainlab import names
+from trainlab.compare.compare_sweep import log_sweep_answer
 from trainlab.config import ConfigError, RunConfig, config_hash
-from trainlab.config.plan import TrialPlan
+from trainlab.config.checkpoints import unused_checkpoint_root
 from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
+from trainlab.launch.paths import run_config_from_hydra
+from trainlab.launch.plan import plan_launch
+from trainlab.launch.preflight import check_sweep_services
+from trainlab.launch.prune import Pruner, fmt_tokens
+from trainlab.launch.ray_trial import connect
+from trainlab.launch.trial import train
+from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact, redact_files
+from trainlab.tracking.mlflow_ui import sweep_link_lines
+from trainlab.tracking.store import resolve_tracking_uri
+from trainlab.tracking.sweep_runs import (
+    close_sweep_parent,
+    done_children,
+    open_sweep_parent,
+    sweep_id,
+    unfinished_checkpoints,
+)
 
 
 @dataclass
@@ -90,8 +107,6 @@ def _pick(overrides: Sequence[str], keys: list[str], *, skip: tuple[str, ...] = 
 
 
 def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx) -> list[Trial]:
-    from trainlab.train import run_config_from_hydra
-
     trials, errors = [], []
     for i, overrides in enumerate(job_overrides):
         idx = initial_job_idx + i
@@ -129,8 +144,6 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
     device, the GPU types it may use): those that cannot run (no GPU type of the cluster can,
     a checkpoint is damaged, ...) are reported now, with the reason, and marked failed; the
     rest go on, each with its plan."""
-    from trainlab.launch.plan import plan_launch
-
     placeable = []
     for t in todo:
         start = time.perf_counter()
@@ -147,8 +160,6 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
 def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx: int,
               max_concurrent_trials: int = 0, rerun: bool = False,
               prune: PruneConfig | None = None, reuse_gangs: bool = True) -> list[JobReturn]:
-    from trainlab.launch.preflight import check_sweep_services
-
     redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
     try:
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
@@ -204,14 +215,6 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
     sweep_name = first.sweep_name or first.tracking.experiment
     parent_id, uri = None, None
     if first.tracking.name == "mlflow":
-        from trainlab.tracking.runs import resolve_tracking_uri
-        from trainlab.tracking.sweep_runs import (
-            done_children,
-            open_sweep_parent,
-            sweep_id,
-            unfinished_checkpoints,
-        )
-
         uri = resolve_tracking_uri(first.tracking.uri)
         sid = sweep_id(sweep_name=sweep_name, experiment=first.tracking.experiment,
                        job_overrides=[t.overrides for t in trials])
@@ -238,7 +241,6 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")
 
     if rerun:  # from step 1, though an earlier run of the sweep in the same folder left checkpoints
-        from trainlab.engine.checkpoint import unused_checkpoint_root
 
         for t in trials:
             t.run = dataclasses.replace(t.run, train=dataclasses.replace(
@@ -262,9 +264,6 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
 
     table_md = _report(trials, keys=keys, wall_s=wall, ran=todo)
     if parent_id is not None:
-        from trainlab.compare.compare_sweep import log_sweep_answer
-        from trainlab.tracking.sweep_runs import close_sweep_parent
-
         # what won, on the parent's row; not when interrupted: a scheduler's grace period is for
         # the trials' checkpoints, and the rerun that resumes them logs the result
         result = None if stop.signum else log_sweep_answer(tracking_uri=uri, parent_run_id=parent_id)
@@ -280,8 +279,6 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
 
 def _print_links(uri: str, parent_id: str, run_ids: list[str | None]) -> None:
     """Where to look at the sweep in MLflow's UI; a store that stopped answering costs no more."""
-    from trainlab.tracking.mlflow_ui import sweep_link_lines
-
     try:
         lines = sweep_link_lines(uri, parent_run_id=parent_id, run_ids=[r for r in run_ids if r])
     except Exception as e:  # the sweep is recorded; only its links are missing
@@ -303,8 +300,6 @@ def _write_timing(trials: list[Trial], outcome: SweepOutcome, sweep_dir: Path) -
 
 def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
     """hydra.launcher.prune's rule over the trials to run (None: prune=none), announced."""
-    from trainlab.launch.prune import Pruner, fmt_tokens
-
     for note in prune.ignored() if prune is not None else ():
         console.print(f"[yellow]warning:[/] {note}")
     if prune is None or not prune.enabled or not todo:
@@ -322,9 +317,6 @@ def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
 
 def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int,
                 pruner=None, reuse_gangs: bool = True) -> int:
-    from trainlab.launch.ray_trial import connect
-    from trainlab.launch.trial import train
-
     # one cluster for every trial, sized for the largest gang
     biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
     connect(biggest.run)
@@ -360,7 +352,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
         t.gang = gang_tag
         tags = {names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: sweep_name, names.TAG_GANG: gang_tag,
                 names.TAG_CONFIG_LABEL: t.label, names.TAG_OVERRIDES: _pick(t.overrides, keys)}
-        # one tag per swept key, but the precision tag stays the trial's mode (precision.spec): a
+        # one tag per swept key, but the precision tag stays the trial's mode (vocab.precision): a
         # swept option such as bf16_pure_kahan is in config_label; compare ranks by the mode
         tags.update({k: v for k, v in map(_key_value, t.overrides)
                      if k in keys and k not in (names.TAG_SEED, names.TAG_PRECISION)})

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,41 +20,25 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
-from trainlab.engine.local_plan import plan_here
-from trainlab.events import ProgressEvent, TrialResult, step_of
+from trainlab.events import ProgressEvent, step_of
 from trainlab.launch import interrupt
 from trainlab.launch.executors import CLUSTER, Executor, RayGang, Runner
+from trainlab.launch.outcome import TrialOutcome
 from trainlab.launch.plan import plan_launch
+from trainlab.plan.here import plan_here
+from trainlab.plan.trial import TrialPlan
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
-from trainlab.tracking.runs import default_run_name, resolve_tracking_uri, ui_command
+from trainlab.tracking.runs import default_run_name
+from trainlab.tracking.store import resolve_tracking_uri, ui_command
 from trainlab.tracking.trial_tracking import TrialTracking
-
-
-@dataclass
-class TrialOutcome:
-    status: str
-    result: TrialResult | None
-    """Rank 0's result (None when the trial failed before reporting)."""
-    run_id: str | None
-    tracking_uri: str | None
-    error: str = ""
-    interrupted: int = 0
-    """The signal (SIGINT, SIGTERM) that stopped the trial before its end; 0 if none did."""
-    last_step: int | None = None
-    """The last step the workers reported (what the tracker recorded), also when they failed."""
-    pruned_reason: str = ""
-    """Status pruned: why the sweep's pruner stopped it (its StopRequest's reason)."""
-    experiment_id: str = ""
-    """The MLflow experiment of its run ('' without one)."""
 
 
 def plan_for(run: RunConfig, where: str, *, parent_run_id: str | None = None) -> TrialPlan:
     """The trial's plan, made once, against `where` (launch.executors): the cluster the Ray
     driver joins (launch.plan.plan_launch: checks, placement, the resume) or this process's
-    device (engine.local_plan.plan_here). ConfigError before anything of the trial starts."""
+    device (plan.here.plan_here). ConfigError before anything of the trial starts."""
     if where == CLUSTER:
         return plan_launch(run, parent_run_id=parent_run_id)
     uri = resolve_tracking_uri(run.tracking.uri) if run.tracking.name == "mlflow" else None

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from trainlab.config.layout import ParallelDims
 from trainlab.config.schema import ParallelConfig
-from trainlab.config.validate import ParallelDims
 from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
 from trainlab.parallel.fsdp import apply_zero1
@@ -68,7 +68,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     zero1, with ZeRO-1's optimizer from `make_optimizer`).
 
     param_dtype: FSDP2's all-gather/compute dtype, as the precision's spec decides
-    (precision.spec.PrecisionSpec.fsdp_param_dtype; None = the parameters' own).
+    (vocab.precision.PrecisionSpec.fsdp_param_dtype; None = the parameters' own).
     compile_unit: None (eager), "block" or "model" (train.compile_unit). `deterministic`: DDP
     sums gradients in rank order (parallel.ordered_reduce). `mesh` (from parallel.mesh) is
     needed for anything but one process. pp only: `pp_microbatches` and `pp_virtual_stages`

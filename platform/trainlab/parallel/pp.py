@@ -35,10 +35,10 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from trainlab.clock import Mark, device_clock, total_seconds
 from trainlab.config.schema import PP_SCHEDULES
 from trainlab.config.validate import check_pp_layout
 from trainlab.models.transformer import Transformer
-from trainlab.telemetry.clock import Mark, device_clock, total_seconds
 
 SCHEDULES = PP_SCHEDULES
 
@@ -114,7 +114,7 @@ def _pp_group(mesh_or_group) -> dist.ProcessGroup | None:
 
 # ---------------------------------------------------------------------------------------
 class _Clock:
-    """Spans of compute (forward, backward, loss chunks) on the device's clock (telemetry.clock:
+    """Spans of compute (forward, backward, loss chunks) on the device's clock (trainlab.clock:
     CUDA events on a GPU, so timing a chunk never waits for the GPU; read at log steps)."""
 
     def __init__(self, device: torch.device) -> None:
@@ -195,7 +195,7 @@ class Pipeline:
         """Set by the caller when stages are replicated (dp x pp): gradients are averaged over it."""
         self.last_busy_spans: list[tuple[Mark, Mark]] = []
         """The last step's compute spans on this rank (forward, backward, loss), as clock marks
-        (telemetry.clock) for a RankTimer of the same device."""
+        (trainlab.clock) for a RankTimer of the same device."""
         self._last_wall: tuple[Mark, Mark] | None = None
         # One torch schedule (and its PipelineStages, over the same modules) per pass and batch
         # shape: a stage learns the shapes it receives and sends on its first call and keeps

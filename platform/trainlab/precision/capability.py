@@ -1,11 +1,11 @@
-"""Which precision each device can run, from the modes' specifications (precision.spec);
+"""Which precision each device can run, from the modes' specifications (vocab.precision);
 checked before any worker starts, and again on each GPU worker."""
 
 from __future__ import annotations
 
 import functools
 
-from trainlab.precision.spec import FP8_TENSOR_CORES, SPECS, emulates, spec_of
+from trainlab.vocab.precision import FP8_TENSOR_CORES, SPECS, emulates, spec_of
 
 MIN_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {n: s.min_capability for n, s in SPECS.items()}
 """Minimum CUDA compute capability (major, minor) per precision mode, run natively."""

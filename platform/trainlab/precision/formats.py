@@ -29,113 +29,11 @@ Conventions, shared by every format:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 
-_F32_MAN_BITS = 23
-_MAX_TOTAL_BITS = 15  # exponent + mantissa; with the sign at most 16 bits, every value exact in float32
-
-
-@dataclass(frozen=True)
-class FloatFormat:
-    """A sign bit, `exp_bits` exponent bits (bias 2**(exp_bits-1) - 1) and `man_bits` mantissa bits."""
-
-    exp_bits: int
-    """>= 1; at most 8 (float32's, the format emulation computes in)."""
-    man_bits: int
-    """>= 0; exp_bits + man_bits <= 15."""
-    has_inf: bool = True
-    """True: IEEE style, top exponent code is inf/NaN. False: "fn", only all-ones is NaN (see module doc)."""
-
-    def __post_init__(self):
-        e, m = self.exp_bits, self.man_bits
-        if not (1 <= e <= 8 and 0 <= m <= _F32_MAN_BITS and e + m <= _MAX_TOTAL_BITS):
-            raise ValueError(
-                f"format {self.name!r} has {e} exponent and {m} mantissa bits; emulation computes in "
-                f"float32, so it needs 1 <= exp_bits <= 8, 0 <= man_bits and exp_bits + man_bits <= "
-                f"{_MAX_TOTAL_BITS} (at most 16 bits with the sign, like fp16 and bf16)"
-            )
-        if self.max_value == 0.0:
-            raise ValueError(f"format {self.name!r} holds no non-zero finite value; give it a mantissa bit")
-        if self.max_value > torch.finfo(torch.float32).max:
-            raise ValueError(
-                f"format {self.name!r} holds values above float32's range (its top exponent code is a "
-                f"number); use {self.exp_bits}-bit exponents with has_inf=True (e.g. e8m7 = bf16) instead"
-            )
-
-    @property
-    def name(self) -> str:
-        """e.g. "e4m3fn", "e5m2"; what `parse_format` reads back."""
-        return f"e{self.exp_bits}m{self.man_bits}" + ("" if self.has_inf else "fn")
-
-    @property
-    def bias(self) -> int:
-        return 2 ** (self.exp_bits - 1) - 1
-
-    @property
-    def max_value(self) -> float:
-        """Largest finite value."""
-        e, m = self.exp_bits, self.man_bits
-        top_code = 2**e - 1
-        if not self.has_inf and m > 0:
-            # the top code holds numbers; its all-ones mantissa is NaN
-            return (2.0 - 2.0 ** (1 - m)) * 2.0 ** (top_code - self.bias)
-        if top_code - 1 >= 1:
-            return (2.0 - 2.0**-m) * 2.0 ** (top_code - 1 - self.bias)
-        # exp_bits=1 with a reserved top code: only subnormals are numbers
-        return (2**m - 1) * self.min_subnormal
-
-    @property
-    def min_normal(self) -> float:
-        """Smallest positive normal value, 2**(1 - bias) (above max_value for the odd e1mY)."""
-        return 2.0 ** (1 - self.bias)
-
-    @property
-    def min_subnormal(self) -> float:
-        """Smallest positive value, 2**(1 - bias - man_bits); the subnormal quantum."""
-        return 2.0 ** (1 - self.bias - self.man_bits)
-
-    @property
-    def torch_dtype(self) -> torch.dtype | None:
-        """The torch dtype holding exactly this format, if there is one."""
-        return _TORCH_DTYPES.get((self.exp_bits, self.man_bits, self.has_inf))
-
-
-_TORCH_DTYPES = {
-    (4, 3, False): torch.float8_e4m3fn,
-    (5, 2, True): torch.float8_e5m2,
-    (5, 10, True): torch.float16,
-    (8, 7, True): torch.bfloat16,
-}
-
-_ALIASES = {
-    "e4m3": "e4m3fn",  # what everyone means by FP8 E4M3 (the IEEE-style e4m3 would max at 240)
-    "fp8_e4m3": "e4m3fn",
-    "fp8_e4m3fn": "e4m3fn",
-    "fp8_e5m2": "e5m2",
-    "fp16": "e5m10",
-    "float16": "e5m10",
-    "half": "e5m10",
-    "bf16": "e8m7",
-    "bfloat16": "e8m7",
-}
-_SPEC = re.compile(r"e(\d+)m(\d+)(fn)?")
-
-
-def parse_format(spec: str) -> FloatFormat:
-    """"e5m2" (IEEE, with inf), "e4m3fn" (no inf, e4m3fn NaN rule), or an alias: e4m3, fp8_e4m3,
-    fp8_e5m2, fp16, bf16. Raises ValueError naming the bad value and the accepted spelling."""
-    key = str(spec).strip().lower()
-    match = _SPEC.fullmatch(_ALIASES.get(key, key))
-    if match is None:
-        raise ValueError(
-            f"format {spec!r} is not a float format; write eXmY (exponent and mantissa bits, e.g. e4m3, "
-            f"e5m2, e2m1fn; suffix fn = no infinities) or one of {', '.join(sorted(_ALIASES))}"
-        )
-    return FloatFormat(int(match[1]), int(match[2]), has_inf=match[3] is None)
-
+from trainlab.vocab.formats import F32_MAN_BITS, FloatFormat
 
 # ---------------------------------------------------------------------------------------------
 # rounding
@@ -179,7 +77,7 @@ def _round_magnitudes_(out: torch.Tensor, fmt: FloatFormat, *, saturate: bool) -
         # no mantissa: a tie between 2**e and 2**(e+1) (out == 1.5) goes to the even code, as
         # with every other format; round() would always pick 2. The code of 2**e has the parity
         # of the float32 exponent field, as the bias (2**(exp_bits-1) - 1) and 127 are both odd.
-        even_code = (quantum.view(torch.int32) & (1 << _F32_MAN_BITS)) == 0
+        even_code = (quantum.view(torch.int32) & (1 << F32_MAN_BITS)) == 0
         out.sub_(((out == 1.5) & even_code).float(), alpha=0.5)  # 1.5 -> 1.0
     out.round_().mul_(quantum)
     if saturate:
@@ -190,7 +88,7 @@ def _round_magnitudes_(out: torch.Tensor, fmt: FloatFormat, *, saturate: bool) -
 def _exp2_int(k: torch.Tensor) -> torch.Tensor:
     """2.0**k for integer k in [-149, 127], built from bits so it is exact (subnormals included)."""
     k = k.to(torch.int32)
-    normal = ((k.clamp(min=-126) + 127) << _F32_MAN_BITS).view(torch.float32)
+    normal = ((k.clamp(min=-126) + 127) << F32_MAN_BITS).view(torch.float32)
     subnormal = (torch.ones_like(k) << (k + 149).clamp(0, 30)).view(torch.float32)
     return torch.where(k >= -126, normal, subnormal)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainlab.precision.formats import FloatFormat, parse_format
 from trainlab.precision.policy import CastSpec
-from trainlab.precision.spec import spec_of
+from trainlab.vocab.formats import FloatFormat, parse_format
+from trainlab.vocab.precision import spec_of
 
 E4M3 = parse_format("e4m3")
 E5M2 = parse_format("e5m2")

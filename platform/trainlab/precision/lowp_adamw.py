@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainlab.config.schema import BF16_UPDATES
+from trainlab.vocab.precision import BF16_UPDATES
 
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
                 "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from trainlab.config.schema import KEEP_HP_SELECTORS
-from trainlab.precision.formats import FloatFormat
+from trainlab.vocab.formats import FloatFormat
+from trainlab.vocab.precision import KEEP_HP_SELECTORS
 
 ALIGNMENT = 16
 """FP8 matmuls (torch._scaled_mm) need both dimensions of the weight to be multiples of 16."""

@@ -16,7 +16,6 @@ from typing import ContextManager
 import torch
 from torch import nn
 
-from trainlab.config.schema import EMULATION_TARGETS, PrecisionConfig
 from trainlab.parallel.parts import modules_by_name
 from trainlab.precision import fp8
 from trainlab.precision.capability import check_precision_supported
@@ -26,9 +25,9 @@ from trainlab.precision.emulate import (
     quantized_allreduce_hook,
     round_optimizer_states,
 )
-from trainlab.precision.formats import parse_format
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
-from trainlab.precision.spec import PrecisionSpec, emulates, spec_of
+from trainlab.vocab.formats import parse_format
+from trainlab.vocab.precision import EMULATION_TARGETS, PrecisionSettings, PrecisionSpec, emulates, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -55,7 +54,7 @@ class PrecisionRecipe:
     """fp8 modes: whether FSDP2 all-gathers the FP8 weights in float8, and why not."""
 
     @classmethod
-    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+    def build(cls, cfg: PrecisionSettings, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
         """The recipe of `spec` for this config on `device_type` (subclasses with settings of
         their own override this). fp32 with precision.tf32 on a GPU runs (and is measured
         against) TF32 tensor cores; on CPU there are none and it stays fp32 (spec.peak_dtype)."""
@@ -155,10 +154,10 @@ class Fp16Recipe(AutocastRecipe):
     """
 
     @classmethod
-    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> Fp16Recipe:
+    def build(cls, cfg: PrecisionSettings, spec: PrecisionSpec, *, device_type: str) -> Fp16Recipe:
         return cls(cfg, device_type, emulated=emulates(cfg, device_type=device_type))
 
-    def __init__(self, cfg: PrecisionConfig, device_type: str, *, emulated: bool):
+    def __init__(self, cfg: PrecisionSettings, device_type: str, *, emulated: bool):
         super().__init__(name="fp16", device_type=device_type, emulated=emulated,
                          peak_dtype=spec_of("fp16").peak_dtype(cfg, device_type=device_type), dtype=torch.float16)
         self.scaler = torch.amp.GradScaler(
@@ -214,10 +213,10 @@ class Fp8Recipe(PrecisionRecipe):
     scaling) for the layers precision.keep_hp does not keep; everything else in hp_dtype."""
 
     @classmethod
-    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+    def build(cls, cfg: PrecisionSettings, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
         return cls(cfg, device_type)
 
-    def __init__(self, cfg: PrecisionConfig, device_type: str):
+    def __init__(self, cfg: PrecisionSettings, device_type: str):
         # MFU against the high-precision peak; run.py adds a second one against the FP8 peak
         super().__init__(name=cfg.name, device_type=device_type,
                          emulated=emulates(cfg, device_type=device_type),
@@ -276,10 +275,10 @@ class EmulatedRecipe(PrecisionRecipe):
     """Any eXmY format on the chosen tensors (precision.formats), on any device."""
 
     @classmethod
-    def build(cls, cfg: PrecisionConfig, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
+    def build(cls, cfg: PrecisionSettings, spec: PrecisionSpec, *, device_type: str) -> PrecisionRecipe:
         return cls(cfg, device_type)
 
-    def __init__(self, cfg: PrecisionConfig, device_type: str):
+    def __init__(self, cfg: PrecisionSettings, device_type: str):
         super().__init__(name="emulated", device_type=device_type, emulated=True,
                          peak_dtype=spec_of("emulated").peak_dtype(cfg, device_type=device_type))
         self.cfg = cfg
@@ -318,8 +317,8 @@ class EmulatedRecipe(PrecisionRecipe):
         return applied
 
 
-def build_recipe(cfg: PrecisionConfig, *, device_type: str, fsdp_backend: str = "") -> PrecisionRecipe:
-    """The recipe of precision `cfg.name` (its class named by precision.spec) on `device_type`.
+def build_recipe(cfg: PrecisionSettings, *, device_type: str, fsdp_backend: str = "") -> PrecisionRecipe:
+    """The recipe of precision `cfg.name` (its class named by vocab.precision) on `device_type`.
     `fsdp_backend`: the backend FSDP2 will shard parameters over ('' = no FSDP2 in the layout)."""
     spec = spec_of(cfg.name)
     recipe = spec.recipe_class().build(cfg, spec, device_type=device_type)

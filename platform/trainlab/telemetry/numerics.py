@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from trainlab import names
-from trainlab.precision.formats import CastStats, FloatFormat, cast_stats, quantize, tensor_scale
+from trainlab.precision.formats import CastStats, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry.sharded import full
 from trainlab.telemetry.stages import sum_over_stages
+from trainlab.vocab.formats import FloatFormat
 
 
 def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):

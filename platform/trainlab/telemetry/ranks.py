@@ -13,7 +13,7 @@
             local = timer.window()          # at log steps: the mean of the steps since the last call
             metrics = gather_rank_metrics(local | memory_metrics(model, opt, device), device=device)
 
-The clock (telemetry.clock) is chosen once from the device: on CPU the host clock
+The clock (trainlab.clock) is chosen once from the device: on CPU the host clock
 (time.perf_counter); on CUDA events recorded on the compute stream, which cost no host sync:
 they are read (elapsed_time) only when a time is asked for (window(), last_step(),
 step_compute_s), and steps whose events are already passed are folded in without waiting.
@@ -64,8 +64,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainlab import names
+from trainlab.clock import Mark, device_clock
 from trainlab.parallel.fsdp import sharded_bytes
-from trainlab.telemetry.clock import Mark, device_clock
 from trainlab.telemetry.memory import peak_memory_gb
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
@@ -197,7 +197,7 @@ class RankTimer:
         return self._last_grad if self._clock.on_host else None
 
     def add_compute(self, spans: list[tuple[Mark, Mark]]) -> None:
-        """Credit compute measured elsewhere on this timer's kind of clock (telemetry.clock;
+        """Credit compute measured elsewhere on this timer's kind of clock (trainlab.clock;
         a pipeline's per-chunk spans) to the current step."""
         assert self._step is not None, "RankTimer.add_compute() outside start_step/end_step"
         self._step.blocks.extend(_Block(s, e) for s, e in spans)

@@ -1,5 +1,3 @@
-"""Trackers: the protocol, a no-op and JSONL one, and MLflow (imported only where used)."""
-
-from trainlab.tracking.base import JsonlTracker, NullTracker, Tracker
-
-__all__ = ["JsonlTracker", "NullTracker", "Tracker"]
+"""Trackers: MLflow (rank 0, batched; imported only where used), the trial run's lifecycle and the
+sweep's parent run. The Tracker protocol and the no-op and JSONL trackers are vocabulary
+(trainlab.vocab.tracker): the engine logs through them without importing tracking."""

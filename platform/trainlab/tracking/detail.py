@@ -26,7 +26,7 @@ from typing import Any
 
 from trainlab import names
 from trainlab.config.schema import DETAIL_LEVELS
-from trainlab.tracking.base import Tracker
+from trainlab.vocab.tracker import Tracker
 
 COLUMNS = ("step", "tokens", "kind", "name", "stat", "value", "metric")
 """The table's columns: step (int64, the optimizer step), tokens (int64, tokens seen at that

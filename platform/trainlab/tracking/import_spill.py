@@ -17,6 +17,7 @@ import sys
 from trainlab.redact import redact
 from trainlab.tracking.delivery import SHORT_HTTP_RETRIES, Delivery, Unreachable
 from trainlab.tracking.spill import Spill, SpillError, points
+from trainlab.tracking.store import resolve_tracking_uri
 
 
 def import_spill(path: str, *, tracking_uri: str | None = None, remove: bool = False) -> int:
@@ -52,8 +53,6 @@ def main(argv: list[str]) -> None:
         records, _ = Spill(args.path).check()
         # the records name the server without its credentials: MLflow's client takes them from
         # MLFLOW_TRACKING_USERNAME / _PASSWORD, or from a --tracking-uri that holds them
-        from trainlab.tracking.runs import resolve_tracking_uri
-
         uri = resolve_tracking_uri(args.tracking_uri) if args.tracking_uri else None
         sent = import_spill(args.path, tracking_uri=uri)
     except (SpillError, ValueError) as e:

@@ -20,8 +20,7 @@ from urllib.parse import quote, urlparse
 
 from trainlab import names
 from trainlab.redact import redact
-from trainlab.tracking.runs import ui_command
-from trainlab.tracking.store import TrackingStore
+from trainlab.tracking.store import TrackingStore, ui_command
 
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
 """Where `mlflow ui --host 127.0.0.1` serves a local store (its default port)."""

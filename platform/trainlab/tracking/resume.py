@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainlab import names
-from trainlab.config import RunConfig
+from trainlab.config import RunConfig, config_hash
+from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint
 from trainlab.redact import redact
-from trainlab.tracking.runs import TrialRun, open_trial_run
+from trainlab.tracking.runs import TrialRun, open_trial_run, tracker_options, trial_tags
 
 TRIAL_RECORD = "trial.json"
 
@@ -91,9 +92,6 @@ def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTri
     parent run (tracking.sweep_runs)."""
     from mlflow.tracking import MlflowClient
 
-    from trainlab.config import config_hash
-    from trainlab.engine.checkpoint import latest_checkpoint
-
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(run.tracking.experiment)
     if exp is None:
@@ -115,10 +113,27 @@ def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | 
     """find_unfinished_trial where the trial would otherwise start afresh: a single trial (a
     sweep's parent finds its own) with train.resume=auto, no train.checkpoint_dir (an explicit
     folder is resumed from as it is) and no checkpoint in its own default folder."""
-    from trainlab.engine.checkpoint import checkpoint_root, latest_checkpoint
-
     if parent_run_id or run.train.checkpoint_dir or run.train.resume != "auto":
         return None
     if latest_checkpoint(checkpoint_root(run)) is not None:  # a fixed output_dir: resumed from there
         return None
     return find_unfinished_trial(run, tracking_uri=tracking_uri)
+
+
+def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, str] | None = None,
+                         parent_run_id: str | None = None, checkpoint_root: Path | None = None,
+                         resumed: bool = False):
+    """Open the trial's run (or, `resumed` from a checkpoint under `checkpoint_root`, reopen
+    the run it started in) and start rank 0's tracker on it, in this process (torchrun, bench).
+
+    Returns (TrialRun, MlflowTracker); under Ray the tracker starts in the worker instead."""
+    from trainlab.tracking.mlflow_tracker import MlflowTracker
+
+    tags = {**trial_tags(run), **(tags or {})}
+    if checkpoint_root is None:
+        trial = open_trial_run(run, tracking_uri=tracking_uri, tags=tags, parent_run_id=parent_run_id)
+    else:
+        trial, resumed = open_or_resume_trial_run(run, tracking_uri=tracking_uri, tags=tags, root=checkpoint_root,
+                                                  resuming=resumed, parent_run_id=parent_run_id)
+    tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri, **tracker_options(run), resume=resumed)
+    return trial, tracker

@@ -13,28 +13,16 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
-from trainlab.config.validate import elastic_range
 from trainlab.events import TrialResult
-from trainlab.precision.spec import spec_of
+from trainlab.plan.layout import elastic_range
 from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
-from trainlab.tracking.store import TrackingStore, use_tracking_store
-
-
-def resolve_tracking_uri(configured: str) -> str:
-    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
-    URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
-    credentials moved to MLflow's credential variables (tracking.store). ValueError for a
-    URI MLflow would read differently than meant."""
-    return use_tracking_store(configured).uri
-
-
-def ui_command(uri: str) -> str:
-    """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
-    pass another --host to expose it), the server's URL otherwise."""
-    if TrackingStore.of(uri).local_path is None:
-        return f"open {redact(uri)} in a browser"
-    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
+from trainlab.tracking.delivery import Delivery, Unreachable, warn
+from trainlab.tracking.import_spill import import_spill
+from trainlab.tracking.mlflow_ui import training_experiment
+from trainlab.tracking.spill import Spill
+from trainlab.tracking.store import TrackingStore
+from trainlab.vocab.precision import spec_of
 
 
 @dataclass(frozen=True)
@@ -94,8 +82,6 @@ def open_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[str, str],
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
-    from trainlab.tracking.mlflow_ui import training_experiment
-
     client = MlflowClient(tracking_uri=tracking_uri)
     exp_id = training_experiment(client, run.tracking.experiment)
     knobs, per_run = split_config(run)
@@ -129,27 +115,6 @@ def tracker_options(run: RunConfig) -> dict:
             "close_timeout_s": run.tracking.close_timeout_s}
 
 
-def start_trial_tracking(run: RunConfig, *, tracking_uri: str, tags: dict[str, str] | None = None,
-                         parent_run_id: str | None = None, checkpoint_root: Path | None = None,
-                         resumed: bool = False):
-    """Open the trial's run (or, `resumed` from a checkpoint under `checkpoint_root`, reopen
-    the run it started in) and start rank 0's tracker on it, in this process (torchrun, bench).
-
-    Returns (TrialRun, MlflowTracker); under Ray the tracker starts in the worker instead."""
-    from trainlab.tracking.mlflow_tracker import MlflowTracker
-
-    tags = {**trial_tags(run), **(tags or {})}
-    if checkpoint_root is None:
-        trial = open_trial_run(run, tracking_uri=tracking_uri, tags=tags, parent_run_id=parent_run_id)
-    else:
-        from trainlab.tracking.resume import open_or_resume_trial_run
-
-        trial, resumed = open_or_resume_trial_run(run, tracking_uri=tracking_uri, tags=tags, root=checkpoint_root,
-                                                  resuming=resumed, parent_run_id=parent_run_id)
-    tracker = MlflowTracker(run_id=trial.run_id, tracking_uri=tracking_uri, **tracker_options(run), resume=resumed)
-    return trial, tracker
-
-
 def closing_tags(result: TrialResult | None, error: str, *, pruned_reason: str = "") -> dict[str, str]:
     """The tags a trial's end adds: the error, where and on what it diverged, or where and why
     the sweep's pruner stopped it."""
@@ -177,10 +142,6 @@ def close_trial_run(trial: TrialRun, *, status: str, tags: dict[str, str] | None
     With `spill` (the trial's spill file): if the tracking server is unreachable, the status
     goes to the end of that file instead (delivered by `trainlab import-spill`), and if the
     file holds metrics rank 0 could not deliver, they are delivered first, in order."""
-    from trainlab.tracking.delivery import Delivery, Unreachable, warn
-    from trainlab.tracking.import_spill import import_spill
-    from trainlab.tracking.spill import Spill
-
     all_tags = {**(tags or {}), names.TAG_STATUS: status}
     stamp = {"run_id": trial.run_id, "uri": trial.tracking_uri}
     records = [{"op": "tags", **stamp, "tags": {k: redact(str(v))[:5000] for k, v in all_tags.items()}},

@@ -227,3 +227,19 @@ def _plugin_schemes() -> set[str]:
     """Schemes MLflow tracking-store plugins installed here register (entry point group
     mlflow.tracking_store)."""
     return {e.name for e in entry_points(group="mlflow.tracking_store")}
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """Explicit tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///mlflow.db in the cwd, as the
+    URI every process is handed: local stores absolute (Ray workers run elsewhere), a server's
+    credentials moved to MLflow's credential variables (tracking_store). ValueError for a
+    URI MLflow would read differently than meant."""
+    return use_tracking_store(configured).uri
+
+
+def ui_command(uri: str) -> str:
+    """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
+    pass another --host to expose it), the server's URL otherwise."""
+    if TrackingStore.of(uri).local_path is None:
+        return f"open {redact(uri)} in a browser"
+    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"

@@ -8,7 +8,10 @@ import tempfile
 from pathlib import Path
 
 from trainlab import names
+from trainlab.config.checkpoints import latest_checkpoint
 from trainlab.ray_job import job_run_name, submission_id
+from trainlab.tracking.mlflow_ui import training_experiment
+from trainlab.tracking.runs import mlflow_status
 
 
 def sweep_id(*, sweep_name: str, experiment: str, job_overrides: list[list[str]]) -> str:
@@ -29,8 +32,6 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
     """The parent run of this sweep: the existing one (set running again) or a new one.
 
     Returns (run_id, reused)."""
-    from trainlab.tracking.mlflow_ui import training_experiment
-
     client = _client(tracking_uri)
     exp_id = training_experiment(client, experiment)
     found = client.search_runs(
@@ -76,8 +77,6 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
     """Children that stopped before their end (the driver was killed, a worker failed past
     cluster.max_failures, preempted) and left a checkpoint folder, by config hash: a rerun
     of the sweep resumes each from there, into the same run. The newest run of a config wins."""
-    from trainlab.engine.checkpoint import latest_checkpoint
-
     found = {}
     for r in _children(tracking_uri, parent_run_id):
         tags = r.data.tags
@@ -90,8 +89,6 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
 
 
 def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, summary_md: str) -> None:
-    from trainlab.tracking.runs import mlflow_status
-
     client = _client(tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trials.md"

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab import names
-from trainlab.config.plan import TrialPlan
 from trainlab.events import TrialResult
-from trainlab.tracking.base import JsonlTracker, Tracker
+from trainlab.plan.trial import TrialPlan
 from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.resume import open_or_resume_trial_run
 from trainlab.tracking.runs import TrialRun, close_trial_run, closing_tags, tracker_options, trial_tags
 from trainlab.tracking.store import credentials_env
+from trainlab.vocab.tracker import JsonlTracker, Tracker
 
 
 @dataclass(frozen=True)

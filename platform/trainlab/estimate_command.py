@@ -49,18 +49,54 @@ def estimate_jobs(jobs) -> list:
     """Each job's TrialEstimate (an error where its cluster cannot be read or hold it)."""
     from trainlab.estimate.fits import estimate_run
     from trainlab.estimate.table import TrialEstimate
-    from trainlab.launch.estimate_cluster import described_cluster
+    from trainlab.plan.layout import plan_layout
 
     out = []
     for label, job in zip(_labels(jobs), jobs):
         cluster = None
         try:
             cluster, note = described_cluster(job.run)
-            out.append(TrialEstimate(label=label, cluster=cluster, estimate=estimate_run(job.run, cluster),
-                                     note=note))
+            estimate = estimate_run(job.run, cluster, trial_layout=plan_layout(job.run))
+            out.append(TrialEstimate(label=label, cluster=cluster, estimate=estimate, note=note))
         except ValueError as e:
             out.append(TrialEstimate(label=label, cluster=cluster, estimate=None, error=str(e)))
     return out
+
+
+def described_cluster(run) -> tuple:
+    """The estimate's cluster (a ClusterSpec) and a note on it: cluster.nodes; else the running
+    cluster at cluster.address, where the launcher's own planning (launch.plan.plan_gang) puts the
+    gang (all its GPUs, with placement's reasons as the note, when no type can take it); else
+    this machine."""
+    import torch
+
+    from trainlab.config import ConfigError
+    from trainlab.devices import resolve_device
+    from trainlab.estimate.fits import config_cluster, local_cluster
+    from trainlab.launch.estimate_cluster import placed_cluster, ray_cluster
+    from trainlab.launch.plan import plan_gang
+    from trainlab.launch.preflight import check_cluster
+
+    described = config_cluster(run)
+    if described is not None:
+        return described, ""
+    if not run.cluster.address:
+        device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
+                                logical_gpus=run.debug.logical_gpus)
+        return local_cluster(run, device=device), ""
+    check_cluster(run)  # ValueError now, not ray.init retrying for minutes, when nothing answers there
+    try:
+        _, gang = plan_gang(run, run.cluster.device)  # joins the cluster
+    except ConfigError as e:  # no GPU type can run it: shown beside the estimate on every GPU of the cluster
+        import ray
+
+        return ray_cluster(ray.nodes(), run, gpus=True), f"refused at launch: {e}"
+    if not gang.gpus:
+        return placed_cluster(run, gang), ""
+    others = [t for t in gang.all_types if t not in gang.accelerator_types]
+    note = f"placed on {', '.join(gang.accelerator_types)}"
+    note += f" (not {', '.join(others)})" if others else ""
+    return placed_cluster(run, gang), note
 
 
 def main(argv: list[str]) -> None:
@@ -68,13 +104,14 @@ def main(argv: list[str]) -> None:
     from trainlab.config.multirun import expand_jobs
     from trainlab.console import console
     from trainlab.estimate.table import ranking_table, trial_renderables
+    from trainlab.plan.layout import plan_layout
     from trainlab.redact import redact
 
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return
     try:
-        jobs = expand_jobs(argv)
+        jobs = expand_jobs(argv, check=plan_layout)  # a layout that cannot run is refused as train refuses it
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)

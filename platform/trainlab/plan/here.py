@@ -10,31 +10,23 @@ GPUs). The resume is decided by the ranks together when they start
 
 from __future__ import annotations
 
-import dataclasses
+import warnings
 
 import torch
 
 from trainlab.config import RunConfig
-from trainlab.config.plan import TrialPlan, plan_trial
+from trainlab.config.checkpoints import checkpoint_root
 from trainlab.devices import resolve_device
-from trainlab.engine.checkpoint import checkpoint_root
+from trainlab.estimate.fits import torchrun_cluster
+from trainlab.plan.trial import TrialPlan, plan_trial
 
 
 def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
     """`run` (validated) planned in this process; every rank of one machine makes the same plan.
-    `tracking_uri`: the MLflow store rank 0 opens the trial's run in (None: no run)."""
+    `tracking_uri`: the MLflow store rank 0 opens the trial's run in (None: no run). Its estimate
+    is on the gang torchrun started (refused where it does not fit its GPUs, warned on CPU)."""
     device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
                             logical_gpus=run.debug.logical_gpus)
-    plan = plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri)
-    return dataclasses.replace(plan, estimate=local_estimate(run, device=device))
-
-
-def local_estimate(run: RunConfig, *, device: str):
-    """The trial's estimate on the gang torchrun started (estimate.fits.checked_estimate: refused
-    where it does not fit its GPUs, warned on CPU, None where it cannot be made)."""
-    import warnings
-
-    from trainlab.estimate.fits import checked_estimate, estimate_run, torchrun_cluster
-
-    return checked_estimate(run, lambda: estimate_run(run, torchrun_cluster(run, device=device)),
-                            gpus=device == "cuda", warn=lambda m: warnings.warn(m, stacklevel=3))
+    return plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri,
+                      estimate_on=lambda: torchrun_cluster(run, device=device),
+                      warn=lambda m: warnings.warn(m, stacklevel=4))

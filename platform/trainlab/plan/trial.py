@@ -5,33 +5,31 @@
 
 The Ray driver (launch.plan.plan_launch) resolves it from a validated RunConfig and the
 cluster it joined; a process with no driver (torchrun, a test, a benchmark) resolves it
-itself the same way (engine.run.plan_here). Workers execute it: they never rebuild the config
+itself the same way (plan.here.plan_here). Workers execute it: they never rebuild the config
 from a dict, validate it again or decide its device, paths or identity. What a worker still
 decides is what only it can see: the checkpoint it starts from when Ray Train restarts its gang
 (newer than the one the driver found), the gang it was given (an elastic trial runs on fewer
 workers) and a rollback's precision.
 
-Here, below every other layer, so that the engine can read it without importing launch/.
+The plan layer sits below the engine, tracking and launch: each reads the plan, none re-derives it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from trainlab import names
+from trainlab.config.checkpoints import checkpoint_root as default_checkpoint_root
+from trainlab.config.layout import ParallelDims, TrialLayout
 from trainlab.config.load import config_hash, hashed_config
 from trainlab.config.schema import RunConfig
-from trainlab.config.validate import (
-    ParallelDims,
-    elastic_range,
-    grad_accum_steps,
-    parallel_dims,
-    pp_microbatches,
-    pp_virtual_stages,
-)
-from trainlab.precision.spec import PrecisionSpec, spec_of
+from trainlab.estimate.fits import checked_estimate, estimate_run
+from trainlab.plan.layout import elastic_range, plan_layout
+from trainlab.vocab.nodes import ClusterSpec
+from trainlab.vocab.precision import PrecisionSpec, spec_of
 
 if TYPE_CHECKING:
     from trainlab.estimate.result import Estimate
@@ -120,20 +118,53 @@ class TrialPlan:
     def resuming(self) -> bool:
         return bool(self.resume_from)
 
+    @property
+    def layout(self) -> TrialLayout:
+        """The layout decisions, as the estimate and parallelize() are handed them."""
+        return TrialLayout(dims=self.dims, grad_accum_steps=self.grad_accum_steps,
+                           pp_microbatches=self.pp_microbatches, pp_virtual_stages=self.pp_virtual_stages,
+                           elastic=self.gang.elastic)
 
-def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str, gang: GangShape | None = None,
+
+def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str = "", gang: GangShape | None = None,
                tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
-               continues_run: str = "") -> TrialPlan:
-    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root and resume
-    the caller decided; derives the rest from the config, once."""
+               continues_run: str = "", layout: TrialLayout | None = None,
+               estimate_on: Callable[[], ClusterSpec] | None = None,
+               warn: Callable[[str], None] | None = None) -> TrialPlan:
+    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root ('' = the
+    folder the config names, config.checkpoints.checkpoint_root) and resume the caller decided;
+    derives the rest from the config, once (`layout`: plan_layout(run), where the caller checked
+    it already, before anything started). `estimate_on`: the devices the trial runs on (the
+    caller's facts: a joined Ray cluster's nodes, this machine's GPUs); the plan's estimate is
+    made on them (estimate.fits.checked_estimate: ConfigError where it does not fit a GPU gang,
+    `warn`ed on CPU or where it cannot be made)."""
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
-    dims = parallel_dims(run)
+    layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
     out = os.path.abspath(run.output_dir or ".")
-    paths = TrialPaths(output_dir=out, checkpoint_root=str(checkpoint_root), ray_storage=os.path.join(out, "ray"),
+    root = str(checkpoint_root or default_checkpoint_root(run))
+    paths = TrialPaths(output_dir=out, checkpoint_root=root, ray_storage=os.path.join(out, "ray"),
                        spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
+    gang = gang or GangShape.of(run, gpus=device == "cuda")
+    estimate = None
+    if estimate_on is not None:
+        estimate = checked_estimate(run, lambda: estimate_run(run, estimate_on(), trial_layout=layout),
+                                    gpus=gang.gpus, warn=warn or (lambda m: None))
     return TrialPlan(
-        run=run, device=device, dims=dims, grad_accum_steps=grad_accum_steps(run),
-        pp_microbatches=pp_microbatches(run) if dims.pp > 1 else 1, pp_virtual_stages=pp_virtual_stages(run),
-        precision=spec_of(run.precision.name), gang=gang or GangShape.of(run, gpus=device == "cuda"),
+        run=run, device=device, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
+        pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
+        precision=spec_of(run.precision.name), gang=gang,
         paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=tracking_uri,
-        resume_from=resume_from, resume_step=resume_step, continues_run=continues_run)
+        resume_from=resume_from, resume_step=resume_step, continues_run=continues_run, estimate=estimate)
+
+
+def replan(plan: TrialPlan, *, run: RunConfig) -> TrialPlan:
+    """`plan` for `run`, a changed config of the same trial: an elastic gang's resized one
+    (engine.elastic.fit_to_gang) or a rollback's retry precision (engine.rollback.attempt_config).
+    Its layout and precision spec are derived again, here; its identity (config hash and fields),
+    paths, resume and gang stay the trial's as it was launched."""
+    if run is plan.run:
+        return plan
+    layout = plan_layout(run)
+    return dataclasses.replace(plan, run=run, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
+                               pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
+                               precision=spec_of(run.precision.name))

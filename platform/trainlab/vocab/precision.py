@@ -12,10 +12,50 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # torch is imported where a dtype is asked for: the config (and a refused
     import torch  # command line) never needs it, and it is most of a refusal's start-up time
+
+BF16_UPDATES = ("plain", "stochastic", "kahan")
+"""How bf16_pure's bf16 parameters take an update (precision.bf16_update)."""
+EMULATION_TARGETS = ("activations", "weights", "gradients", "optimizer_states", "comm_grads")
+"""The tensors precision=emulated may round through a format (precision.formats.<target>)."""
+KEEP_HP_SELECTORS = ("first_block", "last_block", "output", "unaligned", "small")
+"""precision.keep_hp entries besides module-name globs."""
+
+
+class EmulatedFormatNames(Protocol):
+    """precision.formats: the eXmY format of each emulation target ('' = kept as it is)."""
+
+    activations: str
+    weights: str
+    gradients: str
+    optimizer_states: str
+    comm_grads: str
+
+
+class PrecisionSettings(Protocol):
+    """What the recipes, the capability checks and `emulates` read of a trial's precision
+    settings (config.schema.PrecisionConfig has them): the precision layer takes this protocol,
+    not the config schema."""
+
+    name: str
+    hp_dtype: str
+    tf32: bool
+    fp16_impl: str
+    fp8_impl: str
+    loss_scale: str
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    keep_hp: list[str] | None
+    amax_history_len: int
+    fp8_margin: int
+    scaling: str
+    formats: EmulatedFormatNames
+
 
 FP8_TENSOR_CORES = (8, 9)
 """Ada (SM 8.9) and Hopper (9.0) are the first GPUs with FP8 tensor cores."""
@@ -187,8 +227,8 @@ def spec_of(name: str) -> PrecisionSpec:
                          f"{', '.join(PRECISIONS)}") from None
 
 
-def emulates(cfg, *, device_type: str) -> bool:
-    """Whether the precision config `cfg` (a PrecisionConfig) runs its low-precision casts
+def emulates(cfg: PrecisionSettings, *, device_type: str) -> bool:
+    """Whether the precision settings `cfg` (a PrecisionConfig) run their low-precision casts
     emulated on `device_type` ("cpu" or "cuda"): fp16 per precision.fp16_impl (auto: emulated on
     CPU, native on CUDA), the FP8 modes per precision.fp8_impl, `emulated` always. The one
     decision that the recipes, the capability check and warm-gang isolation all read."""
