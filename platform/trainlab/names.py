@@ -179,7 +179,7 @@ TAG_PRUNED_STEP = "pruned_step"
 """Status pruned: the last step the trial trained (its ranks agreed to stop after it)."""
 TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
 TAG_MEMORY_SOURCE = "memory_source"
-"""What sys/peak_mem_gb measures on this device (telemetry.memory.MEMORY_SOURCES)."""
+"""What sys/peak_mem_gb measures on this device (telemetry.peak_memory.MEMORY_SOURCES)."""
 TAG_CHECKPOINT_DIR = "checkpoint_dir"
 """Where the trial's checkpoints are: a rerun of its sweep resumes it from there."""
 TAG_RESUMED_FROM = "resumed_from"
@@ -282,7 +282,7 @@ SPILL_FILE = "mlflow_spill.jsonl"
 (`trainlab import-spill` delivers them)."""
 ARTIFACT_DETAIL = "detail.parquet"
 """On a trial (and in its output dir): the per-layer and per-rank numbers in long format, one
-row per (step, metric): trainlab.tracking.detail.COLUMNS. Kept out of the run's metrics
+row per (step, metric): trainlab.tracking.detail_table.COLUMNS. Kept out of the run's metrics
 (tracking.detail=summary) so that a model of any depth logs the same few dozen metrics."""
 DETAIL_ROWS_FILE = "detail_rows.csv"
 """In a trial's output dir: the rows of ARTIFACT_DETAIL as rank 0 logs them (appended, so a

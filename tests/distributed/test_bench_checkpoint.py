@@ -1,4 +1,4 @@
-"""`trainlab.bench.checkpoint` on 2 spawned gloo ranks: a few steps of `tiny` with and without
+"""`trainlab.bench.checkpoint_cost` on 2 spawned gloo ranks: a few steps of `tiny` with and without
 saves, and a report whose sizes match the model it saved."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from trainlab.bench.checkpoint import report, spawn, summarise
+from trainlab.bench.checkpoint_cost import report, spawn, summarise
 from trainlab.config.checkpoints import complete_checkpoints
 from trainlab.config.schema import TrainConfig
 

@@ -1,4 +1,4 @@
-"""`trainlab.bench.parallel` end to end under torchrun on 2 gloo ranks: every layout trains in
+"""`trainlab.bench.layout_speed` end to end under torchrun on 2 gloo ranks: every layout trains in
 the same processes (one process group, a DeviceMesh per layout) and the table shows what
 sharding saves per rank."""
 
@@ -23,7 +23,7 @@ SUMMARY = re.compile(r"^layout (\w+): speedup: (\S+)x  memory: (\S+)x$", re.M)
 def test_bench_parallel_table_shows_sharded_memory():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "trainlab.bench.parallel", "--layouts", ",".join(LAYOUTS),
+           "-m", "trainlab.bench.layout_speed", "--layouts", ",".join(LAYOUTS),
            "model=tiny", "train.max_steps=4", "train.seq_len=32", "train.global_batch_size=4",
            "train.micro_batch_size=2"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "OMP_NUM_THREADS": "1"}

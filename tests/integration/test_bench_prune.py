@@ -15,7 +15,7 @@ SAVED = re.compile(r"^compute saved: (-?\d+\.\d)% of the tokens \((-?\d+\.\d)% o
 
 
 def test_bench_prune_prints_both_sweeps_and_the_compute_saved(ray_cluster, capsys):
-    from trainlab.bench.prune import main
+    from trainlab.bench.prune_savings import main
 
     # 2 learning rates far apart, so the pruned sweep finds the unpruned one's best (else exit 1)
     try:

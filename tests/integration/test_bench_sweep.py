@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_bench_sweep_prints_both_modes_and_their_ratios(ray_cluster, capsys):
-    from trainlab.bench.sweep import main
+    from trainlab.bench.sweep_overhead import main
 
     main(["--trials", "2", "--concurrency", "1", "--no-warmup", "train.max_steps=3", "train.seq_len=32",
           "tracking=none"])

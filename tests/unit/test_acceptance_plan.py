@@ -13,13 +13,13 @@ import time
 import pytest
 
 from conftest import REPO
-from trainlab.bench import acceptance as acc
-from trainlab.bench import acceptance_plan as plan_mod
-from trainlab.bench import acceptance_table as acc_table
-from trainlab.bench import acceptance_tests as acc_tests
-from trainlab.bench.acceptance_children import Children
-from trainlab.bench.acceptance_report import format_report, same_tokens, table_lines
-from trainlab.bench.fp8 import step_timing, watch_tokens
+from trainlab.bench.acceptance import gpu_accept as acc
+from trainlab.bench.acceptance import gpu_tests as acc_tests
+from trainlab.bench.acceptance import table_runs as acc_table
+from trainlab.bench.acceptance import workload as plan_mod
+from trainlab.bench.acceptance.children import Children
+from trainlab.bench.acceptance.report import format_report, same_tokens, table_lines
+from trainlab.bench.fp8_vs_bf16 import step_timing, watch_tokens
 from trainlab.data import build_corpus
 from trainlab.data.batches import num_windows
 
@@ -167,7 +167,7 @@ def test_report_keeps_unfinished_rows_and_ends_with_the_ratio_line():
 
 # ---- after every mode ------------------------------------------------------------------------
 class FakeChildren:
-    """Children that 'run' bench.fp8 by writing its --json rows one mode at a time, polling between."""
+    """Children that 'run' bench.fp8_vs_bf16 by writing its --json rows one mode at a time, polling between."""
 
     def __init__(self, *, fail_after: dict[str, tuple[int | None, str]] | None = None):
         self.calls: list[list[str]] = []
@@ -192,7 +192,7 @@ class FakeChildren:
 
 
 def _table_run(tmp_path, children: FakeChildren, groups: list[list[str]]) -> dict:
-    from trainlab.bench.acceptance_report import write_report
+    from trainlab.bench.acceptance.report import write_report
 
     modes = [m for g in groups for m in g]
     result = _result([{"precision": m, "status": "pending"} for m in modes])

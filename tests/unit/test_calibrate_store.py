@@ -1,4 +1,4 @@
-"""How `trainlab calibrate` reads a run back (calibrate.store): the RunConfig from the params as
+"""How `trainlab calibrate` reads a run back (calibrate.observations): the RunConfig from the params as
 tracking logged them (every type of field: ints, floats, None, lists, per-run keys from their
 tags), and the cluster from the hardware tags the trial set."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainlab import names
-from trainlab.calibrate.store import cluster_of, run_config_of
+from trainlab.calibrate.observations import cluster_of, run_config_of
 from trainlab.config import compose_run_config, flatten
 from trainlab.tracking.runs import config_of, split_config
 from trainlab.vocab.nodes import ClusterSpec, NodeSpec

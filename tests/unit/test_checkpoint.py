@@ -13,9 +13,9 @@ from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
 from trainlab.models import build_model
 from trainlab.parallel import unwrap
-from trainlab.parallel.checkpoint import apply_activation_checkpointing, is_checkpointed
+from trainlab.parallel.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from trainlab.parallel.pp import split_stages
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

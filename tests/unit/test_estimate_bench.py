@@ -10,11 +10,11 @@ import csv
 
 import pytest
 
-from trainlab.bench.estimate import load_measured, save_measured, select
-from trainlab.bench.estimate_compare import Estimated, Row, counts, folds, summary
-from trainlab.bench.estimate_matrix import full_matrix, quick_matrix
-from trainlab.bench.estimate_report import write_csv, write_plot
-from trainlab.bench.estimate_runner import Measured
+from trainlab.bench.estimate_accuracy.cases import full_matrix, quick_matrix
+from trainlab.bench.estimate_accuracy.comparison import Estimated, Row, counts, folds, summary
+from trainlab.bench.estimate_accuracy.estimate_vs_measured import load_measured, save_measured, select
+from trainlab.bench.estimate_accuracy.measure import Measured
+from trainlab.bench.estimate_accuracy.outputs import write_csv, write_plot
 from trainlab.config import CONF_DIR
 
 

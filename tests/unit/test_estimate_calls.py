@@ -8,15 +8,15 @@ import dataclasses
 import pytest
 import torch
 
-from trainlab.config.load import compose_run_config
+from trainlab.config.convert import compose_run_config
 from trainlab.estimate.calibration import Calibration, Observation
 from trainlab.estimate.calls import tensors_of
-from trainlab.estimate.fitting import fit
-from trainlab.estimate.layout import Layout
+from trainlab.estimate.least_squares import fit
+from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.transformer import Transformer
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.nodes import ClusterSpec
 
 CPU2 = ["cluster.num_workers=2"]

@@ -1,4 +1,4 @@
-"""A trial's estimate where it is planned (estimate.fits, launch.estimate_cluster): placement keeps
+"""A trial's estimate where it is planned (estimate.fit_check, launch.estimate_cluster): placement keeps
 a trial off GPU types its estimate overfills, a trial no type can hold is refused with the numbers
 and the fix, a running cluster's nodes become the cluster estimated on, and a trial planned in
 process (torchrun, a test) carries its estimate."""
@@ -10,12 +10,12 @@ import re
 import pytest
 
 from trainlab.config import compose_run_config
-from trainlab.estimate.fits import refusal
-from trainlab.estimate.trial import estimate_trial
+from trainlab.estimate.fit_check import refusal
+from trainlab.estimate.trial_estimate import estimate_trial
 from trainlab.launch.estimate_cluster import ray_cluster
 from trainlab.launch.placement import GpuPool, PlacementError, place
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.plan.here import plan_here
-from trainlab.plan.layout import plan_layout
 from trainlab.vocab.gpus import ray_type_of
 from trainlab.vocab.nodes import ClusterSpec, NodeSpec
 
@@ -97,9 +97,9 @@ def test_a_trial_planned_in_process_carries_its_estimate():
 
 
 def test_a_planned_estimate_refuses_a_gpu_gang_warns_a_cpu_one_and_lets_an_unknown_device_go_on():
-    """The one rule the Ray driver and torchrun apply (estimate.fits.checked_estimate)."""
+    """The one rule the Ray driver and torchrun apply (estimate.fit_check.checked_estimate)."""
     from trainlab.config import ConfigError
-    from trainlab.estimate.fits import checked_estimate
+    from trainlab.estimate.fit_check import checked_estimate
 
     run = compose_run_config(["model=7b", "parallel=ddp", "precision=fp16", "cluster.num_workers=2"])
     est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]), trial_layout=plan_layout(run))

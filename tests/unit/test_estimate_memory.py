@@ -1,4 +1,4 @@
-"""trainlab.estimate.memory: per-rank bytes of a trial from its config alone.
+"""trainlab.estimate.memory_model: per-rank bytes of a trial from its config alone.
 
 State (parameters, gradients, optimizer and FP8 state) is counted from the layout's own
 decisions; one process here matches parallel.fsdp.sharded_bytes of a real trainer after real
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from trainlab.config import compose_run_config
-from trainlab.estimate.memory import rank_memories
+from trainlab.estimate.memory_model import rank_memories
 from trainlab.estimate.shards import chunk_len, zero1_partition
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.numerics_every=0", "cluster.device=cpu"]
@@ -54,7 +54,7 @@ def test_one_process_state_equals_what_a_real_trainer_holds_after_its_steps(over
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
     from trainlab.parallel.fsdp import sharded_bytes
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     run = _run(*overrides)
     (est,) = rank_memories(run, trial_layout=plan_layout(run), device_type="cpu")
@@ -107,9 +107,9 @@ def test_sharded_layouts_hold_exactly_the_model_once_per_replica(layout, world):
 def _saved_bytes(run) -> int:
     """Bytes autograd keeps for backward of one micro-batch's forward of the real model (every
     storage a saved tensor holds, once; parameters and buffers themselves excluded)."""
-    from trainlab.data.build import corpus_vocab_size
+    from trainlab.data.build_corpus import corpus_vocab_size
     from trainlab.models import build_model
-    from trainlab.parallel.checkpoint import apply_activation_checkpointing
+    from trainlab.parallel.activation_checkpoint import apply_activation_checkpointing
     from trainlab.precision.recipes import build_recipe
 
     torch.manual_seed(0)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainlab.config.load import compose_run_config
-from trainlab.estimate.trial import estimate_trial
-from trainlab.plan.layout import plan_layout
+from trainlab.config.convert import compose_run_config
+from trainlab.estimate.trial_estimate import estimate_trial
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.nodes import ClusterSpec
 
 TORCHTITAN_8B = ["model=llama3_8b", "parallel=fsdp", "cluster.num_workers=8", "train.seq_len=8192",

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from trainlab.config.load import compose_run_config
+from trainlab.config.convert import compose_run_config
 from trainlab.estimate.calibration import Calibration, load_calibration
 from trainlab.estimate.hardware import hardware
-from trainlab.estimate.layout import Layout
 from trainlab.estimate.links import Link, all_gather_s, all_reduce_s
+from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
 from trainlab.parallel.pp import bubble_fraction
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.gpus import GPUS
 from trainlab.vocab.nodes import ClusterSpec
 
@@ -135,7 +135,7 @@ def test_a_slower_gpu_makes_the_step_and_the_weighted_split_recovers_it():
 def test_a_weighted_splits_faster_gpu_holds_its_larger_micro_batches():
     """dp_balance=weighted cuts every rank's share into the same number of micro-batches: the
     H100's are larger, and so are its activations and logits (the state is the same)."""
-    from trainlab.estimate.trial import estimate_trial
+    from trainlab.estimate.trial_estimate import estimate_trial
 
     base = ["model=1b", "parallel=ddp", "cluster.num_workers=2", "precision=bf16", "train.global_batch_size=32",
             "train.micro_batch_size=4"]
@@ -192,7 +192,7 @@ CPU_TRIALS = [["model=tiny", "parallel=ddp", "cluster.num_workers=2"],
 
 def test_fit_recovers_the_coefficients_that_made_the_observations():
     from trainlab.estimate.calibration import Observation
-    from trainlab.estimate.fitting import fit
+    from trainlab.estimate.least_squares import fit
 
     truth = Calibration(cpu_efficiency=0.2, cpu_layer_overhead_s=0.004, cpu_step_overhead_s=0.03,
                         cpu_comm_efficiency=0.3, cpu_emulation_cost=2.0)
@@ -210,7 +210,7 @@ def test_fit_recovers_the_coefficients_that_made_the_observations():
 
 
 def test_fit_needs_observations():
-    from trainlab.estimate.fitting import fit
+    from trainlab.estimate.least_squares import fit
 
     with pytest.raises(ValueError, match="no observations"):
         fit([])

@@ -7,8 +7,8 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.console import console
 from trainlab.events import TrialResult
+from trainlab.launch.lifecycle import print_summary
 from trainlab.launch.outcome import TrialOutcome
-from trainlab.launch.trial import print_summary
 
 
 def summary_rows(outcome: TrialOutcome, tmp_path) -> dict[str, str]:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainlab.precision.formats import cast_stats, fake_cast, fake_quantize, quantize, tensor_scale
-from trainlab.vocab.formats import FloatFormat, parse_format
+from trainlab.precision.fake_cast import cast_stats, fake_cast, fake_quantize, quantize, tensor_scale
+from trainlab.vocab.format_names import FloatFormat, parse_format
 
 E4M3 = parse_format("e4m3fn")
 E5M2 = parse_format("e5m2")

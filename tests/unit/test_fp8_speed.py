@@ -14,7 +14,7 @@ from trainlab import names
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.models import build_model
-from trainlab.plan.layout import compile_unit, plan_layout
+from trainlab.plan.derive_layout import compile_unit, plan_layout
 from trainlab.precision.fp8 import float8_all_gather
 from trainlab.precision.policy import linear_layers, plan_layers
 from trainlab.vocab.precision import FP8_PRECISIONS, spec_of

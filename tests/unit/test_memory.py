@@ -13,10 +13,10 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.telemetry import peak_flops
-from trainlab.telemetry.memory import memory_gb, memory_source, peak_memory_gb, reset_peak_memory, rss_gb
 from trainlab.telemetry.peak_flops import Peak
+from trainlab.telemetry.peak_memory import memory_gb, memory_source, peak_memory_gb, reset_peak_memory, rss_gb
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(rss_gb() is None, reason="needs /proc (Linux) for the resident set")]

@@ -23,9 +23,9 @@ from trainlab.compare.html_report import _trials_table
 from trainlab.compare.records import Trial
 from trainlab.compare.summarize import summarize
 from trainlab.config import compose_run_config
-from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens, prune_config
+from trainlab.config.prune_rule import PruneConfig, check_prunable, grace_tokens, max_tokens, prune_config
 from trainlab.events import Notice, StepDone, TrialResult
-from trainlab.launch.prune import Pruner, quantile, rungs, value_at
+from trainlab.launch.pruner import Pruner, quantile, rungs, value_at
 from trainlab.tracking.runs import closing_tags
 
 A, B, C, D = "a", "b", "c", "d"

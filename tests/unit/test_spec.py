@@ -90,7 +90,7 @@ def test_the_recipe_and_the_estimate_read_the_same_peak(name):
     a mode whose matmuls run in an fp32 hp_dtype (FP8, emulated) stays at the fp32 peak, as it runs."""
     from trainlab.estimate import ClusterSpec
     from trainlab.estimate.hardware import hardware
-    from trainlab.estimate.trial import estimate_trial
+    from trainlab.estimate.trial_estimate import estimate_trial
 
     was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:

@@ -7,7 +7,7 @@ import pytest
 from trainlab.config import compose_run_config
 from trainlab.config.validate import check_run
 from trainlab.launch.preflight import check_layout
-from trainlab.plan.layout import plan_layout, pp_microbatches
+from trainlab.plan.derive_layout import plan_layout, pp_microbatches
 
 
 def _refusal(overrides: list[str]) -> str:

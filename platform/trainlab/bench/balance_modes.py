@@ -2,7 +2,7 @@
 
     trainlab bench balance                          # 2 gloo workers on CPU, the last one 2x slower
     trainlab bench balance --slowdown 3 --modes equal,weighted model=small train.max_steps=30
-    torchrun --nproc-per-node 4 -m trainlab.bench.balance ...   # in a torchrun world instead
+    torchrun --nproc-per-node 4 -m trainlab.bench.balance_modes ...   # in a torchrun world instead
 
 Without a torchrun world it spawns --workers processes (gloo, one torch thread each). The last
 worker is an emulated slower device (debug.slowdown: it sleeps (f - 1) x its measured
@@ -28,12 +28,12 @@ import os
 import torch
 
 from trainlab import names
-from trainlab.bench.parallel import gather_rows
+from trainlab.bench.layout_speed import gather_rows
 from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.vocab.tracker import NullTracker
 
 MODES = ("equal", "weighted", "accumulate")

@@ -2,7 +2,7 @@
 
     trainlab bench checkpoint                          # 2 gloo workers on CPU, model=small, DDP
     trainlab bench checkpoint --every 5 --repeats 3 parallel=fsdp train.max_steps=40
-    torchrun --nproc-per-node 2 -m trainlab.bench.checkpoint cluster.device=cuda
+    torchrun --nproc-per-node 2 -m trainlab.bench.checkpoint_cost cluster.device=cuda
 
 Every trial runs through run_trial in the same worker processes (one process group), alternating
 train.checkpoint_every=0 (no saves) and =--every for --repeats rounds, so drift on a shared

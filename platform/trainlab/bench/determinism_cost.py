@@ -2,7 +2,7 @@
 
     trainlab bench determinism                         # 2 gloo workers on CPU, model=tiny
     trainlab bench determinism --workers 2 --repeats 2 model=small train.max_steps=20
-    torchrun --nproc-per-node 2 -m trainlab.bench.determinism cluster.device=cuda
+    torchrun --nproc-per-node 2 -m trainlab.bench.determinism_cost cluster.device=cuda
 
 Every trial runs through run_trial in the same worker processes (one process group), the modes
 alternating off / on for --repeats rounds so drift on a shared machine hits both alike.

@@ -4,7 +4,7 @@ JSONL tracker, for machines without MLflow) against a bare PyTorch loop.
 Both train the same model from the same init on the same batches in this process (or in
 each torchrun process), alternating engine / bare for --repeats rounds so drift on a shared
 machine hits both alike. Like with like: the bare loop compiles exactly where and what the
-engine compiles (plan.layout.compile_unit: train.compile=auto compiles on CUDA, not on
+engine compiles (plan.derive_layout.compile_unit: train.compile=auto compiles on CUDA, not on
 CPU), and each loop has a warm-up round first, so neither's ratio pays the other's compile. Prints each round, the medians, and last `ratio: X.XXX` =
 engine tokens/s / bare tokens/s (1.0 = no overhead).
 
@@ -43,8 +43,8 @@ from trainlab.engine.run import build_trainer, seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
-from trainlab.plan.layout import compile_unit, plan_layout
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.derive_layout import compile_unit, plan_layout
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision.recipes import build_recipe
 from trainlab.vocab.precision import emulates
 from trainlab.vocab.tracker import JsonlTracker
@@ -155,7 +155,7 @@ def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
     writer_cpu = children_cpu_s()
     tracker = None
     if dist_info.is_rank0 and run.tracking.name == "mlflow":
-        from trainlab.tracking.resume import start_trial_tracking
+        from trainlab.tracking.continued_run import start_trial_tracking
 
         tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
     elif dist_info.is_rank0:

@@ -1,6 +1,6 @@
 """FP8 against BF16: the engine on the same model, seed and tokens, one precision after another.
 
-    torchrun --nproc-per-node 1 -m trainlab.bench.fp8 model=1b train.compile=true
+    torchrun --nproc-per-node 1 -m trainlab.bench.fp8_vs_bf16 model=1b train.compile=true
     trainlab bench fp8 --matmul                 # where FP8 matmuls start to pay off
 
 Each precision trains the same steps on the same batches in this process (or in each
@@ -11,7 +11,7 @@ where the device's is known, validation loss; then one line per FP8 mode with
 A mode is a precision name, or `fp32+tf32` (fp32 with precision.tf32=true). --json writes
 the rows after each mode (peak memory, how many linears ran in FP8, a sha256 of every batch the
 mode trained and validated on, build / first-step / steady-step seconds) for a driver such as
-trainlab.bench.acceptance. Modes after the first run as a warm gang's trials do
+trainlab.bench.acceptance.gpu_accept. Modes after the first run as a warm gang's trials do
 (engine.isolation.GangState puts the process back after each).
 --matmul times bare matmuls instead (bf16 torch.mm against torch._scaled_mm with
 tensorwise scales) over square sizes, printing the speedup per size: the crossover.
@@ -36,8 +36,8 @@ from trainlab.devices import resolve_device
 from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
-from trainlab.plan.layout import plan_layout
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.derive_layout import plan_layout
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision.capability import cpu_lacks_native
 from trainlab.vocab.precision import emulates, spec_of
 
@@ -134,7 +134,7 @@ def step_timing(start: float, marks: list[float]) -> dict:
 def _estimated(run, *, device: str) -> dict:
     """What trainlab.estimate said of this mode on this gang before it ran (est_tokens_per_s,
     est_peak_mem_gb, est_bound), beside what it measured; {} where it cannot say."""
-    from trainlab.estimate.fits import estimate_run, torchrun_cluster
+    from trainlab.estimate.fit_check import estimate_run, torchrun_cluster
 
     try:
         est = estimate_run(run, torchrun_cluster(run, device=device), trial_layout=plan_layout(run))

@@ -1,6 +1,6 @@
 """Parallel layouts side by side: the engine on the same model, seed and tokens, one layout after another.
 
-    torchrun --nproc-per-node 2 -m trainlab.bench.parallel --layouts ddp,zero1,zero2,fsdp,tp,pp model=small
+    torchrun --nproc-per-node 2 -m trainlab.bench.layout_speed --layouts ddp,zero1,zero2,fsdp,tp,pp model=small
     trainlab bench parallel --layouts ddp,fsdp model=tiny     # one process: a smoke test only
 
 Every layout (conf/parallel/<layout>.yaml) trains in these same processes, one after another,
@@ -9,7 +9,7 @@ the meta device: no layout's numbers include an unsharded build). Per rank it me
 tokens/s (the trial's median over the steps after the first) and memory, from the trainer's
 own rank telemetry at the last step: the bytes of this rank's parameters, gradients and
 optimizer state (local shards only, sharded_bytes), side by side with its peak since the
-warm-up step (telemetry.memory: allocated device
+warm-up step (telemetry.peak_memory: allocated device
 memory on GPU; the process's peak resident set on CPU, which includes the interpreter and
 torch, the same few hundred MB for every layout). Rank 0 prints one table: the slowest
 rank's tokens/s and the largest rank's memory, with ratios to the first layout's (the
@@ -36,9 +36,9 @@ from trainlab.config import CONF_DIR, compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.layout import plan_layout
-from trainlab.plan.trial import plan_trial
-from trainlab.telemetry.memory import memory_source
+from trainlab.plan.derive_layout import plan_layout
+from trainlab.plan.trial_plan import plan_trial
+from trainlab.telemetry.peak_memory import memory_source
 from trainlab.vocab.tracker import NullTracker
 
 DEFAULT_LAYOUTS = "ddp,zero1,zero2,fsdp,tp,pp"

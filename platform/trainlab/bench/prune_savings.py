@@ -21,7 +21,7 @@ from rich.table import Table
 
 from trainlab import names
 from trainlab.config import compose_run_config
-from trainlab.config.prune import PruneConfig, check_prunable
+from trainlab.config.prune_rule import PruneConfig, check_prunable
 from trainlab.console import console, fmt
 from trainlab.launch.ray_trial import connect
 from trainlab.launch.sweep import SweepOutcome, Trial, execute_sweep

@@ -19,9 +19,9 @@ from typing import Any
 from trainlab import names
 from trainlab.compare import curves
 from trainlab.compare.estimates import measured
-from trainlab.compare.load import _experiments, _search_all, _tag_filter, read_trial
+from trainlab.compare.read_sweep import _experiments, _search_all, _tag_filter, read_trial
 from trainlab.config import RunConfig, from_dict
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 

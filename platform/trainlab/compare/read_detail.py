@@ -10,11 +10,11 @@ from __future__ import annotations
 import tempfile
 
 from trainlab import names
-from trainlab.tracking.detail import COLUMNS
+from trainlab.tracking.detail_table import COLUMNS
 
 
 def read_detail(*, tracking_uri: str, run_id: str, client=None):
-    """The run's detail table as a pandas DataFrame with trainlab.tracking.detail.COLUMNS, or
+    """The run's detail table as a pandas DataFrame with trainlab.tracking.detail_table.COLUMNS, or
     None when the run has neither the artifact nor per-layer/per-rank metrics."""
     import pandas as pd
     from mlflow.artifacts import download_artifacts

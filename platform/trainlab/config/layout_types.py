@@ -1,6 +1,6 @@
 """A trial's layout as decided: the types every layer reads, whoever decided them.
 
-trainlab.plan.layout derives them (plan_layout, the one place parallel_dims runs); the
+trainlab.plan.derive_layout derives them (plan_layout, the one place parallel_dims runs); the
 estimate, the engine and parallelize() are handed them.
 """
 
@@ -24,7 +24,7 @@ class ParallelDims:
 
 @dataclass(frozen=True)
 class TrialLayout:
-    """The layout decisions of a trial on its full gang (plan.layout.plan_layout)."""
+    """The layout decisions of a trial on its full gang (plan.derive_layout.plan_layout)."""
 
     dims: ParallelDims
     """The parallel degrees; their product is cluster.num_workers."""

@@ -7,7 +7,7 @@ anything starts.
 The keys sit flat beside max_concurrent_trials in the launcher's node, as Hydra's launcher
 plugins keep theirs; their names follow Ray Tune's ASHAScheduler (grace_period,
 reduction_factor) with the unit spelt out: trials are compared at equal tokens seen, since
-they may differ in batch size. The rules themselves are launch.prune's.
+they may differ in batch size. The rules themselves are launch.pruner's.
 """
 
 from __future__ import annotations

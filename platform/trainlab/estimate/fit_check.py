@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Callable
 
 from trainlab.config import ConfigError
 from trainlab.estimate.calibration import load_calibration
-from trainlab.estimate.trial import estimate_trial
+from trainlab.estimate.trial_estimate import estimate_trial
 from trainlab.vocab.gpus import ray_type_of
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 if TYPE_CHECKING:
     from trainlab.config import RunConfig
-    from trainlab.config.layout import TrialLayout
+    from trainlab.config.layout_types import TrialLayout
     from trainlab.estimate.calibration import Calibration
     from trainlab.estimate.result import Estimate
 
@@ -81,7 +81,7 @@ def calibration_of(run: RunConfig) -> Calibration | None:
 
 def estimate_run(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> Estimate:
     """estimate_trial with cluster.calibration, for the layout the plan decided
-    (plan.layout.plan_layout); ValueError (field, value, fix) if it cannot."""
+    (plan.derive_layout.plan_layout); ValueError (field, value, fix) if it cannot."""
     return estimate_trial(run, cluster, trial_layout=trial_layout, calibration=calibration_of(run))
 
 

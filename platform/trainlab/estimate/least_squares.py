@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trainlab.estimate.calibration import Calibration, Observation
-from trainlab.estimate.layout import Layout
+from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.result import GB
 from trainlab.estimate.timing import (
     StepTerms,
@@ -26,7 +26,7 @@ from trainlab.estimate.timing import (
     rank_times,
     step_terms,
 )
-from trainlab.estimate.trial import memories_on
+from trainlab.estimate.trial_estimate import memories_on
 
 RIDGE = 0.003
 """Weight of the pull toward the prior, relative to one observation's relative error."""

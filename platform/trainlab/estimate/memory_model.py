@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout import TrialLayout
+from trainlab.config.layout_types import TrialLayout
 from trainlab.estimate.activations import rank_activations
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
@@ -58,7 +58,7 @@ def rank_memories(run: RunConfig, *, trial_layout: TrialLayout, device_type: str
     it decides which casts are emulated, as on the workers). `runtime` is left 0.
     `micro_batches`: per data-parallel rank, the sequences of its largest micro-batch where the
     batch is not split equally (parallel.dp_balance=weighted gives faster ranks larger ones);
-    None = the config's micro-batch on every rank. `trial_layout`: the plan's (plan.layout)."""
+    None = the config's micro-batch on every rank. `trial_layout`: the plan's (plan.derive_layout)."""
     from trainlab.distributed import backend_for
     from trainlab.parallel import fsdp_shards
 

@@ -1,6 +1,6 @@
 """Where a trial's ranks land: each rank's device, node, mesh coordinates, groups and batch share.
 
-    layout = Layout.of(run, cluster, trial_layout)   # trial_layout: plan.layout.plan_layout(run)
+    layout = Layout.of(run, cluster, trial_layout)   # trial_layout: plan.derive_layout.plan_layout(run)
     layout.hardware[r], layout.dp_group(r), layout.link(layout.tp_group(r)), layout.shares[dp_rank]
 
 Ranks fill the cluster's nodes in order (ClusterSpec.rank_nodes, Ray's PACK), and sit on the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainlab.config.layout import TrialLayout
+from trainlab.config.layout_types import TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.data.shares import plan_shares
 from trainlab.estimate.hardware import Hardware, hardware
@@ -31,7 +31,7 @@ class Layout:
     run: RunConfig
     cluster: ClusterSpec
     trial_layout: TrialLayout
-    """The degrees, accumulation and pipeline micro-batches the plan decided (plan.layout)."""
+    """The degrees, accumulation and pipeline micro-batches the plan decided (plan.derive_layout)."""
     world: int
     hardware: tuple[Hardware, ...]
     nodes: tuple[int, ...]

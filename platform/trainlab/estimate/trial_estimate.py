@@ -1,4 +1,4 @@
-"""One trial on one cluster, before it runs: memory (estimate.memory) and time (estimate.timing).
+"""One trial on one cluster, before it runs: memory (estimate.memory_model) and time (estimate.timing).
 
     est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]), trial_layout=plan_layout(run),
                          calibration=load_calibration(path))
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainlab.config.layout import TrialLayout
+from trainlab.config.layout_types import TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
-from trainlab.estimate.layout import Layout
-from trainlab.estimate.memory import rank_memories
+from trainlab.estimate.memory_model import rank_memories
+from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
@@ -26,7 +26,7 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialL
                    calibration: Calibration | None = None) -> Estimate:
     """Memory and time of `run` (validated) on `cluster`; ValueError naming the field, value and
     fix for a cluster that cannot hold the gang (too few devices, an unknown GPU type).
-    `trial_layout`: the layout the plan decided (plan.layout.plan_layout); never re-derived here."""
+    `trial_layout`: the layout the plan decided (plan.derive_layout.plan_layout); never re-derived here."""
     cal = calibration or Calibration()
     layout = Layout.of(run, cluster, trial_layout)
     device_type = "cpu" if layout.hardware[0].type == CPU else "cuda"
@@ -47,14 +47,14 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialL
 
 
 def memories_on(layout: Layout, *, device_type: str) -> list[RankMemory]:
-    """Each rank's memory (estimate.memory, uncalibrated) with its share of the batch."""
+    """Each rank's memory (estimate.memory_model, uncalibrated) with its share of the batch."""
     return rank_memories(layout.run, trial_layout=layout.trial_layout, device_type=device_type,
                          micro_batches=_largest_micro_batches(layout))
 
 
 def _largest_micro_batches(layout: Layout) -> list[int] | None:
     """Per data-parallel rank, its largest micro-batch where the split is not equal (the engine's
-    shares, estimate.layout): a faster rank of a weighted split holds a larger one."""
+    shares, estimate.rank_layout): a faster rank of a weighted split holds a larger one."""
     if layout.run.parallel.dp_balance == "equal" or len(layout.shares) <= 1:
         return None
     return [-(-sequences // micro) for sequences, micro in layout.shares]

@@ -27,7 +27,7 @@ from trainlab.launch.executors import CLUSTER, Executor, RayGang, Runner
 from trainlab.launch.outcome import TrialOutcome
 from trainlab.launch.plan import plan_launch
 from trainlab.plan.here import plan_here
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.trial_plan import TrialPlan
 from trainlab.redact import redact
 from trainlab.tracking.mlflow_ui import run_link
 from trainlab.tracking.runs import default_run_name

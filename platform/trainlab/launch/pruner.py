@@ -33,7 +33,7 @@ from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainlab.config.prune import PruneConfig
+from trainlab.config.prune_rule import PruneConfig
 from trainlab.events import ProgressEvent, StepDone
 
 Point = tuple[int, float]

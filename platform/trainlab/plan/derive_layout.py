@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from trainlab.config.layout import ParallelDims, TrialLayout
-from trainlab.config.load import ConfigError
+from trainlab.config.convert import ConfigError
+from trainlab.config.layout_types import ParallelDims, TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.config.validate import check_pp_layout
 from trainlab.vocab.precision import spec_of

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from trainlab import names
 from trainlab.config.checkpoints import checkpoint_root as default_checkpoint_root
-from trainlab.config.layout import ParallelDims, TrialLayout
-from trainlab.config.load import config_hash, hashed_config
+from trainlab.config.convert import config_hash, hashed_config
+from trainlab.config.layout_types import ParallelDims, TrialLayout
 from trainlab.config.schema import RunConfig
-from trainlab.estimate.fits import checked_estimate, estimate_run
-from trainlab.plan.layout import elastic_range, plan_layout
+from trainlab.estimate.fit_check import checked_estimate, estimate_run
+from trainlab.plan.derive_layout import elastic_range, plan_layout
 from trainlab.vocab.nodes import ClusterSpec
 from trainlab.vocab.precision import PrecisionSpec, spec_of
 
@@ -136,7 +136,7 @@ def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str = "", gang: 
     derives the rest from the config, once (`layout`: plan_layout(run), where the caller checked
     it already, before anything started). `estimate_on`: the devices the trial runs on (the
     caller's facts: a joined Ray cluster's nodes, this machine's GPUs); the plan's estimate is
-    made on them (estimate.fits.checked_estimate: ConfigError where it does not fit a GPU gang,
+    made on them (estimate.fit_check.checked_estimate: ConfigError where it does not fit a GPU gang,
     `warn`ed on CPU or where it cannot be made)."""
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainlab.vocab.formats import F32_MAN_BITS, FloatFormat
+from trainlab.vocab.format_names import F32_MAN_BITS, FloatFormat
 
 # ---------------------------------------------------------------------------------------------
 # rounding

@@ -1,8 +1,8 @@
 """Float format names: the eXmY grammar (`parse_format`) and what a format is (`FloatFormat`).
 
 Vocabulary: the config checks `precision.formats.*` with it, and the emulation
-(trainlab.precision.formats: rounding, scaling, fake casts) computes with it. The conventions
-(has_inf, "fn", ties to even) are described in trainlab.precision.formats.
+(trainlab.precision.fake_cast: rounding, scaling, fake casts) computes with it. The conventions
+(has_inf, "fn", ties to even) are described in trainlab.precision.fake_cast.
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # platform/: what children need on sys.path
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # platform/: what children need on sys.path
 
 _BLOCKER = '''import sys
 class _Absent:
-    """Written by trainlab.bench.acceptance --without: these packages behave as not installed."""
+    """Written by trainlab.bench.acceptance.gpu_accept --without: these packages behave as not installed."""
     names = {names!r}
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in self.names:

@@ -2,8 +2,8 @@
 
     bash .ci/gpu-accept                       # GPU machine: installs the carried wheels, then this
     bash .ci/gpu-accept --parts tests         # the second command of the same lease
-    python -m trainlab.bench.acceptance       # wherever Hydra and torchao are installed
-    python -m trainlab.bench.acceptance --device cpu --quick --without ray,mlflow   # the plumbing, on a CPU
+    python -m trainlab.bench.acceptance.gpu_accept       # wherever Hydra and torchao are installed
+    python -m trainlab.bench.acceptance.gpu_accept --device cpu --quick --without ray,mlflow   # the plumbing, on a CPU
 
 Parts (--parts; default env,table: the headline), each in processes of its own, so one that
 fails or hangs hides nothing else:
@@ -11,13 +11,13 @@ fails or hangs hides nothing else:
             bare matmul TFLOP/s per dtype, measured here (they size the plan)
   table     bf16, fp8_tensorwise, fp8_rowwise, fp8_delayed (--modes) train the same model on the
             same tokens from the same init, compiled as the engine compiles them (train.compile=
-            auto), under `torchrun --nproc-per-node 1` (trainlab.bench.fp8), modes sharing a
+            auto), under `torchrun --nproc-per-node 1` (trainlab.bench.fp8_vs_bf16), modes sharing a
             process where engine.isolation.fresh_gang_reason allows: tokens/s, MFU, val loss,
             peak memory, FP8 linears, compile seconds, each beside its estimate. The model is the
             largest preset that fits memory and the budget; the steps as many as fit
-            (acceptance_plan), printed before it starts
+            (workload), printed before it starts
   overhead  the engine against a bare PyTorch loop, both compiled or both eager
-            (trainlab.bench.overhead, tracking=none)
+            (trainlab.bench.engine_overhead, tracking=none)
   tests     pytest tests/gpu -m 'gpu and not slow' -v, JUnit XML to --out, stopped (SIGINT: pytest
             still writes its summary and XML) before the budget ends
 The plan printed first names the commands a 15-minute lease runs, each with the timeout_s to
@@ -43,15 +43,15 @@ from pathlib import Path
 
 import torch
 
-from trainlab.bench import acceptance_plan as plan_mod
-from trainlab.bench.acceptance_children import Children, child_env, error_line, tail, without
-from trainlab.bench.acceptance_plan import Group
-from trainlab.bench.acceptance_report import FINISHED, format_report, lease_lines, targets, write_report
-from trainlab.bench.acceptance_table import Table, run_table
-from trainlab.bench.acceptance_tests import PYTEST_INTERRUPT_S, run_tests
+from trainlab.bench.acceptance import workload as plan_mod
+from trainlab.bench.acceptance.children import Children, child_env, error_line, tail, without
+from trainlab.bench.acceptance.gpu_tests import PYTEST_INTERRUPT_S, run_tests
+from trainlab.bench.acceptance.report import FINISHED, format_report, lease_lines, targets, write_report
+from trainlab.bench.acceptance.table_runs import Table, run_table
+from trainlab.bench.acceptance.workload import Group
 from trainlab.devices import resolve_device
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 PARTS = ("env", "table", "overhead", "tests")
 HEADLINE_PARTS = ("env", "table")
 TESTS_SELECT = "gpu and not slow"
@@ -130,7 +130,7 @@ def table_overrides(base: list[str], *, sizing: plan_mod.Sizing, steps: int, eva
 
 
 def mode_configs(base: list[str], modes: list[str]) -> dict:
-    from trainlab.bench.fp8 import mode_overrides
+    from trainlab.bench.fp8_vs_bf16 import mode_overrides
     from trainlab.config import compose_run_config
 
     return {m: compose_run_config([*base, *mode_overrides(m)]) for m in modes}
@@ -161,7 +161,7 @@ def make_plan(args, *, env: dict, device: torch.device, parts: list[str], modes:
     if eval_batches < 1 or num_windows(len(corpus.train), candidates[0].seq_len) < micro:
         raise SystemExit(f"error: the table's corpus ({corpus.description}) holds too few windows of "
                          f"{candidates[0].seq_len} tokens for batches of {micro}: lower --seq-len or change "
-                         "acceptance_plan.TABLE_DATA")
+                         "workload.TABLE_DATA")
     ov_model, ov_seq, ov_steps, ov_repeats = overhead_shape(args)
     ov_sizing = plan_mod.size_of(ov_model, vocab_size=corpus.vocab_size, seq_len=ov_seq, micro_batch=OVERHEAD_BATCH)
     overhead_s = plan_mod.overhead_seconds(ov_sizing, steps=ov_steps, repeats=ov_repeats, rates=env["matmul_tflops"],
@@ -230,7 +230,7 @@ def later_seconds(sizing, *, steps: int, env: dict, costs, base: list[str], dev:
 # ---- overhead and tests ------------------------------------------------------------------
 def run_overhead(children: Children, *, overrides: list[str], repeats: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "trainlab.bench.overhead", "--repeats", str(repeats), *overrides]
+           "-m", "trainlab.bench.engine_overhead", "--repeats", str(repeats), *overrides]
     code, output = children.run("overhead", cmd)
     ratio = re.search(r"^ratio: ([0-9.]+)", output, re.M)
     median = re.search(r"^median: engine ([0-9,]+) tok/s\s+bare ([0-9,]+) tok/s", output, re.M)

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from trainlab.bench.acceptance_children import Children, error_line
+from trainlab.bench.acceptance.children import Children, error_line
 
 PYTEST_INTERRUPT_S = 10.0
 """From pytest's SIGINT at the deadline to SIGKILL: it writes its summary and XML in between."""

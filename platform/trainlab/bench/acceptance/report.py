@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from trainlab import names
-from trainlab.bench.acceptance_plan import LEASE_S, LEASE_START_S
+from trainlab.bench.acceptance.workload import LEASE_S, LEASE_START_S
 
 FP8_SPEEDUP_TARGET = 1.2
 """fp8_tensorwise tokens/s over bf16's, on the largest preset that fits one H100/H200."""
@@ -61,7 +61,7 @@ def ratio(measured: float | None, estimated: float | None) -> float | None:
 
 def same_tokens(rows: list[dict]) -> tuple[bool | None, str]:
     """Whether every finished row saw the same tokens (tokens_seen and the sha256 of its
-    batches, bench.fp8's data_sha256), and a line that says so."""
+    batches, bench.fp8_vs_bf16's data_sha256), and a line that says so."""
     done = [r for r in rows if r.get("status") == FINISHED]
     if not done:
         return None, "tokens: no finished mode"

@@ -1,5 +1,5 @@
 """The acceptance table's runs: each group of modes in one torchrun process of
-trainlab.bench.fp8, its rows read as they come (bench.fp8 rewrites its JSON after every mode),
+trainlab.bench.fp8_vs_bf16, its rows read as they come (bench.fp8_vs_bf16 rewrites its JSON after every mode),
 printed, and the report rewritten after each."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from trainlab.bench.acceptance_children import Children, error_line, tail
-from trainlab.bench.acceptance_plan import Group
-from trainlab.bench.acceptance_report import FINISHED
+from trainlab.bench.acceptance.children import Children, error_line, tail
+from trainlab.bench.acceptance.report import FINISHED
+from trainlab.bench.acceptance.workload import Group
 
 
 class Table:
@@ -60,11 +60,11 @@ def _run_group(children: Children, modes: list[str], *, overrides: list[str], wo
     out = work / f"{'_'.join(modes).replace('+', '-')}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "trainlab.bench.fp8", "--keep-going", "--precisions", ",".join(modes), "--json", str(out),
+           "-m", "trainlab.bench.fp8_vs_bf16", "--keep-going", "--precisions", ",".join(modes), "--json", str(out),
            *overrides]
     got: set[str] = set()
 
-    def poll() -> None:  # bench.fp8 rewrites its JSON (whole) after every mode
+    def poll() -> None:  # bench.fp8_vs_bf16 rewrites its JSON (whole) after every mode
         try:
             rows = json.loads(out.read_text())["rows"]
         except (OSError, ValueError, KeyError):

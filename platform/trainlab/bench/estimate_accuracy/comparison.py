@@ -3,7 +3,7 @@
     rows, fits = compare(measured, steps=8)
     summary(rows, kind="held_out")   # 'state bytes exact: n/n; peak memory within 15 %: n/n; ...'
 
-Each measured trial is estimated (trainlab.estimate.trial.estimate_trial on ClusterSpec.cpu(ranks=
+Each measured trial is estimated (trainlab.estimate.trial_estimate.estimate_trial on ClusterSpec.cpu(ranks=
 world)) three times: with the default calibration; in-sample, with a calibration fitted to
 every trial (calibration.fit); held out, with a calibration fitted to the other half of the
 trials only (two folds: the trials alternate between the halves in matrix order, so that both
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trainlab.bench.estimate_runner import Measured, run_config_of
-from trainlab.plan.layout import plan_layout
+from trainlab.bench.estimate_accuracy.measure import Measured, run_config_of
+from trainlab.plan.derive_layout import plan_layout
 
 PEAK_TOLERANCE = 0.15
 """Peak memory counts as right within +-15 % (the issue's target)."""
@@ -87,7 +87,7 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
     """Rows for every measured trial (skipped and failed ones too, without estimates), and what
     each calibration was fitted on (kind -> a line for the report)."""
     from trainlab.estimate.calibration import Calibration, Observation
-    from trainlab.estimate.fitting import fit
+    from trainlab.estimate.least_squares import fit
     from trainlab.vocab.nodes import ClusterSpec
 
     rows = [Row(m) for m in measured]
@@ -122,7 +122,7 @@ def compare(measured: list[Measured], *, steps: int) -> tuple[list[Row], dict[st
 
 
 def _estimate_row(row: Row, run, cluster, calibrations: dict) -> None:
-    from trainlab.estimate.trial import estimate_trial
+    from trainlab.estimate.trial_estimate import estimate_trial
 
     for kind, cal in calibrations.items():
         est = estimate_trial(run, cluster, trial_layout=plan_layout(run), calibration=cal)

@@ -1,16 +1,16 @@
 """Estimate vs measured on this CPU machine: every layout x precision the estimator covers, side by side.
 
-    trainlab bench estimate                    # the full matrix (bench/estimate_matrix.py), minutes
+    trainlab bench estimate                    # the full matrix (bench/estimate_accuracy/cases.py), minutes
     trainlab bench estimate --quick            # a smoke size: 4 tiny trials, 3 steps
     trainlab bench estimate --only fsdp,pp     # the trials whose name holds one of these
     trainlab bench estimate --measured DIR/estimate_bench_measured.json   # re-estimate, no training
 
 Trains every trial of the matrix through the real trainer on gloo ranks (one spawned group per
-world size runs its trials in turn; bench/estimate_runner.py), measuring per rank the bytes of
+world size runs its trials in turn; bench/estimate_accuracy/measure.py), measuring per rank the bytes of
 parameters, gradients and optimizer state, the peak resident set after warm-up and the steady
-step time; then estimates each trial (trainlab.estimate.trial.estimate_trial) with the default
+step time; then estimates each trial (trainlab.estimate.trial_estimate.estimate_trial) with the default
 calibration, in-sample (fitted to every trial) and held out (fitted to the other half only;
-bench/estimate_compare.py). Prints a table per trial with ratios (estimate / measured; '*' where
+bench/estimate_accuracy/comparison.py). Prints a table per trial with ratios (estimate / measured; '*' where
 a ratio is outside its tolerance), writes estimate_bench.csv, estimate_bench.png (log-log) and
 the measurements (estimate_bench_measured.json, for --measured) into --out, and ends with one
 summary line per calibration, the held-out one last:
@@ -29,10 +29,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trainlab.bench.estimate_compare import KINDS, compare, summary
-from trainlab.bench.estimate_matrix import Case, full_matrix, quick_matrix, steps_for
-from trainlab.bench.estimate_report import table_lines, write_csv, write_plot
-from trainlab.bench.estimate_runner import Measured, measure
+from trainlab.bench.estimate_accuracy.cases import Case, full_matrix, quick_matrix, steps_for
+from trainlab.bench.estimate_accuracy.comparison import KINDS, compare, summary
+from trainlab.bench.estimate_accuracy.measure import Measured, measure
+from trainlab.bench.estimate_accuracy.outputs import table_lines, write_csv, write_plot
 
 CSV_NAME = "estimate_bench.csv"
 PLOT_NAME = "estimate_bench.png"

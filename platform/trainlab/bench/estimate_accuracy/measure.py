@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainlab.bench.estimate_matrix import Case, by_world
+from trainlab.bench.estimate_accuracy.cases import Case, by_world
 
 FIXED = ("tracking=none", "train.eval_every=0", "train.numerics_every=0", "train.eval_batches=1",
          "train.log_every=1000000")
@@ -85,11 +85,11 @@ def _run_case(case: Case, *, steps: int, world: int) -> dict:
     import torch
 
     from trainlab import names
-    from trainlab.bench.parallel import _check_not_degenerate, _Latest, _trim_heap, gather_rows
+    from trainlab.bench.layout_speed import _check_not_degenerate, _Latest, _trim_heap, gather_rows
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
-    from trainlab.telemetry.memory import rss_gb
+    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.telemetry.peak_memory import rss_gb
 
     try:
         run = run_config_of(case, steps=steps)

@@ -14,7 +14,7 @@ import csv
 import math
 from pathlib import Path
 
-from trainlab.bench.estimate_compare import KINDS, PEAK_TOLERANCE, STEP_TOLERANCE, Row, within
+from trainlab.bench.estimate_accuracy.comparison import KINDS, PEAK_TOLERANCE, STEP_TOLERANCE, Row, within
 from trainlab.console import fmt
 
 HEADER = (f"{'trial':<28} {'x':>2} {'state MB':>9} {'exact':>5} {'peak GB':>8} {'est':>7} {'ratio':>6} "
