@@ -88,9 +88,10 @@ def test_the_recipe_and_the_estimate_read_the_same_peak(name):
     """MFU's peak dtype (the recipe's) and the estimate's compute peak both come from
     PrecisionSpec.peak_dtype: with precision.tf32 on a GPU only fp32 moves to the TF32 peak, and
     a mode whose matmuls run in an fp32 hp_dtype (FP8, emulated) stays at the fp32 peak, as it runs."""
-    from trainlab.estimate import ClusterSpec
     from trainlab.estimate.hardware import hardware
     from trainlab.estimate.trial_estimate import estimate_trial
+    from trainlab.plan.derive_layout import plan_layout
+    from trainlab.vocab.nodes import ClusterSpec
 
     was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
@@ -100,5 +101,5 @@ def test_the_recipe_and_the_estimate_read_the_same_peak(name):
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
     assert recipe.peak_dtype == ("tf32" if name == "fp32" else SPECS[name].matmul_dtype("fp32"))
-    est = estimate_trial(run, ClusterSpec.of_nodes(["1xH100"]))
+    est = estimate_trial(run, ClusterSpec.of_nodes(["1xH100"]), trial_layout=plan_layout(run))
     assert est.ranks[0].device.peak_tflops == hardware("H100").peak_tflops(recipe.peak_dtype)
