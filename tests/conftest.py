@@ -351,7 +351,7 @@ def probe_free_trainer(overrides: list[str], dist_info):
     stop or resume test checks, and costs seconds on a busy machine)."""
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
     from trainlab.telemetry import Peak, peak_flops
 
     with pytest.MonkeyPatch.context() as mp:

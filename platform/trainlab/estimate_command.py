@@ -47,9 +47,9 @@ def _labels(jobs) -> list[str]:
 
 def estimate_jobs(jobs) -> list:
     """Each job's TrialEstimate (an error where its cluster cannot be read or hold it)."""
-    from trainlab.estimate.fits import estimate_run
+    from trainlab.estimate.fit_check import estimate_run
     from trainlab.estimate.table import TrialEstimate
-    from trainlab.plan.layout import plan_layout
+    from trainlab.plan.derive_layout import plan_layout
 
     out = []
     for label, job in zip(_labels(jobs), jobs):
@@ -72,7 +72,7 @@ def described_cluster(run) -> tuple:
 
     from trainlab.config import ConfigError
     from trainlab.devices import resolve_device
-    from trainlab.estimate.fits import config_cluster, local_cluster
+    from trainlab.estimate.fit_check import config_cluster, local_cluster
     from trainlab.launch.estimate_cluster import placed_cluster, ray_cluster
     from trainlab.launch.plan import plan_gang
     from trainlab.launch.preflight import check_cluster
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> None:
     from trainlab.config.multirun import expand_jobs
     from trainlab.console import console
     from trainlab.estimate.table import ranking_table, trial_renderables
-    from trainlab.plan.layout import plan_layout
+    from trainlab.plan.derive_layout import plan_layout
     from trainlab.redact import redact
 
     if any(a in ("-h", "--help") for a in argv):

@@ -21,7 +21,7 @@ import asyncio
 import os
 import sys
 
-from trainlab.config.load import REPO_ROOT
+from trainlab.config.convert import REPO_ROOT
 from trainlab.ray_job import DEFAULT_OUTPUT_ROOT, OUTPUT_ROOT_ENV
 
 EXCLUDES = [".venv", ".git", "outputs", "multirun", "mlruns", "mlartifacts", "mlflow.db",

@@ -179,7 +179,7 @@ TAG_PRUNED_STEP = "pruned_step"
 """Status pruned: the last step the trial trained (its ranks agreed to stop after it)."""
 TAG_MFU_PEAK_SOURCE = "mfu_peak_source"
 TAG_MEMORY_SOURCE = "memory_source"
-"""What sys/peak_mem_gb measures on this device (telemetry.memory.MEMORY_SOURCES)."""
+"""What sys/peak_mem_gb measures on this device (telemetry.peak_memory.MEMORY_SOURCES)."""
 TAG_CHECKPOINT_DIR = "checkpoint_dir"
 """Where the trial's checkpoints are: a rerun of its sweep resumes it from there."""
 TAG_RESUMED_FROM = "resumed_from"
@@ -282,13 +282,13 @@ SPILL_FILE = "mlflow_spill.jsonl"
 (`trainlab import-spill` delivers them)."""
 ARTIFACT_DETAIL = "detail.parquet"
 """On a trial (and in its output dir): the per-layer and per-rank numbers in long format, one
-row per (step, metric): trainlab.tracking.detail.COLUMNS. Kept out of the run's metrics
+row per (step, metric): trainlab.tracking.detail_table.COLUMNS. Kept out of the run's metrics
 (tracking.detail=summary) so that a model of any depth logs the same few dozen metrics."""
 DETAIL_ROWS_FILE = "detail_rows.csv"
 """In a trial's output dir: the rows of ARTIFACT_DETAIL as rank 0 logs them (appended, so a
 crash keeps them; the next start of the trial, or its close, turns them into the Parquet)."""
 
-# -- per rank (issue 5) ------------------------------------------------------------------
+# -- per rank: each rank's time and memory, and their spread over ranks ------------------
 # trainlab.telemetry.ranks: each rank's numbers under rank/<r>/<key>, plus aggregates over
 # ranks under sys/; gathered to rank 0 at log steps
 RANK_PREFIX = "rank/"
@@ -344,7 +344,7 @@ PP_BUBBLE_THEORY = "sys/pp_bubble_theory"
 PP_BUBBLE = "sys/pp_bubble"
 """Pipelines: the measured idle share of this step on rank 0 (1 - its busy fraction)."""
 
-# -- the estimate (issue 20) ---------------------------------------------------------------
+# -- the estimate: what the driver predicted, beside what the trial measured ---------------
 # trainlab.estimate: what the driver estimated for the trial before it started (TrialPlan.estimate),
 # logged at its first step beside what it then measured, and at its end the ratios of the two
 EST_PREFIX = "est/"
@@ -385,7 +385,7 @@ TAG_EST_CALIBRATION = "est/calibration"
 TAG_EST_CLUSTER = "est/cluster"
 """The cluster the estimate was made for, e.g. '8xH100 + 8xH100' or '4xcpu'."""
 
-# -- reproducibility (issue 6) -----------------------------------------------------------
+# -- reproducibility: checksums of a trial's final parameters and loss curve -------------
 # trainlab.telemetry.checksum: at the end of every trial; compare groups the runs that should
 # match (compare/repro.py) and says whether these agree and, if not, by how much
 TAG_PARAMS_SHA = "repro/params_sha256"

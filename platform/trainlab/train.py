@@ -1,6 +1,6 @@
 """`trainlab train` / `python -m trainlab.train`: the Hydra app of one trial.
 
-It picks the executor of the trial's one lifecycle (launch.trial.train): started by torchrun
+It picks the executor of the trial's one lifecycle (launch.lifecycle.train): started by torchrun
 (WORLD_SIZE in the environment) this process is one rank of the gang, no Ray (launch.executors.
 Torchrun); otherwise the trial runs as a Ray gang (RayGang). Everything below takes a typed RunConfig.
 """
@@ -33,7 +33,7 @@ def under_torchrun() -> bool:
 def app(cfg: DictConfig) -> float | None:
     from trainlab.launch.executors import RayGang, Torchrun
     from trainlab.launch.interrupt import release_cluster
-    from trainlab.launch.trial import train
+    from trainlab.launch.lifecycle import train
 
     executor = Torchrun() if under_torchrun() else RayGang()
     try:

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import REPO, free_port
 from trainlab import names
-from trainlab.bench.acceptance_children import without
-from trainlab.bench.acceptance_plan import largest_fitting
-from trainlab.bench.fp8 import mode_overrides
+from trainlab.bench.acceptance.children import without
+from trainlab.bench.acceptance.workload import largest_fitting
+from trainlab.bench.fp8_vs_bf16 import mode_overrides
 
 pytestmark = pytest.mark.distributed
 
@@ -52,7 +52,7 @@ def test_acceptance_command_prints_the_table_and_ends_with_fp8_over_bf16(tmp_pat
     runs with tracking=none, both loops eager, the table and targets are printed and written to
     --out, and the last line is fp8/bf16."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "trainlab.bench.acceptance", "--device", "cpu", "--quick",
+    cmd = [sys.executable, "-m", "trainlab.bench.acceptance.gpu_accept", "--device", "cpu", "--quick",
            "--without", "ray,mlflow", "--modes", "bf16,fp8_tensorwise", "--parts", "env,table,overhead",
            "--out", str(out)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, hidden=""), capture_output=True, text=True,

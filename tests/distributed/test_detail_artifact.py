@@ -91,8 +91,8 @@ def test_detail_full_restores_the_metrics_and_they_equal_the_table(tmp_path):
 @pytest.mark.slow
 def test_compare_reads_the_table_from_an_mlflow_server(mlflow_server, tmp_path):
     """Proxied artifacts (mlflow-artifacts:/): compare's reader and its per-layer plot."""
-    from trainlab.compare.detail import read_detail
     from trainlab.compare.layer_plots import LAYERS_PNG, write_layer_heatmaps
+    from trainlab.compare.read_detail import read_detail
     from trainlab.compare.records import Summary, SweepData, Trial
     from trainlab.compare.summarize import summarize
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import rank_env, spawn_ranks
 from trainlab.config import compose_run_config
 from trainlab.distributed import close_distributed
-from trainlab.precision.formats import quantize, tensor_scale
-from trainlab.vocab.formats import parse_format
+from trainlab.precision.fake_cast import quantize, tensor_scale
+from trainlab.vocab.format_names import parse_format
 
 pytestmark = pytest.mark.distributed
 
@@ -23,7 +23,7 @@ def _grads(run):
     """One forward/backward of the trial's model on a fixed batch; grads by parameter name."""
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
     torch.manual_seed(123)  # the same batch on every rank

@@ -5,7 +5,7 @@ dp_pp, fsdp_tp) and each precision mode on ddp and fsdp, every rank builds the r
 (engine.run.build_trainer), trains two steps, and compares on its own rank:
 parallel.fsdp.sharded_bytes (parameters, gradients, optimizer state: what the rank/* metrics
 log) and the FP8 scale state it holds (fp8_delayed's buffers, torchao's precomputed scales)
-with trainlab.estimate.memory.rank_memories(run)[rank], made from the config alone. Rank 0
+with trainlab.estimate.memory_model.rank_memories(run)[rank], made from the config alone. Rank 0
 returns every rank's pair, so a failure shows each rank's numbers.
 """
 
@@ -70,10 +70,10 @@ def _measured_vs_estimated(rank: int, world: int, overrides: list[str]) -> list[
     from trainlab.config import compose_run_config
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.estimate.memory import rank_memories
+    from trainlab.estimate.memory_model import rank_memories
     from trainlab.parallel.fsdp import sharded_bytes
-    from trainlab.plan.layout import plan_layout
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.derive_layout import plan_layout
+    from trainlab.plan.trial_plan import plan_trial
     from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])

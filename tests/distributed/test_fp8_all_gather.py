@@ -57,7 +57,7 @@ def _case(overrides: list[str], world: int) -> dict:
     from trainlab.config import compose_run_config
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import _layer_tags, build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import rank_env, reporting_to, spawn_ranks
-from trainlab.telemetry.memory import rss_gb
+from trainlab.telemetry.peak_memory import rss_gb
 
 pytestmark = pytest.mark.distributed
 
@@ -38,7 +38,7 @@ BIG = ["model=tiny", "model.dim=1024", "model.n_heads=8", "model.n_kv_heads=8", 
 def _build(overrides: list[str], dist_info):
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
     from trainlab.telemetry import peak_flops
     from trainlab.telemetry.peak_flops import Peak
 
@@ -100,7 +100,7 @@ def _build_growth(rank: int, world: int, port: int, out) -> None:
     rank_env(rank, world, port)
     from trainlab.distributed import setup_distributed
     from trainlab.parallel.fsdp import sharded_bytes
-    from trainlab.telemetry.memory import peak_memory_gb, reset_peak_memory
+    from trainlab.telemetry.peak_memory import peak_memory_gb, reset_peak_memory
 
     with reporting_to(out):
         dist_info = setup_distributed("cpu")

@@ -115,7 +115,7 @@ def _syncs(layout: str) -> dict:
     from host_syncs import HostSyncs
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     run = compose_run_config(["model=tiny", "data=markov", "cluster.device=cpu", "cluster.num_workers=2",
                               "tracking=none", "train.seq_len=32", "train.global_batch_size=4",

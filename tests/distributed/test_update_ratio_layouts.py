@@ -20,7 +20,7 @@ LAYOUTS = ("ddp", "zero1", "fsdp", "tp")
 def _ratios(layout_overrides: list[str], dist_info) -> dict[int, tuple[float, float]]:
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
     from trainlab.telemetry import peak_flops
     from trainlab.telemetry.peak_flops import Peak
 

@@ -21,7 +21,7 @@ import torch
 
 from conftest import REPO, RecordingTracker
 from trainlab import names
-from trainlab.bench.fp8 import mode_overrides
+from trainlab.bench.fp8_vs_bf16 import mode_overrides
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.telemetry.peak_flops import gpu_peak
@@ -124,7 +124,7 @@ def test_fp8_layers_really_run_fp8_matmuls(mode, cuda_dist_info):
     from torch.profiler import ProfilerActivity, profile
 
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     skip_unless_runs(mode)
     trainer = build_trainer(plan_trial(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), device="cuda"), cuda_dist_info)

@@ -51,10 +51,10 @@ def test_estimate_matches_the_trainers_state_and_its_peak(nccl_group, overrides)
     from trainlab.config import compose_run_config
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.estimate.memory import rank_memories
+    from trainlab.estimate.memory_model import rank_memories
     from trainlab.parallel.fsdp import sharded_bytes
-    from trainlab.plan.layout import plan_layout
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.derive_layout import plan_layout
+    from trainlab.plan.trial_plan import plan_trial
 
     run = compose_run_config([*SMALL, *overrides])
     (estimate,) = rank_memories(run, trial_layout=plan_layout(run), device_type="cuda")

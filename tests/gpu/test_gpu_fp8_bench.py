@@ -26,7 +26,7 @@ def test_fp8_bench_trains_bf16_and_fp8_on_the_same_tokens(tmp_path):
         pytest.skip("needs FP8 tensor cores (SM 8.9+)")
     out = tmp_path / "fp8.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "trainlab.bench.fp8", "--precisions", "bf16,fp8_tensorwise", "--json", str(out),
+           "-m", "trainlab.bench.fp8_vs_bf16", "--precisions", "bf16,fp8_tensorwise", "--json", str(out),
            "model=125m", "data=markov", "data.vocab_size=256", "train.seq_len=1024",
            "train.micro_batch_size=8", "train.global_batch_size=8", "train.max_steps=40",
            "train.eval_batches=8", "train.numerics_every=0", "train.compile=true", "train.compile_unit=block",

@@ -143,7 +143,7 @@ def test_a_gpu_step_between_log_steps_syncs_the_host_once(precision):
         pytest.skip("bf16 needs SM 8.0+")
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial import plan_trial
+    from trainlab.plan.trial_plan import plan_trial
 
     run = compose_run_config(["model=tiny", "data=markov", f"precision={precision}", "cluster.device=cuda",
                               "cluster.num_workers=1", "tracking=none", "train.seq_len=64",

@@ -37,7 +37,7 @@ import torch
 
 from conftest import read_only_dir
 from trainlab.config import ConfigError
-from trainlab.config.load import CONF_DIR, SWEEPS_DIR
+from trainlab.config.convert import CONF_DIR, SWEEPS_DIR
 from trainlab.config.overrides import check_overrides
 from trainlab.data import write_token_file
 from trainlab.redact import redact

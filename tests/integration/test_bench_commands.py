@@ -17,11 +17,12 @@ import subprocess
 import pytest
 
 from conftest import REPO, trainlab_cmd
+from trainlab.bench import MODULES
 
 SMALL = ["model=tiny", "data=markov", "train.seq_len=32"]
 # name: (id, the bench's arguments at smoke size, the ratio line, the number in it that must be > 0)
 SMOKE = {
-    # tracking=none: MLflow's writer and store cost a minute here (test_bench_overhead.py runs them)
+    # tracking=none: MLflow's writer and store cost a minute here (test_engine_overhead.py runs them)
     "overhead": ("overhead", ["--repeats", "1", *SMALL, "train.max_steps=5", "train.global_batch_size=4",
                               "train.micro_batch_size=4", "tracking=none"],
                  r"ratio: (\d+\.\d{3})"),
@@ -40,10 +41,10 @@ SMOKE = {
     "fp8_matmul": ("fp8", ["--matmul", "--sizes", "64,128"],
                    r"\s*128\s+\d+\.\d\s+\d+\.\d\s+(\d+\.\d{2})x"),
 }
-ELSEWHERE = {"sweep": "integration/test_bench_sweep.py", "prune": "integration/test_bench_prune.py",
-             "parallel": "distributed/test_bench_parallel.py",
-             "checkpoint": "distributed/test_bench_checkpoint.py", "acceptance": "distributed/test_acceptance.py",
-             "estimate": "integration/test_bench_estimate.py"}
+ELSEWHERE = {"sweep": "integration/test_sweep_overhead.py", "prune": "integration/test_prune_savings.py",
+             "parallel": "distributed/test_layout_speed.py",
+             "checkpoint": "distributed/test_checkpoint_cost.py", "acceptance": "distributed/test_acceptance.py",
+             "estimate": "integration/test_estimate_vs_measured.py"}
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs" / "pages").rglob("*.md"))]
@@ -51,9 +52,14 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs" / "pages").rglob("*.md"))]
 
 
 def benches_named() -> set[str]:
-    """Every bench a doc names: `trainlab bench NAME` or `trainlab.bench.NAME` (torchrun's form)."""
-    pattern = r"(?:trainlab bench |trainlab\.bench\.)(\w+)"
-    return {name for page in DOCS for name in re.findall(pattern, page.read_text())}
+    """Every bench a doc names: `trainlab bench NAME` or `trainlab.bench.MODULE` (torchrun's form)."""
+    name_of = {module: name for name, module in MODULES.items()}
+    named = set()
+    for page in DOCS:
+        text = page.read_text()
+        named |= set(re.findall(r"trainlab bench (\w+)", text))
+        named |= {name_of.get(module, module) for module in re.findall(r"trainlab\.bench\.(\w+(?:\.\w+)*)", text)}
+    return named
 
 
 def test_every_bench_the_docs_name_has_a_smoke_test():

@@ -9,7 +9,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

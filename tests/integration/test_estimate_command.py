@@ -14,8 +14,8 @@ import pytest
 
 from conftest import assert_refused, closed_port, trainlab_cmd
 from trainlab.config import compose_run_config
-from trainlab.estimate.trial import estimate_trial
-from trainlab.plan.layout import plan_layout
+from trainlab.estimate.trial_estimate import estimate_trial
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.nodes import ClusterSpec
 
 

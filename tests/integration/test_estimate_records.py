@@ -19,8 +19,8 @@ from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.estimate.calibration import load_calibration
-from trainlab.estimate.trial import estimate_trial
-from trainlab.plan.layout import plan_layout
+from trainlab.estimate.trial_estimate import estimate_trial
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.nodes import ClusterSpec
 
 pytestmark = [pytest.mark.slow]  # three trials into a server, two CLI subprocesses, a browser

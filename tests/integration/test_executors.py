@@ -1,4 +1,4 @@
-"""The one trial lifecycle (launch.trial.train) on the executors that need no Ray
+"""The one trial lifecycle (launch.lifecycle.train) on the executors that need no Ray
 (launch.executors): InProcess, and Torchrun as rank 0 or another rank of its gang, recorded in a
 real MLflow store (sqlite). The Ray gang's side is test_trial's and test_interrupt's."""
 
@@ -12,7 +12,7 @@ from trainlab.config import compose_run_config
 from trainlab.console import console
 from trainlab.events import TrialResult
 from trainlab.launch.executors import InProcess, Torchrun
-from trainlab.launch.trial import train
+from trainlab.launch.lifecycle import train
 
 STEPS = 3
 TINY = ["model=tiny", "data=markov", f"train.max_steps={STEPS}", "train.global_batch_size=4",

@@ -13,7 +13,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 
 pytestmark = pytest.mark.slow
 

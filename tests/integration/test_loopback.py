@@ -56,7 +56,7 @@ def test_local_cluster_binds_to_loopback(tmp_path, cli_env):
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
-# a real 2-worker trial through the driver's own call (launch.trial.train: preflight, the local
+# a real 2-worker trial through the driver's own call (launch.lifecycle.train: preflight, the local
 # cluster, the Ray Train gang, an MLflow store), the listening sockets of every process under
 # this one (Ray's services, the Ray Train workers, their MLflow writer) listed at each step
 # event rank 0 sends, i.e. while the process group and its store are up
@@ -64,7 +64,7 @@ _TRIAL = """
 import json, sys
 import psutil
 from trainlab.config import compose_run_config
-from trainlab.launch.trial import train
+from trainlab.launch.lifecycle import train
 
 listening, samples = set(), []
 

@@ -15,8 +15,8 @@ from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
-from trainlab.launch.trial import train
-from trainlab.plan.trial import plan_trial
+from trainlab.launch.lifecycle import train
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.tracking.runs import open_trial_run
 from trainlab.tracking.sweep_runs import open_sweep_parent
 from trainlab.tracking.trial_tracking import rank0_tracker
@@ -32,7 +32,7 @@ EXPERIMENT = "ui_experiment"
 
 
 def _in_process(plan, *, name, tracking, on_event, stop):
-    """launch.trial.train's runner without Ray: rank 0 alone, here, logging as a worker would."""
+    """launch.lifecycle.train's runner without Ray: rank 0 alone, here, logging as a worker would."""
     return run_trial(plan, tracker_factory=lambda *_: rank0_tracker(plan, tracking))
 
 
@@ -97,7 +97,7 @@ def test_params_are_the_knobs_and_paths_are_tags(sweep):
 
 
 def test_compare_reads_the_per_run_keys_back(sweep, mlflow_server):
-    from trainlab.compare.load import load_sweep
+    from trainlab.compare.read_sweep import load_sweep
 
     data = load_sweep(tracking_uri=mlflow_server.uri, sweep="ui_sweep")
     assert {t.params["output_dir"] for t in data.trials} == {str(sweep["root"] / "t0"), str(sweep["root"] / "t1")}

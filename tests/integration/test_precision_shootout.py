@@ -75,7 +75,7 @@ def test_precision_shootout_sweep_and_compare(tmp_path):
     assert tensorwise.tags[names.TAG_FP8_LAYERS] == "14/15"  # the LM head stays in bf16/fp32
     assert tensorwise.tags[names.TAG_HP_LAYERS] == "output: output"  # kept by the entry "output"
     # per layer: in the trial's detail table (tracking.detail=summary), read as compare reads it
-    from trainlab.compare.detail import read_detail
+    from trainlab.compare.read_detail import read_detail
 
     per_layer = names.cast_metric("layers.0.feed_forward.w2", "grad_output", names.CAST_UNDERFLOW)
     assert per_layer not in tensorwise.metrics

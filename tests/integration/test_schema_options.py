@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import assert_refused, trainlab_cmd
 from trainlab.config import CONF_DIR, GROUPS, ConfigError, register_configs
-from trainlab.config.load import schema_at
+from trainlab.config.convert import schema_at
 from trainlab.config.overrides import check_overrides
 
 

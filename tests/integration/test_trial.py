@@ -21,7 +21,7 @@ def _history(client, run_id, key):
 
 
 def test_two_worker_trial_lands_in_mlflow(ray_cluster, tmp_path, monkeypatch):
-    from trainlab.launch.trial import train
+    from trainlab.launch.lifecycle import train
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -85,7 +85,7 @@ def test_failed_trial_is_recorded_as_failed(ray_cluster, tmp_path, monkeypatch):
     import numpy as np
 
     from trainlab.data import write_token_file
-    from trainlab.launch.trial import train
+    from trainlab.launch.lifecycle import train
 
     monkeypatch.chdir(tmp_path)
     tokens = tmp_path / "tokens.bin"

@@ -14,7 +14,7 @@ from trainlab.config import ConfigError, compose_run_config, ignored_options
 from trainlab.data import TokenBatches
 from trainlab.data.shares import Share, apportion, loss_weight, plan_shares
 from trainlab.engine.slowdown import Slowdown
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.telemetry.ranks import RankTimer
 
 

@@ -255,6 +255,6 @@ def test_short_val_split_gives_fewer_batches_then_an_error():
 @pytest.mark.parametrize("cfg", [DataConfig(name="text"), DataConfig(name="markov", vocab_size=64, num_tokens=5000)])
 def test_corpus_vocab_size_is_what_build_corpus_gives(cfg):
     """Estimates size the embedding without building the corpus: the same vocabulary."""
-    from trainlab.data.build import build_corpus, corpus_vocab_size
+    from trainlab.data.build_corpus import build_corpus, corpus_vocab_size
 
     assert corpus_vocab_size(cfg) == build_corpus(cfg).vocab_size

@@ -11,7 +11,7 @@ import pytest
 
 from trainlab.config import ConfigError, compose_run_config, config_hash
 from trainlab.config.checkpoints import META_FILE, CheckpointError, step_dir
-from trainlab.config.load import hashed_config
+from trainlab.config.convert import hashed_config
 from trainlab.config.moved import MOVED_KEYS
 from trainlab.config.overrides import check_overrides
 from trainlab.config.schema import PrecisionConfig

@@ -9,8 +9,8 @@ import pytest
 from trainlab import names
 from trainlab.config import ConfigError, compose_run_config, config_hash
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
-from trainlab.plan.layout import plan_layout
-from trainlab.plan.trial import plan_trial, replan
+from trainlab.plan.derive_layout import plan_layout
+from trainlab.plan.trial_plan import plan_trial, replan
 
 ELASTIC = ["cluster.num_workers=2", "cluster.min_workers=1", "cluster.max_failures=1",
            "train.global_batch_size=16", "train.micro_batch_size=2"]
@@ -76,7 +76,7 @@ def test_how_a_trial_survives_faults_is_not_what_it_trains():
 
 def test_ray_is_asked_for_a_range_and_the_run_is_tagged_elastic():
     from trainlab.launch.placement import scaling
-    from trainlab.plan.trial import GangShape
+    from trainlab.plan.trial_plan import GangShape
     from trainlab.tracking.runs import trial_tags
 
     elastic = compose_run_config([*ELASTIC, "cluster.resize_interval_s=5"])

@@ -20,7 +20,7 @@ from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision import capability as precision_capability
 from trainlab.precision.capability import (
     MIN_CUDA_CAPABILITY,

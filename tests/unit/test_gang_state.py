@@ -15,7 +15,7 @@ from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
 from trainlab.parallel.compile import compile_blocks
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, peak_flops
 

@@ -18,7 +18,7 @@ import pytest
 
 from trainlab.config import compose_run_config, config_hash
 from trainlab.config.checkpoints import META_FILE, CheckpointError, step_dir
-from trainlab.config.load import hashed_config
+from trainlab.config.convert import hashed_config
 from trainlab.engine import integrity
 from trainlab.engine.resume import check_checkpoint, resolve_resume, verify_here
 

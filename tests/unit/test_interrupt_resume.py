@@ -13,7 +13,7 @@ from conftest import probe_free_trainer, train_off_main_thread
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine import preemption
-from trainlab.tracking.resume import unfinished_trial
+from trainlab.tracking.continued_run import unfinished_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
 
 TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=4",
@@ -42,7 +42,7 @@ def test_without_listening_an_outside_request_is_not_read(dist_info):
 
 # ---------------------------------------------------------------- finding the unfinished trial
 def _trial(uri: str, run, root, *, status: str, ckpt_step: int | None, parent: str | None = None) -> str:
-    """A trial's run as launch.trial leaves it, with a complete checkpoint folder (or none)."""
+    """A trial's run as launch.lifecycle leaves it, with a complete checkpoint folder (or none)."""
     tags = {**trial_tags(run), names.TAG_CHECKPOINT_DIR: str(root), names.TAG_STATUS: status}
     trial = open_trial_run(run, tracking_uri=uri, tags=tags, parent_run_id=parent)
     if ckpt_step is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainlab.config.layout import ParallelDims
+from trainlab.config.layout_types import ParallelDims
 from trainlab.parallel.mesh import coords, mesh_shape
 
 

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from trainlab.config import ConfigError
-from trainlab.config.load import flatten
+from trainlab.config.convert import flatten
 from trainlab.config.multirun import expand_jobs
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 
 # the real `hydra.main` of conf/, its launcher swapped for Hydra's basic one: each job prints its
 # overrides and its validated config
@@ -23,7 +23,7 @@ import json, sys
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from trainlab.config import CONF_DIR, register_configs, to_run_config
-from trainlab.config.load import flatten
+from trainlab.config.convert import flatten
 register_configs()
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def task(cfg):

@@ -82,7 +82,7 @@ def test_an_option_from_outside_would_otherwise_compose(tmp_path):
     """The hole exists: Hydra itself composes a YAML reached with '..' (so the check is needed)."""
     from hydra import compose, initialize_config_dir
 
-    from trainlab.config.load import CONF_DIR
+    from trainlab.config.convert import CONF_DIR
     from trainlab.config.schema import register_configs
 
     (tmp_path / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")

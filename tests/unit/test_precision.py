@@ -17,7 +17,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision.emulate import emulate_fp16_linears, round_fp16
 from trainlab.precision.recipes import build_recipe
 
@@ -221,8 +221,8 @@ def test_diverged_step_is_where_the_loss_went_nonfinite_after_an_fp16_overflow(d
 # ----------------------------------------------------------------------- emulated formats
 def test_emulated_linear_casts_input_and_weight_forward_and_gradient_backward():
     from trainlab.precision.emulate import emulate_linear
-    from trainlab.precision.formats import quantize, tensor_scale
-    from trainlab.vocab.formats import parse_format
+    from trainlab.precision.fake_cast import quantize, tensor_scale
+    from trainlab.vocab.format_names import parse_format
 
     e3m2, e2m1 = parse_format("e3m2"), parse_format("e2m1fn")
     torch.manual_seed(0)
@@ -246,8 +246,8 @@ def test_emulated_linear_casts_input_and_weight_forward_and_gradient_backward():
 
 
 def test_emulated_optimizer_states_hold_only_values_of_the_format(dist_info):
-    from trainlab.precision.formats import fake_quantize
-    from trainlab.vocab.formats import parse_format
+    from trainlab.precision.fake_cast import fake_quantize
+    from trainlab.vocab.format_names import parse_format
 
     run = compose_run_config(TINY_RUN + ["precision=emulated", "precision.hp_dtype=fp32",
                                          "precision.formats.optimizer_states=e4m3",

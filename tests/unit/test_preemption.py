@@ -12,7 +12,7 @@ import pytest
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.telemetry import Peak, peak_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,7 +18,7 @@ from trainlab.engine import preemption
 from trainlab.engine.checkpoint import Checkpointer
 from trainlab.engine.run import Attempt
 from trainlab.events import StepDone
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
 from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, unfinished_checkpoints
 from trainlab.vocab.tracker import NullTracker

@@ -17,7 +17,7 @@ from trainlab.compare.repro import math_key, reproducibility, same_math
 from trainlab.config import compose_run_config, ignored_options
 from trainlab.models import build_model
 from trainlab.parallel.pp import split_stages
-from trainlab.plan.layout import plan_layout, unordered_reductions
+from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.telemetry.checksum import (
     canonical_name,
     combine,

@@ -15,11 +15,11 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry import GradNormWindow, NumericsProbe, Peak, peak_flops, update_to_weight
-from trainlab.vocab.formats import parse_format
+from trainlab.vocab.format_names import parse_format
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

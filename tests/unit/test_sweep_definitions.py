@@ -23,8 +23,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from trainlab.config import ConfigError
-from trainlab.config.load import CONF_DIR, SWEEPS_DIR, to_run_config
-from trainlab.config.prune import PruneConfig, check_prunable
+from trainlab.config.convert import CONF_DIR, SWEEPS_DIR, to_run_config
+from trainlab.config.prune_rule import PruneConfig, check_prunable
 from trainlab.config.schema import register_configs
 from trainlab.launch.preflight import preflight
 from trainlab.precision.capability import cpu_lacks_native

@@ -14,7 +14,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.rollback import Rollback, attempt_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.telemetry import Peak, peak_flops
 from trainlab.telemetry import throughput as throughput_module
 

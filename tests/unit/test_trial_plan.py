@@ -12,7 +12,7 @@ import torch
 from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config, from_dict
-from trainlab.config import load as config_load
+from trainlab.config import convert as config_load
 from trainlab.config import schema as config_schema
 from trainlab.console import ProgressLine, console, status_text
 from trainlab.devices import resolve_device
@@ -20,7 +20,7 @@ from trainlab.engine.run import run_trial
 from trainlab.events import Notice, StepDone, TrialFinished, TrialResult, TrialStarted
 from trainlab.launch.preflight import check_device
 from trainlab.plan.here import plan_here
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.tracking.runs import closing_tags
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=3", "train.global_batch_size=4", "train.micro_batch_size=4",

@@ -13,10 +13,10 @@ from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
-from trainlab.plan.trial import plan_trial
+from trainlab.plan.trial_plan import plan_trial
 from trainlab.telemetry import UpdateMeter, peak_flops, update_to_weight
-from trainlab.telemetry.memory import peak_memory_gb, reset_peak_memory, rss_gb
 from trainlab.telemetry.peak_flops import Peak
+from trainlab.telemetry.peak_memory import peak_memory_gb, reset_peak_memory, rss_gb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

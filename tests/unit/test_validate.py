@@ -20,7 +20,7 @@ from trainlab.config import (
     from_dict,
 )
 from trainlab.data import write_token_file
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 
 
 def _options(group: str) -> list[str]:

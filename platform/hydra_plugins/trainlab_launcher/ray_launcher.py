@@ -40,7 +40,7 @@ class TrainlabRayLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from trainlab.config.prune import prune_config
+        from trainlab.config.prune_rule import prune_config
         from trainlab.launch.sweep import run_sweep
 
         assert self.config is not None and self.hydra_context is not None

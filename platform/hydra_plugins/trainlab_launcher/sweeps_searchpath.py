@@ -11,6 +11,6 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class TrainlabSweepsSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from trainlab.config.load import SWEEPS_DIR
+        from trainlab.config.convert import SWEEPS_DIR
 
         search_path.append(provider="trainlab-sweeps", path=f"file://{SWEEPS_DIR}")

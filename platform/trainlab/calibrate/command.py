@@ -2,7 +2,7 @@
 
     trainlab calibrate [--tracking-uri URI] [--experiment E] [--sweep NAME] [-o calibration.json]
 
-Reads every finished trial (calibrate.store), fits (estimate.calibration.fit), writes the JSON
+Reads every finished trial (calibrate.observations), fits (estimate.calibration.fit), writes the JSON
 that cluster.calibration=PATH reads, and prints each trial's estimate before and after the fit
 beside what it measured, with the error of each.
 """
@@ -67,9 +67,9 @@ def calibrate(*, tracking_uri: str, experiment: str | None, sweep: str | None, o
     from rich.table import Table
     from rich.text import Text
 
-    from trainlab.calibrate.store import read_observations
-    from trainlab.estimate.fitting import fit
-    from trainlab.estimate.trial import estimate_trial
+    from trainlab.calibrate.observations import read_observations
+    from trainlab.estimate.least_squares import fit
+    from trainlab.estimate.trial_estimate import estimate_trial
 
     found = read_observations(tracking_uri=tracking_uri, experiment=experiment, sweep=sweep)
     for why in found.skipped:

@@ -4,9 +4,9 @@ load (MLflow -> records) -> summarize (pure) -> tables / plots / html_report (fi
 logged to the sweep's parent run under names.ARTIFACT_COMPARE_DIR.
 """
 
-from trainlab.compare.cli import main
+from trainlab.compare.command_line import main
 from trainlab.compare.compare_sweep import CompareResult, compare_sweep, write_outputs
-from trainlab.compare.load import load_sweep
+from trainlab.compare.read_sweep import load_sweep
 from trainlab.compare.records import ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import summarize
 

@@ -12,7 +12,7 @@ from trainlab.compare import estimates, plots, tables
 from trainlab.compare.answer import without_trials
 from trainlab.compare.html_report import write_report
 from trainlab.compare.layer_plots import write_layer_heatmaps
-from trainlab.compare.load import load_sweep
+from trainlab.compare.read_sweep import load_sweep
 from trainlab.compare.records import Answer, ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import TOLERANCE, summarize
 

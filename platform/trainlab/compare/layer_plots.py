@@ -2,7 +2,7 @@
 statistic that is worst over the sweep (the largest underflow or overflow fraction any layer
 reached; the gradients' amax where nothing flushed or saturated).
 
-The numbers come from each trial's detail table (compare.detail, names.ARTIFACT_DETAIL); one
+The numbers come from each trial's detail table (compare.read_detail, names.ARTIFACT_DETAIL); one
 trial per configuration, its first finished seed (else its first with a table).
 """
 
@@ -19,7 +19,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
 from trainlab import names
-from trainlab.compare.detail import read_detail
+from trainlab.compare.read_detail import read_detail
 from trainlab.compare.records import Summary, SweepData, Trial
 
 LAYERS_PNG = "per_layer_numerics.png"

@@ -1,7 +1,7 @@
 """Plain data that compare works on: trials as read from MLflow, and the summary rows.
 
 Nothing here touches MLflow, so the summary can be computed (and tested) from hand-built
-trials; `load.py` is the only module that turns MLflow runs into these.
+trials; `read_sweep.py` is the only module that turns MLflow runs into these.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Answer:
     delta_val_loss: float | None = None  # vs the baseline at equal tokens (negative = better)
     trials_by_status: tuple[tuple[str, int], ...] = ()
     """Trials per status (names.STATUS_* and compare.answer.UNFINISHED) over every configuration,
-    zeros included; a rerun job counts once (its latest attempt, as compare.load reads it)."""
+    zeros included; a rerun job counts once (its latest attempt, as compare.read_sweep reads it)."""
 
 
 @dataclass(frozen=True)

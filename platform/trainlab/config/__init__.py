@@ -1,7 +1,6 @@
 """Typed configuration: schemas, composition, validation."""
 
-from trainlab.config.layout import ParallelDims, TrialLayout
-from trainlab.config.load import (
+from trainlab.config.convert import (
     CONF_DIR,
     ConfigError,
     compose_run_config,
@@ -11,6 +10,7 @@ from trainlab.config.load import (
     to_run_config,
     to_yaml,
 )
+from trainlab.config.layout_types import ParallelDims, TrialLayout
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
 from trainlab.config.validate import ignored_options
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainlab.config.load import config_hash
+from trainlab.config.convert import config_hash
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 META_FILE = "trainlab.json"

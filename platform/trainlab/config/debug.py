@@ -5,7 +5,7 @@ Faults to inject (a NaN in a module's output, a signal to a worker) and devices 
 nothing. Overrides: ``debug.inject_nan=layers.1.feed_forward@5``,
 ``debug.inject_fault=sigkill@5:1``, ``debug.slowdown=[1,2]``, ``debug.logical_gpus=true``.
 
-The config hash (config.load) keeps what it covered before the knobs moved here:
+The config hash (config.convert) keeps what it covered before the knobs moved here:
 debug.inject_nan, debug.slowdown and debug.logical_gpus are hashed (a poisoned, slowed or
 placement-rehearsal run is not the trial it imitates, and a sweep rerun must not take one for
 the other), debug.inject_fault is not (a rerun without the fault must resume the checkpoint the

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from trainlab.config.load import CONF_DIR, ConfigError, to_run_config
+from trainlab.config.convert import CONF_DIR, ConfigError, to_run_config
 from trainlab.config.overrides import _MULTIRUN_FLAGS, check_overrides, hydra_error_message
 from trainlab.config.schema import RunConfig, register_configs
 
@@ -33,7 +33,7 @@ def expand_jobs(args: Sequence[str], *, config_name: str = "config",
                 check: Callable[[RunConfig], object] | None = None) -> list[Job]:
     """Every job of the command line `args` (as after `trainlab train`), validated; ConfigError
     naming the key, the value and the fix, or every invalid job of a sweep. `check`: what the
-    caller asks of each job's RunConfig besides (the estimate command: plan.layout.plan_layout),
+    caller asks of each job's RunConfig besides (the estimate command: plan.derive_layout.plan_layout),
     its ConfigError counted as the job's."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

@@ -16,7 +16,7 @@ from pathlib import PurePath
 from typing import Any, Sequence
 
 from trainlab.config.bounds import check_value
-from trainlab.config.load import CONF_DIR, SWEEPS_DIR, group_options, schema_at
+from trainlab.config.convert import CONF_DIR, SWEEPS_DIR, group_options, schema_at
 from trainlab.config.schema import GROUPS, RunConfig
 
 _KEY_VALUE = "write each override as key=value (e.g. model=tiny train.max_steps=50)"

@@ -17,8 +17,8 @@ import dataclasses
 import re
 from typing import Any, Sequence
 
+from trainlab.config.convert import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
 from trainlab.config.folders import check_hydra_folder
-from trainlab.config.load import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, register_configs
@@ -100,7 +100,7 @@ def _check_values(cfg: Any) -> None:
 
 def _check_launcher(cfg: Any) -> None:
     """hydra.launcher's own values (trainlab's launcher: hydra.launcher.prune and its knobs)."""
-    from trainlab.config.prune import prune_config
+    from trainlab.config.prune_rule import prune_config
 
     launcher = cfg.hydra.get("launcher")
     if launcher is None:

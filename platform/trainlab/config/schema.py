@@ -26,7 +26,7 @@ from omegaconf import MISSING
 from trainlab.config.bounds import bounded, check_fields, text
 from trainlab.config.debug import DebugConfig
 from trainlab.config.moved import removed_value_message
-from trainlab.vocab.formats import parse_format
+from trainlab.vocab.format_names import parse_format
 from trainlab.vocab.nodes import parse_node
 
 # the precision modes and their families come from their specifications (vocab.precision)

@@ -1,7 +1,7 @@
 """Cross-field checks of a RunConfig: pure functions, no environment, no side effects.
 
 Checks that need the trial's layout (its parallel degrees, accumulation, pipeline micro-batches)
-are the plan's: trainlab.plan.layout derives the layout once and refuses what cannot run.
+are the plan's: trainlab.plan.derive_layout derives the layout once and refuses what cannot run.
 
 Checks that need the machine (devices, paths, addresses, stores) live in
 trainlab.launch.preflight, which runs before any Ray resource is reserved.
@@ -21,7 +21,7 @@ def check_pp_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatch
                     schedule: str) -> None:
     """A pipeline's shape: schedule, degrees, equal-depth stages and the micro-batches the
     schedule needs; ValueError naming the fields and the fix. Checked before launch
-    (plan.layout.check_parallel) and again by trainlab.parallel.pp for direct callers."""
+    (plan.derive_layout.check_parallel) and again by trainlab.parallel.pp for direct callers."""
     if schedule not in PP_SCHEDULES:
         raise ValueError(f"parallel.pp_schedule={schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
     for name, value in (("parallel.pp", pp), ("parallel.pp_virtual_stages", virtual_stages),
@@ -121,7 +121,7 @@ def check_rollback(run: RunConfig) -> None:
 
 def check_run(run: RunConfig) -> None:
     """Every check that needs several sections and no derived layout (the layout's checks are
-    trainlab.plan.layout.plan_layout's). Raises ValueError naming field, value and fix."""
+    trainlab.plan.derive_layout.plan_layout's). Raises ValueError naming field, value and fix."""
     check_fields(run)  # every field's type and declared range, again: a config may be edited after it was built
     check_paths(run)
     check_rollback(run)
@@ -141,7 +141,7 @@ def check_run(run: RunConfig) -> None:
 
 def ignored_options(run: RunConfig) -> list[str]:
     """Options set away from their defaults that the chosen modes do not use (warned about; the
-    layout's own, plan.layout.unordered_reductions, are warned beside them)."""
+    layout's own, plan.derive_layout.unordered_reductions, are warned beside them)."""
     from trainlab.config.schema import (
         DataConfig,
         ParallelConfig,

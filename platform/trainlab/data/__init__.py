@@ -1,7 +1,7 @@
 """Corpora (text, markov, token files) and deterministic data-parallel batching."""
 
 from trainlab.data.batches import TokenBatches, val_batches
-from trainlab.data.build import build_corpus
+from trainlab.data.build_corpus import build_corpus
 from trainlab.data.corpus import Corpus
 from trainlab.data.token_file import write_token_file
 

@@ -4,8 +4,8 @@ A trial with 1 <= cluster.min_workers < cluster.num_workers may be started by Ra
 any worker count in that range (fewer after a node is lost, all of them again once it is
 back). Each start resumes from the last checkpoint, which does not depend on the worker count
 in pure data parallel (engine.checkpoint.elastic_layout), and runs the config resized to the
-process group it found (re-planned: plan.trial.replan): dp follows the world size and the global batch stays
-train.global_batch_size, cut into more micro-batches per worker (plan.layout.check_elastic
+process group it found (re-planned: plan.trial_plan.replan): dp follows the world size and the global batch stays
+train.global_batch_size, cut into more micro-batches per worker (plan.derive_layout.check_elastic
 made sure every count in the range divides it). The config's hash, and with it the trial's
 identity in its checkpoints and runs, stays the one it was launched with (engine.run).
 """
@@ -16,8 +16,8 @@ import dataclasses
 
 from trainlab import names
 from trainlab.config import RunConfig
-from trainlab.plan.layout import elastic_range
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.derive_layout import elastic_range
+from trainlab.plan.trial_plan import TrialPlan
 
 
 def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
@@ -40,7 +40,7 @@ def fit_to_gang(run: RunConfig, *, world_size: int) -> RunConfig:
 def elastic_metrics(span: tuple[int, int] | None, plan: TrialPlan) -> dict[str, float]:
     """For an elastic trial, logged at each (re)start beside fault/workers: the micro-batches
     each worker runs per step to keep the global batch on the gang it has (`plan`: re-planned
-    for that gang, plan.trial.replan)."""
+    for that gang, plan.trial_plan.replan)."""
     return {names.GRAD_ACCUM: plan.grad_accum_steps} if span else {}
 
 

@@ -68,7 +68,7 @@ import torch.distributed as dist
 from trainlab.config.schema import RunConfig
 from trainlab.distributed import clear_dtensor_caches
 from trainlab.engine import preemption
-from trainlab.plan.layout import compile_unit
+from trainlab.plan.derive_layout import compile_unit
 from trainlab.vocab.precision import emulates, spec_of
 
 CUDA_DEFAULT_SEED = 67280421310721

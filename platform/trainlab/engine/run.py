@@ -1,4 +1,4 @@
-"""One worker's whole trial: execute a TrialPlan (plan.trial), train, report.
+"""One worker's whole trial: execute a TrialPlan (plan.trial_plan), train, report.
 
 Called identically by a Ray Train worker (with the plan its driver made) and by a torchrun
 process (which plans for itself, as it has no driver: plan_here). No Ray, no MLflow: the
@@ -57,14 +57,14 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
+from trainlab.plan.derive_layout import compile_unit, unordered_reductions
 from trainlab.plan.here import plan_here
-from trainlab.plan.layout import compile_unit, unordered_reductions
-from trainlab.plan.trial import TrialPlan, replan
+from trainlab.plan.trial_plan import TrialPlan, replan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, Throughput, device_peak, inject_nan
-from trainlab.telemetry.memory import memory_source
 from trainlab.telemetry.peak_flops import mean_peak
+from trainlab.telemetry.peak_memory import memory_source
 from trainlab.vocab.precision import spec_of
 from trainlab.vocab.tracker import NullTracker, Tracker
 

@@ -63,8 +63,8 @@ from trainlab.telemetry import (
     UpdateMeter,
 )
 from trainlab.telemetry.checksum import loss_curve_sha256, params_checksum
-from trainlab.telemetry.memory import memory_gb, peak_memory_gb, reset_peak_memory
 from trainlab.telemetry.nonfinite import ACTIVATION, LOSS
+from trainlab.telemetry.peak_memory import memory_gb, peak_memory_gb, reset_peak_memory
 from trainlab.telemetry.ranks import RankTimer, gather_rank_metrics, memory_metrics, timed_collectives
 from trainlab.telemetry.stages import gather_over_stages
 from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment

@@ -1,6 +1,6 @@
 """Know before you run: memory and time of a trial on a cluster, from the config alone.
 
-    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]))   # estimate.trial, vocab.nodes
+    est = estimate_trial(run, ClusterSpec.of_nodes(["8xH100"]))   # estimate.trial_estimate, vocab.nodes
     est.fits, est.ranks[0].memory, est.step_time_s, est.tokens_per_s, est.mfu, est.bound
 
 Per rank, from the same decisions the engine makes (the precision's spec, the layout's

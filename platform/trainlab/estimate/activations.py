@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout import TrialLayout
+from trainlab.config.layout_types import TrialLayout
 from trainlab.estimate.shards import Sharding, rank_shards, stage_modules
 from trainlab.parallel.mesh import coords
 
@@ -116,7 +116,7 @@ def _weight_casts(model: nn.Module, recipe, *, cast: bool) -> int:
 
 def checkpointed(run: RunConfig, block_index: int) -> bool:
     """Whether parallel.activation_checkpoint recomputes block `block_index` (of the full model)."""
-    from trainlab.parallel.checkpoint import SELECTIVE_EVERY
+    from trainlab.parallel.activation_checkpoint import SELECTIVE_EVERY
 
     mode = run.parallel.activation_checkpoint
     return mode == "block" or (mode == "selective" and block_index % SELECTIVE_EVERY == SELECTIVE_EVERY - 1)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainlab.config.layout import TrialLayout
+    from trainlab.config.layout_types import TrialLayout
     from trainlab.config.schema import RunConfig
     from trainlab.vocab.nodes import ClusterSpec
 
@@ -153,7 +153,7 @@ class Observation:
 
     run: RunConfig
     trial_layout: TrialLayout
-    """Its layout as planned (plan.layout.plan_layout(run))."""
+    """Its layout as planned (plan.derive_layout.plan_layout(run))."""
     cluster: ClusterSpec
     step_time_s: float
     """Steady step time (train/step_time_s, its median over the run)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
-from trainlab.data.build import corpus_vocab_size
+from trainlab.data.build_corpus import corpus_vocab_size
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.vocab.precision import spec_of
 

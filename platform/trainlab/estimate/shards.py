@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout import ParallelDims, TrialLayout
-from trainlab.data.build import corpus_vocab_size
+from trainlab.config.layout_types import ParallelDims, TrialLayout
+from trainlab.data.build_corpus import corpus_vocab_size
 from trainlab.parallel.mesh import MeshCoords, coords
 
 
@@ -114,7 +114,7 @@ class Sharding:
 
     @classmethod
     def of(cls, run: RunConfig, trial_layout: TrialLayout) -> Sharding:
-        """`run`'s sharding under the layout the plan decided (plan.layout.plan_layout)."""
+        """`run`'s sharding under the layout the plan decided (plan.derive_layout.plan_layout)."""
         from trainlab.parallel import fsdp_shards
 
         dims = trial_layout.dims

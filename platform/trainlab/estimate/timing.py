@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
 from trainlab.estimate.calls import rank_calls
-from trainlab.estimate.layout import Layout
 from trainlab.estimate.links import (
     all_gather_s,
     all_reduce_s,
@@ -50,6 +49,7 @@ from trainlab.estimate.links import (
     p2p_s,
     reduce_scatter_s,
 )
+from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.result import RankTime
 from trainlab.estimate.shape import ModelShape, model_shape
 from trainlab.parallel.pp import bubble_fraction

@@ -12,9 +12,9 @@ in gpu_pools' order (the largest pool first), the order the estimate packs ranks
 from __future__ import annotations
 
 from trainlab.config import RunConfig
-from trainlab.estimate.fits import local_cluster
+from trainlab.estimate.fit_check import local_cluster
 from trainlab.launch.placement import accelerator_type, gpu_pools
-from trainlab.plan.trial import GangShape
+from trainlab.plan.trial_plan import GangShape
 from trainlab.vocab.nodes import CPU, ClusterSpec, NodeSpec
 
 

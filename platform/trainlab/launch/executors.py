@@ -1,4 +1,4 @@
-"""How a trial's workers run: the executors of the one trial lifecycle (launch.trial.train).
+"""How a trial's workers run: the executors of the one trial lifecycle (launch.lifecycle.train).
 
 As Lightning's launchers, they differ only in how processes start; planning, the MLflow run,
 progress, interrupts and the summary are the lifecycle's, written once:
@@ -21,7 +21,7 @@ from typing import Callable, ContextManager, Protocol
 
 from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.runs import default_run_name
 from trainlab.tracking.trial_tracking import TrialTracking
 
@@ -36,7 +36,7 @@ Runner = Callable[..., TrialResult | None]
 
 class Executor(Protocol):
     where: str
-    """CLUSTER or HERE: what the lifecycle plans the trial against (launch.trial.plan_for)."""
+    """CLUSTER or HERE: what the lifecycle plans the trial against (launch.lifecycle.plan_for)."""
     ranked: bool
     """This process is one of the ranks that each run the lifecycle (torchrun): rank 0, which
     started the trial's tracking, finishes it (closes the run, prints the summary), the others

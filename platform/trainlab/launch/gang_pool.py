@@ -10,7 +10,7 @@ placement, device) that engine.isolation lets follow the trials it ran, preferri
 trial no warm gang may take gets a fresh gang (the slot's old one ends first, so no idle gang
 holds resources), an elastic trial a gang of its own (launch.ray_trial.run_on_ray). The choice
 is recorded on the trial's run (tag `gang`). Each trial keeps the driver work of a trial of
-its own (launch.trial.train: checks, resume, its MLflow run, its summary); only the runner
+its own (launch.lifecycle.train: checks, resume, its MLflow run, its summary); only the runner
 differs: WarmGang.run, with run_on_ray's signature.
 
 Faults: a trial that fails makes Ray Train restart the gang's worker group (the gang's
@@ -35,7 +35,7 @@ from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
 from trainlab.launch.interrupt import GangStop, StopRequest
 from trainlab.launch.placement import scaling
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget
 
 TAKE_TIMEOUT_S = 0.5
@@ -101,7 +101,7 @@ class WarmGang:
 
     def run(self, plan: TrialPlan, *, name: str, tracking: TrackingTarget,
             on_event: Callable[[ProgressEvent], None], stop: StopRequest | None = None) -> TrialResult | None:
-        """launch.trial.train's runner (run_on_ray's signature): the trial on this gang; rank 0's
+        """launch.lifecycle.train's runner (run_on_ray's signature): the trial on this gang; rank 0's
         result, None when let go at an interrupt. Raises TrialFailed, or the Ray Train run's error."""
         import ray
         from ray.exceptions import GetTimeoutError
@@ -160,7 +160,7 @@ class _Planned:
 
 
 RunOne = Callable[..., None]
-"""(trial, *, runner, gang_tag) -> None: sweep's per-trial work (launch.trial.train and reporting)."""
+"""(trial, *, runner, gang_tag) -> None: sweep's per-trial work (launch.lifecycle.train and reporting)."""
 
 
 class GangPool:

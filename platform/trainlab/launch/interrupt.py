@@ -6,11 +6,11 @@ and stops (engine.preemption; the workers run in Ray's threads, which cannot tak
 so the driver raises a flag in a small actor that rank 0 polls); a gang still waiting for
 its workers or building its model has nothing to save and is let go at once. A second
 signal, or STOP_GRACE_S without an answer, stops at once: the latest periodic checkpoint is
-then where the trial resumes. Either way the same command resumes the trial (launch.trial
+then where the trial resumes. Either way the same command resumes the trial (launch.lifecycle
 finds it by its config hash). The command exits 128 + the signal's number after Ray's
 processes it started have ended (release_cluster).
 
-The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.prune): the
+The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.pruner): the
 pruner calls the trial's StopRequest.stop(reason), the gang loop raises the flag as PRUNE, and
 the gang ends the trial after its step as `pruned`, without a checkpoint (engine.preemption).
 
@@ -283,7 +283,7 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
 
 
 def before_start(tracking_uri: str | None):
-    """The outcome of a trial interrupted before it opened its run (launch.trial)."""
+    """The outcome of a trial interrupted before it opened its run (launch.lifecycle)."""
     from trainlab import names
 
     print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)

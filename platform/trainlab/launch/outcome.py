@@ -1,6 +1,6 @@
 """What a trial came to, as the driver reports it: status, rank 0's result, its MLflow run.
 
-launch.trial makes one for every trial it runs, launch.interrupt for a trial stopped before it
+launch.lifecycle makes one for every trial it runs, launch.interrupt for a trial stopped before it
 started; the sweep and the summary read them.
 """
 

@@ -10,7 +10,7 @@ was started in (and `~` against the user's home) and hands the workers the absol
 The tracking URI is resolved by trainlab.tracking.store (forms MLflow would misread are
 refused, a server's credentials moved out of it). Resolving an absolute config again changes
 nothing, so every entry point may call this: the Hydra app (a trial, each job of a sweep, a
-submitted job's driver, each torchrun rank) and launch.trial.train for library callers.
+submitted job's driver, each torchrun rank) and launch.lifecycle.train for library callers.
 
 On a cluster trainlab joins (cluster.address), workers may run on other machines, which must
 see these absolute paths too (shared storage mounted at the same place). The driver cannot
@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from trainlab.config import ConfigError, RunConfig, to_run_config
 from trainlab.config.checkpoints import checkpoint_root
-from trainlab.plan.layout import plan_layout
+from trainlab.plan.derive_layout import plan_layout
 from trainlab.redact import redact_files
 from trainlab.tracking.store import (
     tracking_field,

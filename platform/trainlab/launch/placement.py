@@ -33,9 +33,9 @@ import math
 from dataclasses import dataclass
 
 from trainlab.config.schema import PLACEMENTS, RunConfig
-from trainlab.estimate.fits import estimate_run, fixes, memory_line
-from trainlab.plan.layout import plan_layout
-from trainlab.plan.trial import GangShape
+from trainlab.estimate.fit_check import estimate_run, fixes, memory_line
+from trainlab.plan.derive_layout import plan_layout
+from trainlab.plan.trial_plan import GangShape
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.vocab.gpus import by_ray_type
 from trainlab.vocab.nodes import ClusterSpec, NodeSpec

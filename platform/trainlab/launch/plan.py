@@ -1,7 +1,7 @@
-"""The driver plans a trial once, before any of its workers starts (plan.trial.TrialPlan).
+"""The driver plans a trial once, before any of its workers starts (plan.trial_plan.TrialPlan).
 
     plan = plan_launch(run)            # ConfigError (field, value, fix) if it cannot run
-    train(plan)                        # launch.trial: the MLflow run, the gang, the summary
+    train(plan)                        # launch.lifecycle: the MLflow run, the gang, the summary
 
 In order, each decided once: every path absolute; the environment checks (launch.preflight)
 and, for a local cluster, cluster.device; the checkpoint folder (a stopped single trial found
@@ -17,7 +17,7 @@ import dataclasses
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.checkpoints import CheckpointError, checkpoint_root
-from trainlab.config.load import hashed_config
+from trainlab.config.convert import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
@@ -26,9 +26,9 @@ from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
 from trainlab.launch.ray_trial import connect
-from trainlab.plan.layout import plan_layout
-from trainlab.plan.trial import GangShape, TrialPlan, plan_trial
-from trainlab.tracking.resume import unfinished_trial
+from trainlab.plan.derive_layout import plan_layout
+from trainlab.plan.trial_plan import GangShape, TrialPlan, plan_trial
+from trainlab.tracking.continued_run import unfinished_trial
 from trainlab.tracking.store import resolve_tracking_uri
 
 

@@ -23,7 +23,7 @@ from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
-from trainlab.plan.layout import plan_layout, unordered_reductions
+from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
 from trainlab.tracking.store import resolve_tracking_uri, tracking_field
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri

@@ -16,7 +16,7 @@ from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
 from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, rearm, stop_flag
 from trainlab.launch.placement import accelerator_type, scaling
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 
 _RAY_TRAIN_ENV = {

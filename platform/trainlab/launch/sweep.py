@@ -7,7 +7,7 @@
 4. run the rest as Ray trials, at most `max_concurrent_trials` at once; Ray Train's placement
    groups queue a trial until its whole gang fits; one trial's failure never stops another;
 5. print and log a line per trial; exit 1 if a trial failed (divergence is a result, not a failure,
-   as is a trial that hydra.launcher.prune stopped early: launch.prune).
+   as is a trial that hydra.launcher.prune stopped early: launch.pruner).
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from trainlab import names
 from trainlab.compare.compare_sweep import log_sweep_answer
 from trainlab.config import ConfigError, RunConfig, config_hash
 from trainlab.config.checkpoints import unused_checkpoint_root
-from trainlab.config.prune import PruneConfig, check_prunable, grace_tokens, max_tokens
+from trainlab.config.prune_rule import PruneConfig, check_prunable, grace_tokens, max_tokens
 from trainlab.console import SweepProgress, console, fmt, status_text
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
+from trainlab.launch.lifecycle import train
 from trainlab.launch.paths import run_config_from_hydra
 from trainlab.launch.plan import plan_launch
 from trainlab.launch.preflight import check_sweep_services
-from trainlab.launch.prune import Pruner, fmt_tokens
+from trainlab.launch.pruner import Pruner, fmt_tokens
 from trainlab.launch.ray_trial import connect
-from trainlab.launch.trial import train
-from trainlab.plan.trial import TrialPlan
+from trainlab.plan.trial_plan import TrialPlan
 from trainlab.redact import redact, redact_files
 from trainlab.tracking.mlflow_ui import sweep_link_lines
 from trainlab.tracking.store import resolve_tracking_uri

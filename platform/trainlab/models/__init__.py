@@ -8,7 +8,7 @@ Presets live in ``conf/model/`` (tiny, small, 125m, 350m, 1b, 7b).
 
 from trainlab.models.accounting import count_params, flops_per_token, num_params
 from trainlab.models.args import ModelArgs, derive_ffn_dim, resolve_dims
-from trainlab.models.build import build_model
+from trainlab.models.build_model import build_model
 from trainlab.models.transformer import (
     Attention,
     FeedForward,

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainlab.config.layout import ParallelDims
+from trainlab.config.layout_types import ParallelDims
 from trainlab.config.schema import ParallelConfig
 from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
@@ -125,7 +125,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
 def _apply_to_stage(model: nn.Module, *, cfg: ParallelConfig, compile_unit: str | None) -> nn.Module:
     """Activation checkpointing, then compile: of the whole model or of a pipeline stage."""
     if cfg.activation_checkpoint != "none":
-        from trainlab.parallel.checkpoint import apply_activation_checkpointing
+        from trainlab.parallel.activation_checkpoint import apply_activation_checkpointing
 
         apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if compile_unit == "block":

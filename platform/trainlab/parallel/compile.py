@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainlab.parallel.checkpoint import indexed_blocks
+from trainlab.parallel.activation_checkpoint import indexed_blocks
 
 
 def compile_blocks(model: nn.Module) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainlab.config.layout import ParallelDims
+from trainlab.config.layout_types import ParallelDims
 
 
 @dataclass(frozen=True)

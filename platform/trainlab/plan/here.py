@@ -17,8 +17,8 @@ import torch
 from trainlab.config import RunConfig
 from trainlab.config.checkpoints import checkpoint_root
 from trainlab.devices import resolve_device
-from trainlab.estimate.fits import torchrun_cluster
-from trainlab.plan.trial import TrialPlan, plan_trial
+from trainlab.estimate.fit_check import torchrun_cluster
+from trainlab.plan.trial_plan import TrialPlan, plan_trial
 
 
 def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:

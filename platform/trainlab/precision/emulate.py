@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainlab.precision.formats import fake_cast, fake_quantize
-from trainlab.vocab.formats import FloatFormat
+from trainlab.precision.fake_cast import fake_cast, fake_quantize
+from trainlab.vocab.format_names import FloatFormat
 
 
 class _RoundFp16(torch.autograd.Function):

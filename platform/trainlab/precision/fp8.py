@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from trainlab.precision.policy import CastSpec
-from trainlab.vocab.formats import FloatFormat, parse_format
+from trainlab.vocab.format_names import FloatFormat, parse_format
 from trainlab.vocab.precision import spec_of
 
 E4M3 = parse_format("e4m3")

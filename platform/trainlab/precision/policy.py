@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from trainlab.vocab.formats import FloatFormat
+from trainlab.vocab.format_names import FloatFormat
 from trainlab.vocab.precision import KEEP_HP_SELECTORS
 
 ALIGNMENT = 16

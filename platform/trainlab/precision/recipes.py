@@ -26,7 +26,7 @@ from trainlab.precision.emulate import (
     round_optimizer_states,
 )
 from trainlab.precision.policy import CastSpec, LayerPlan, linear_layers, plan_layers
-from trainlab.vocab.formats import parse_format
+from trainlab.vocab.format_names import parse_format
 from trainlab.vocab.precision import EMULATION_TARGETS, PrecisionSettings, PrecisionSpec, emulates, spec_of
 
 HP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

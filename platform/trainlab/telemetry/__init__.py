@@ -1,9 +1,9 @@
 """Telemetry: throughput and MFU, memory, numerical stability, numerics of low-precision casts."""
 
-from trainlab.telemetry.memory import peak_memory_gb
 from trainlab.telemetry.nonfinite import NonFiniteMonitor, inject_nan
 from trainlab.telemetry.numerics import NumericsProbe
 from trainlab.telemetry.peak_flops import Peak, device_peak
+from trainlab.telemetry.peak_memory import peak_memory_gb
 from trainlab.telemetry.stability import GradNormWindow, SpikeDetector, StabilityCounters
 from trainlab.telemetry.throughput import Throughput
 from trainlab.telemetry.update_ratio import UpdateMeter, update_to_weight

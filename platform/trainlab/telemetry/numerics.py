@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from trainlab import names
-from trainlab.precision.formats import CastStats, cast_stats, quantize, tensor_scale
+from trainlab.precision.fake_cast import CastStats, cast_stats, quantize, tensor_scale
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry.sharded import full
 from trainlab.telemetry.stages import sum_over_stages
-from trainlab.vocab.formats import FloatFormat
+from trainlab.vocab.format_names import FloatFormat
 
 
 def _scale(x: torch.Tensor, fmt: FloatFormat, spec: CastSpec, module: nn.Module, kind: str):

@@ -66,7 +66,7 @@ from torch import nn
 from trainlab import names
 from trainlab.clock import Mark, device_clock
 from trainlab.parallel.fsdp import sharded_bytes
-from trainlab.telemetry.memory import peak_memory_gb
+from trainlab.telemetry.peak_memory import peak_memory_gb
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",

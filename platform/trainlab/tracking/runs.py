@@ -14,7 +14,7 @@ from pathlib import Path
 from trainlab import names
 from trainlab.config import RunConfig, config_hash, flatten, to_yaml
 from trainlab.events import TrialResult
-from trainlab.plan.layout import elastic_range
+from trainlab.plan.derive_layout import elastic_range
 from trainlab.ray_job import job_run_name, submission_id
 from trainlab.redact import redact
 from trainlab.tracking.delivery import Delivery, Unreachable, warn

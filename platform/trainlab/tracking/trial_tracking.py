@@ -1,6 +1,6 @@
 """One way to track a trial, the same under Ray, under torchrun and in-process.
 
-    tracking = TrialTracking(plan)                  # the lifecycle's start (launch.trial)
+    tracking = TrialTracking(plan)                  # the lifecycle's start (launch.lifecycle)
     target = tracking.open(resuming=...)            # its MLflow run, opened or reopened, once
     tracker = rank0_tracker(plan, target)           # rank 0 logs into it
     tracking.close(status=..., result=..., error=...)
@@ -9,7 +9,7 @@ Under Ray the driver opens the run before any worker starts (it can then mark it
 even if every worker dies) and hands the TrackingTarget to the workers; under torchrun and
 in-process there is no driver, and rank 0 opens it (TrialTracking.tracker, its engine's
 tracker factory) once the ranks agreed on the checkpoint they start from.
-Either way the same tags, params, checkpoint record (tracking.resume) and closing tags.
+Either way the same tags, params, checkpoint record (tracking.continued_run) and closing tags.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.events import TrialResult
-from trainlab.plan.trial import TrialPlan
-from trainlab.tracking.detail import DetailTracker, leftover_rows, write_parquet
-from trainlab.tracking.resume import open_or_resume_trial_run
+from trainlab.plan.trial_plan import TrialPlan
+from trainlab.tracking.continued_run import open_or_resume_trial_run
+from trainlab.tracking.detail_table import DetailTracker, leftover_rows, write_parquet
 from trainlab.tracking.runs import TrialRun, close_trial_run, closing_tags, tracker_options, trial_tags
 from trainlab.tracking.store import credentials_env
 from trainlab.vocab.tracker import JsonlTracker, Tracker

@@ -15,7 +15,7 @@ class TrainlabRayLauncherConf:
     """Trials running at once; 0 = as many as the cluster's CPUs (or GPUs) fit."""
     rerun: bool = False
     """Run trials again even when the sweep already holds a finished run of the same config."""
-    # stopping hopeless trials early (trainlab.config.prune, trainlab.launch.prune)
+    # stopping hopeless trials early (trainlab.config.prune_rule, trainlab.launch.pruner)
     prune: str = "none"
     """none | margin | asha: none stops a trial early only when it diverges (as always); margin
     when its val loss at equal tokens is worse than the best trial's by more than prune_margin;

@@ -1,0 +1,211 @@
+"""Emulated small floating-point formats: any exponent/mantissa split, on any device.
+
+Hardware and torch offer a handful of low-precision dtypes (fp16, bf16, two float8s), and
+only on some devices. A precision sweep wants more: remove one mantissa or exponent bit at a
+time and watch where training breaks, on a CPU as well as a GPU. `quantize` rounds float32
+values to the nearest value of any `FloatFormat` (round half to even, gradual underflow,
+overflow as below) with a handful of exact float32 operations, so it runs on any device, and
+it is bit-exact with torch's own casts where torch has the dtype (float8_e4m3fn, float8_e5m2,
+float16, bfloat16): an emulated e4m3 run is the real FP8 cast, not an approximation of it.
+For float8_e4m3fn that is the saturating cast (clamp to +-448, then cast) that FP8 recipes
+make and torch 2.13's cast makes by itself; torch 2.11's own cast turns whatever rounds above
+448 into NaN. The emulation never defers to torch's cast: it clamps itself, so it saturates
+the same on every torch.
+
+Conventions, shared by every format:
+- has_inf=True (IEEE 754, like e5m2, fp16, bf16): the top exponent code holds inf and NaN.
+- has_inf=False (suffix "fn", torch's float8_e4m3fn): the top exponent code holds numbers;
+  only the all-ones exponent and all-ones mantissa pattern is NaN (e4m3fn: max 448). With
+  man_bits=0 that pattern is the whole top code, so it holds no numbers: e5m0fn has the
+  values of e5m0 and differs only in overflowing to the largest value instead of inf.
+  The same rule is applied to every "fn" format, e2m1fn included (max 4, values 0, 0.5, 1,
+  1.5, 2, 3, 4); note that OCP's FP4/FP6 (MX e2m1, e3m2, e2m3) have no NaN code at all and
+  so one more value at the top (e2m1: 6), which this rule does not model.
+- Ties go to the even encoding (the last mantissa bit 0). With man_bits=0 that is the even
+  exponent code: in e5m0 (bias 15) the tie 3 rounds to 2 (code 16), the tie 6 to 8 (code 18).
+- Signed zeros are kept; NaN stays NaN (payload and sign not preserved).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainlab.vocab.format_names import F32_MAN_BITS, FloatFormat
+
+# ---------------------------------------------------------------------------------------------
+# rounding
+
+
+def quantize(x: torch.Tensor, fmt: FloatFormat, *, saturate: bool | None = None) -> torch.Tensor:
+    """x rounded to the nearest value of `fmt` (ties to even), returned in x's dtype.
+
+    Computed in float32 (x may be float32, bfloat16 or float16; a format finer than x's dtype
+    is rounded again on the way back). Subnormals of fmt are kept; below half the smallest
+    one a value becomes a zero of its sign. Overflow (a value that rounds above max_value):
+    - saturate=None: "fn" formats clamp to +-max_value (inf too, as torch 2.13 casts inf to
+      448 in e4m3fn; 2.11 gives NaN, see the module doc); IEEE formats go to +-inf.
+    - saturate=True: clamp to +-max_value for any format, inf included.
+    - saturate=False: IEEE formats go to +-inf; "fn" formats, which have no inf, go to NaN
+      (the OCP FP8 spec's non-saturating mode), inf included.
+    """
+    if saturate is None:
+        saturate = not fmt.has_inf
+    out = x.to(torch.float32, copy=True).abs_()
+    return _round_magnitudes_(out, fmt, saturate=saturate).copysign_(x).to(x.dtype)
+
+
+def _round_magnitudes_(out: torch.Tensor, fmt: FloatFormat, *, saturate: bool) -> torch.Tensor:
+    """Round a float32 tensor of magnitudes (>= 0 or NaN) to fmt, in place.
+
+    In-place ops and one temporary: on CPU, first-touching freshly allocated memory costs
+    more than the arithmetic itself."""
+    # beyond twice max_value every value overflows alike; clamping there keeps the quantum
+    # finite (inf -> 2 * max, still an overflow; NaN stays NaN through every step below)
+    out.clamp_(max=min(2 * fmt.max_value, torch.finfo(torch.float32).max))
+    # the quantum (spacing of fmt's values) at |x|: 2**(exponent of |x| - man_bits), fixed at
+    # min_subnormal below min_normal. The exponent comes from the float32 bits, so it is exact,
+    # and float32 subnormals (exponent field 0) land on the clamp.
+    quantum = (out.view(torch.int32) & 0x7F800000).view(torch.float32)
+    quantum.clamp_(min=fmt.min_normal).mul_(2.0**-fmt.man_bits)
+    # |x| / quantum is exact (power of two), round() is half to even, * quantum exact again;
+    # a round up to 2**(man_bits + 1) carries into the next binade as it should
+    out.div_(quantum)
+    if fmt.man_bits == 0:
+        # no mantissa: a tie between 2**e and 2**(e+1) (out == 1.5) goes to the even code, as
+        # with every other format; round() would always pick 2. The code of 2**e has the parity
+        # of the float32 exponent field, as the bias (2**(exp_bits-1) - 1) and 127 are both odd.
+        even_code = (quantum.view(torch.int32) & (1 << F32_MAN_BITS)) == 0
+        out.sub_(((out == 1.5) & even_code).float(), alpha=0.5)  # 1.5 -> 1.0
+    out.round_().mul_(quantum)
+    if saturate:
+        return out.clamp_(max=fmt.max_value)
+    return out.masked_fill_(out > fmt.max_value, math.inf if fmt.has_inf else math.nan)
+
+
+def _exp2_int(k: torch.Tensor) -> torch.Tensor:
+    """2.0**k for integer k in [-149, 127], built from bits so it is exact (subnormals included)."""
+    k = k.to(torch.int32)
+    normal = ((k.clamp(min=-126) + 127) << F32_MAN_BITS).view(torch.float32)
+    subnormal = (torch.ones_like(k) << (k + 149).clamp(0, 30)).view(torch.float32)
+    return torch.where(k >= -126, normal, subnormal)
+
+
+def tensor_scale(amax: torch.Tensor, fmt: FloatFormat, *, margin: int = 0, power_of_2: bool = False) -> torch.Tensor:
+    """fmt.max_value / amax / 2**margin as float32 (any shape, e.g. one amax per row), so that
+    amax lands on max_value; 1.0 where amax is 0 or not finite (nothing to scale by), capped at
+    float32's range. power_of_2 rounds each scale down to a power of two, which makes
+    scaling and unscaling exact."""
+    amax = amax.float()
+    usable = amax.isfinite() & (amax > 0)
+    scale = fmt.max_value / torch.where(usable, amax, 1.0) / 2.0**margin
+    scale = torch.where(usable, scale, 1.0).clamp(2.0**-149, torch.finfo(torch.float32).max)
+    if power_of_2:
+        _, exponent = torch.frexp(scale)  # scale = m * 2**exponent, m in [0.5, 1)
+        scale = _exp2_int(exponent - 1)
+    return scale
+
+
+def fake_quantize(x: torch.Tensor, fmt: FloatFormat, *, scaled: bool = True) -> torch.Tensor:
+    """The value x takes after a cast to fmt and back, in x's dtype.
+
+    scaled=True: per-tensor scaled cast, as FP8 training recipes do: multiply by
+    tensor_scale(amax(x)), quantize with saturation, divide back. So only relative precision
+    is lost, not range (a NaN or inf in x leaves it unscaled: amax is not finite).
+    scaled=False: the raw cast `quantize(x, fmt)` (torch's overflow rule).
+    """
+    if not scaled:
+        return quantize(x, fmt)
+    if x.numel() == 0:
+        return x.clone()
+    out = x.to(torch.float32, copy=True).abs_()
+    scale = tensor_scale(out.amax(), fmt)
+    _round_magnitudes_(out.mul_(scale), fmt, saturate=True)
+    return out.div_(scale).copysign_(x).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# what a cast loses
+
+
+@dataclass
+class CastStats:
+    """What the cast quantize(x * scale, fmt) does to a tensor."""
+
+    amax: float
+    """max |x| over finite values of the whole tensor (0 if none)."""
+    scale: float
+    """The scale used; for a tensor of scales (rowwise), the smallest one (the widest row's)."""
+    underflow: float
+    """Fraction of non-zero finite x that the cast turns into 0."""
+    overflow: float
+    """Fraction of finite x whose x * scale rounds beyond max_value: the cast clamps it to
+    +-max_value (saturating casts, torchao's included) or turns it to inf/NaN. A value up to
+    half a quantum above max_value rounds to max_value, clamp or not, so it is not counted:
+    current scaling's fp32 x * (max_value / amax) lands there for the largest element."""
+
+
+def cast_stats(
+    x: torch.Tensor, fmt: FloatFormat, scale: float | torch.Tensor = 1.0, *, max_elements: int = 1 << 20
+) -> CastStats:
+    """Measure a cast's underflow and overflow. `scale` is a number or a tensor broadcastable to x.
+
+    Above max_elements elements the fractions are measured on an evenly strided subsample of
+    max_elements of them (bounded cost for huge tensors); amax is always over the whole tensor.
+    One device sync.
+    """
+    amax = torch.where(x.isfinite(), x.abs(), 0).amax() if x.numel() else x.new_zeros(())
+    scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    if x.numel() > max_elements:
+        # unravel the sample's flat indices so a broadcast scale is indexed, never materialized
+        flat = torch.arange(max_elements, device=x.device) * x.numel() // max_elements
+        where = torch.unravel_index(flat, x.shape)
+        scale_t = torch.broadcast_to(scale_t, x.shape)[where]
+        x = x[where]
+    # rounded without saturation: whatever rounds beyond max_value becomes inf/NaN, so both
+    # counts are read off the value the cast rounds to, not off the unrounded product
+    rounded = quantize(x.float() * scale_t, fmt, saturate=False)
+    finite = x.isfinite()
+    nonzero = finite & (x != 0)
+    underflow = nonzero & (rounded == 0)
+    overflow = finite & ~rounded.isfinite()
+    counts = [amax, scale_t.amin(), underflow.sum(), nonzero.sum(), overflow.sum(), finite.sum()]
+    amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack([c.double() for c in counts]).tolist()
+    return CastStats(
+        amax=amax_v,
+        scale=scale_v,
+        underflow=n_under / n_nonzero if n_nonzero else 0.0,
+        overflow=n_over / n_finite if n_finite else 0.0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd
+
+
+class FakeCast(torch.autograd.Function):
+    """Round in the forward pass to one format and the incoming gradient to another: how an
+    emulated low-precision linear casts its activation, weight and output gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fwd: FloatFormat | None, bwd: FloatFormat | None, scaled: bool):
+        ctx.bwd, ctx.scaled = bwd, scaled
+        # a copy, not x itself: an input returned as-is is a view autograd forbids editing in place
+        return x.clone() if fwd is None else fake_quantize(x, fwd, scaled=scaled)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.bwd is not None:
+            grad = fake_quantize(grad, ctx.bwd, scaled=ctx.scaled)
+        return grad, None, None, None
+
+
+def fake_cast(
+    x: torch.Tensor, fwd: FloatFormat | None, bwd: FloatFormat | None, *, scaled: bool = True
+) -> torch.Tensor:
+    """fake_quantize(x, fwd) forward, fake_quantize(grad, bwd) backward; None leaves that pass exact."""
+    if fwd is None and bwd is None:
+        return x
+    return FakeCast.apply(x, fwd, bwd, scaled)
