@@ -157,9 +157,10 @@ def main(command: str, argv: list[str]) -> None:
     try:
         if command == "submit":  # bad overrides stop here, not on the cluster after an upload
             from trainlab.config.overrides import check_overrides
+            from trainlab.plan.derive_layout import plan_layout
 
             check_overrides([*(["-m"] if args.multirun else []), "cluster=ray", "cluster.address=auto",
-                             *args.overrides])
+                             *args.overrides], check_run=plan_layout)
             if args.output_root and not args.output_root.startswith(("/", "~")):
                 raise ValueError(f"--output-root={args.output_root!r} is relative, but the job runs in a "
                                  "folder of Ray's; give an absolute path the cluster's nodes share")

@@ -55,9 +55,10 @@ def main() -> None:
     """The command: the overrides composed once first, so a bad one is a one-line error with
     exit status 2 (as every bad input) rather than Hydra's report; then the Hydra app."""
     from trainlab.config.overrides import check_overrides
+    from trainlab.plan.derive_layout import plan_layout
 
-    try:
-        check_overrides(sys.argv[1:])
+    try:  # the layout too (the plan's check, before Hydra makes its folder and before torch loads)
+        check_overrides(sys.argv[1:], check_run=plan_layout)
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)

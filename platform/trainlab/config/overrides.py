@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trainlab.config.convert import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
-from trainlab.config.schema import GROUPS, register_configs
+from trainlab.config.schema import GROUPS, RunConfig, register_configs
 
 # Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
 _HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-p", "--package",
@@ -30,10 +30,13 @@ _HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-
 _MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
-def check_overrides(args: Sequence[str], *, folders: bool = True) -> None:
+def check_overrides(args: Sequence[str], *, folders: bool = True,
+                    check_run: Callable[[RunConfig], None] | None = None) -> None:
     """Compose conf/ with the command line's overrides as Hydra will; ConfigError with one clear
     line if Hydra refuses them. In a multirun the swept keys are left to each job's check.
-    `folders=False`: a command that writes no Hydra folder (`trainlab estimate`) skips their check."""
+    `folders=False`: a command that writes no Hydra folder (`trainlab estimate`) skips their check.
+    `check_run`: the caller's further check of a single run's typed config (the command passes
+    the plan's layout check, which lives above this layer), ConfigError to refuse it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -72,7 +75,9 @@ def check_overrides(args: Sequence[str], *, folders: bool = True) -> None:
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(hydra_error_message(e, overrides)) from None
     if not multirun:  # the run's own config, checked now: a refusal leaves no Hydra run folder behind
-        _check_values(composed[-1])
+        run = _check_values(composed[-1])
+        if run is not None and check_run is not None:
+            check_run(run)
     for cfg in composed:
         _check_launcher(cfg)
     for cfg in composed if folders else ():
@@ -82,9 +87,9 @@ def check_overrides(args: Sequence[str], *, folders: bool = True) -> None:
             raise ConfigError(str(e)) from None
 
 
-def _check_values(cfg: Any) -> None:
+def _check_values(cfg: Any) -> RunConfig | None:
     """to_run_config on the composed config (without its hydra node), unless it holds an
-    interpolation only Hydra's app can resolve (${hydra:...}): the app checks that one."""
+    interpolation only Hydra's app can resolve (${hydra:...}): the app checks that one (None)."""
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
@@ -94,8 +99,8 @@ def _check_values(cfg: Any) -> None:
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:
-        return
-    to_run_config(cfg)
+        return None
+    return to_run_config(cfg)
 
 
 def _check_launcher(cfg: Any) -> None:
