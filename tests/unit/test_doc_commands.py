@@ -120,10 +120,11 @@ def _params(kind: str) -> list:
 @pytest.mark.parametrize("command", _params("compose_and_validate"))
 def test_the_trainings_the_docs_show_compose_and_validate(command):
     """Exactly the command's overrides, composed and validated as `trainlab train` checks them
-    before launch: every job of a multirun."""
+    before launch (the plan's layout checks included): every job of a multirun."""
     from trainlab.config.multirun import expand_jobs
+    from trainlab.plan.derive_layout import plan_layout
 
-    jobs = expand_jobs(training_args(command))
+    jobs = expand_jobs(training_args(command), check=plan_layout)
     assert jobs and all(job.run.model.name for job in jobs)
 
 
