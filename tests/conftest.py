@@ -351,12 +351,12 @@ def probe_free_trainer(overrides: list[str], dist_info):
     stop or resume test checks, and costs seconds on a busy machine)."""
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
     from trainlab.telemetry import Peak, peak_flops
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(compose_run_config(overrides), device=dist_info.device.type), dist_info)
+        return build_trainer(plan_trial(compose_run_config(overrides), Where(device=dist_info.device.type)), dist_info)
 
 
 def train_off_main_thread(make_trainer: Callable, *, at: int, asks: tuple[str, ...], listen: bool = True):

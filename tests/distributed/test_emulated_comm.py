@@ -23,9 +23,9 @@ def _grads(run):
     """One forward/backward of the trial's model on a fixed batch; grads by parameter name."""
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"))
     torch.manual_seed(123)  # the same batch on every rank
     x = torch.randint(0, 256, (2, 16))
     with trainer.recipe.autocast():

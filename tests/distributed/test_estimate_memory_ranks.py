@@ -73,12 +73,12 @@ def _measured_vs_estimated(rank: int, world: int, overrides: list[str]) -> list[
     from trainlab.estimate.memory_model import rank_memories
     from trainlab.parallel.fsdp import sharded_bytes
     from trainlab.plan.derive_layout import plan_layout
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
     from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
     estimate = rank_memories(run, trial_layout=plan_layout(run), device_type="cpu")
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"))
     for _ in range(2):
         trainer.train_step(trainer.batches.next_step())
     got = sharded_bytes(trainer.model, trainer.optimizer)

@@ -57,11 +57,11 @@ def _case(overrides: list[str], world: int) -> dict:
     from trainlab.config import compose_run_config
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import _layer_tags, build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"), tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"), tracker=tracker)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         result = trainer.train()
     fp8 = [m for m in trainer.model.modules() if type(m).__name__ == "Float8Linear"]

@@ -38,14 +38,14 @@ BIG = ["model=tiny", "model.dim=1024", "model.n_heads=8", "model.n_kv_heads=8", 
 def _build(overrides: list[str], dist_info):
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
     from trainlab.telemetry import peak_flops
     from trainlab.telemetry.peak_flops import Peak
 
     run = compose_run_config([*overrides, f"cluster.num_workers={dist_info.world_size}"])
     with pytest.MonkeyPatch.context() as mp:  # the CPU matmul probe measures nothing used here
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
+        return build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info)
 
 
 def _initial_state(trainer) -> dict[str, tuple[str, np.ndarray]]:

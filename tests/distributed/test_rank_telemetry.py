@@ -115,7 +115,7 @@ def _syncs(layout: str) -> dict:
     from host_syncs import HostSyncs
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     run = compose_run_config(["model=tiny", "data=markov", "cluster.device=cpu", "cluster.num_workers=2",
                               "tracking=none", "train.seq_len=32", "train.global_batch_size=4",
@@ -123,7 +123,7 @@ def _syncs(layout: str) -> dict:
                               f"train.log_every={SYNC_STEPS}", "train.numerics_every=0",
                               "train.eval_every=0", "train.eval_batches=2", "optim.grad_clip=0.5",
                               *SYNC_LAYOUTS[layout]])
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"))
     seen = []
     with HostSyncs() as syncs:
         trainer.add_hook(lambda *_: seen.append((syncs.count, dict(syncs.sites))))

@@ -20,7 +20,7 @@ LAYOUTS = ("ddp", "zero1", "fsdp", "tp")
 def _ratios(layout_overrides: list[str], dist_info) -> dict[int, tuple[float, float]]:
     from trainlab.config import compose_run_config
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
     from trainlab.telemetry import peak_flops
     from trainlab.telemetry.peak_flops import Peak
 
@@ -28,7 +28,7 @@ def _ratios(layout_overrides: list[str], dist_info) -> dict[int, tuple[float, fl
     tracker = RecordingTracker()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     trainer.train()
     total, largest = tracker.by_step(names.UPDATE_TO_WEIGHT), tracker.by_step(names.UPDATE_TO_WEIGHT_MAX)
     return {step: (total[step], largest[step]) for step in total}

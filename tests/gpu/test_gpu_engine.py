@@ -124,10 +124,10 @@ def test_fp8_layers_really_run_fp8_matmuls(mode, cuda_dist_info):
     from torch.profiler import ProfilerActivity, profile
 
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     skip_unless_runs(mode)
-    trainer = build_trainer(plan_trial(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), device="cuda"), cuda_dist_info)
+    trainer = build_trainer(plan_trial(compose_run_config([*BIG, f"precision={mode}", *every_linear(mode)]), Where(device="cuda")), cuda_dist_info)
     lowp = len(trainer.recipe.plan.lowp)
     assert trainer.recipe.plan.summary.startswith(f"{lowp}/")  # what the fp8_layers tag says
     micro = trainer.batches.next_step()

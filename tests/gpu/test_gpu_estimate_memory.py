@@ -54,11 +54,11 @@ def test_estimate_matches_the_trainers_state_and_its_peak(nccl_group, overrides)
     from trainlab.estimate.memory_model import rank_memories
     from trainlab.parallel.fsdp import sharded_bytes
     from trainlab.plan.derive_layout import plan_layout
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     run = compose_run_config([*SMALL, *overrides])
     (estimate,) = rank_memories(run, trial_layout=plan_layout(run), device_type="cuda")
-    trainer = build_trainer(plan_trial(run, device="cuda"), setup_distributed("cuda"))
+    trainer = build_trainer(plan_trial(run, Where(device="cuda")), setup_distributed("cuda"))
     trainer.train_step(trainer.batches.next_step())  # allocations of the first step (state appears)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -12,7 +12,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,7 +28,7 @@ def test_cuda_peak_is_the_steady_state_with_allocated_and_reserved_beside_it():
     run = compose_run_config([*MODEL, "cluster.device=cuda", "train.max_steps=4", "train.log_every=1",
                               "train.numerics_every=3"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device="cuda"), setup_distributed("cuda"), tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device="cuda")), setup_distributed("cuda"), tracker=tracker)
     model_gb = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) / 1e9
 
     def one_off(_trainer, step, _metrics):  # what compile or a workspace would take at step 1
@@ -55,8 +55,8 @@ def test_cuda_peak_is_the_steady_state_with_allocated_and_reserved_beside_it():
 def test_initial_weights_on_cuda_are_the_cpu_run_weights():
     """Generated on the host from (seed, name): the device does not change the init."""
     overrides = [*MODEL, "model.n_layers=2", "train.max_steps=1"]
-    cpu = build_trainer(plan_trial(compose_run_config([*overrides, "cluster.device=cpu"]), device="cpu"), setup_distributed("cpu"))
-    cuda = build_trainer(plan_trial(compose_run_config([*overrides, "cluster.device=cuda"]), device="cuda"), setup_distributed("cuda"))
+    cpu = build_trainer(plan_trial(compose_run_config([*overrides, "cluster.device=cpu"]), Where(device="cpu")), setup_distributed("cpu"))
+    cuda = build_trainer(plan_trial(compose_run_config([*overrides, "cluster.device=cuda"]), Where(device="cuda")), setup_distributed("cuda"))
     want = dict(cpu.raw_model.named_parameters())
     for name, p in cuda.raw_model.named_parameters():
         assert p.device.type == "cuda"

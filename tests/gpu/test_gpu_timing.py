@@ -143,14 +143,14 @@ def test_a_gpu_step_between_log_steps_syncs_the_host_once(precision):
         pytest.skip("bf16 needs SM 8.0+")
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     run = compose_run_config(["model=tiny", "data=markov", f"precision={precision}", "cluster.device=cuda",
                               "cluster.num_workers=1", "tracking=none", "train.seq_len=64",
                               "train.global_batch_size=8", "train.micro_batch_size=4",
                               f"train.max_steps={STEPS}", f"train.log_every={STEPS}",
                               "train.numerics_every=0", "train.eval_every=0", "optim.grad_clip=0.5"])
-    trainer = build_trainer(plan_trial(run, device="cuda"), setup_distributed("cuda"))
+    trainer = build_trainer(plan_trial(run, Where(device="cuda")), setup_distributed("cuda"))
     counts: list[int] = []
     with _device_syncs() as syncs:
         trainer.add_hook(lambda *_: counts.append(len(syncs())))

@@ -9,7 +9,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -23,7 +23,7 @@ RUN = ["model=tiny", "data=markov", "data.vocab_size=64", "train.max_steps=12",
 def _train(compile_: bool, dist_info):
     tracker = RecordingTracker()
     run = compose_run_config([*RUN, f"train.compile={str(compile_).lower()}"])
-    result = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker).train()
+    result = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker).train()
     return result, tracker
 
 

@@ -13,7 +13,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.distributed import setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def _train(loss_scale: str) -> tuple[list[float], RecordingTracker]:
     run = compose_run_config([*RUN, f"precision.loss_scale={loss_scale}",
                               "precision.init_scale=16777216"])  # 2**24
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"), tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"), tracker=tracker)
     scale = trainer.recipe.scale
     trainer.recipe.scale = lambda loss: scale(loss * TINY_GRADS)  # the model's gradients are tiny
     result = trainer.train()

@@ -16,7 +16,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.launch.lifecycle import train
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.tracking.runs import open_trial_run
 from trainlab.tracking.sweep_runs import open_sweep_parent
 from trainlab.tracking.trial_tracking import rank0_tracker
@@ -50,8 +50,8 @@ def sweep(mlflow_server, tmp_path_factory):
                                   f"tracking.experiment={EXPERIMENT}", f"output_dir={root / f't{i}'}",
                                   # as launch.plan.plan_launch decides it for every trial
                                   f"train.checkpoint_dir={root / f't{i}' / 'checkpoints'}"])
-        plan = plan_trial(run, device="cpu", checkpoint_root=str(root / f"t{i}" / "checkpoints"),
-                          tracking_uri=mlflow_server.uri)
+        plan = plan_trial(run, Where(device="cpu", checkpoint_root=str(root / f"t{i}" / "checkpoints"),
+                                     tracking_uri=mlflow_server.uri))
         outcome = train(plan, parent_run_id=parent, show_progress=False, runner=_in_process,
                         extra_tags={names.TAG_ROLE: names.ROLE_TRIAL, names.TAG_SWEEP: "ui_sweep",
                                     names.TAG_CONFIG_LABEL: f"{KNOB[0]}={value}"})

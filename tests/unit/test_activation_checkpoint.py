@@ -15,7 +15,7 @@ from trainlab.models import build_model
 from trainlab.parallel import unwrap
 from trainlab.parallel.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
 from trainlab.parallel.pp import split_stages
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -133,7 +133,7 @@ def test_numerics_probes_report_the_same_with_checkpointing(dist_info):
     numerics = {}
     for mode in ("none", "block"):
         run = compose_run_config([*TRAIN, "precision=emulated", f"parallel.activation_checkpoint={mode}"])
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info)
         numerics[mode] = trainer.train_step(trainer.batches.next_step(), sample=True).numerics
     probed = names.cast_metric("layers.0.attention.wq", "grad_output", names.CAST_STATS[0])
     assert probed in numerics["none"], sorted(numerics["none"])
@@ -146,7 +146,7 @@ def test_numerics_probes_report_the_same_with_checkpointing(dist_info):
 def test_trainer_run_finishes_with_the_same_loss(mode, dist_info):
     results = {}
     for ac in ("none", mode):
-        trainer = build_trainer(plan_trial(compose_run_config([*TRAIN, f"parallel.activation_checkpoint={ac}"]), device=dist_info.device.type),
+        trainer = build_trainer(plan_trial(compose_run_config([*TRAIN, f"parallel.activation_checkpoint={ac}"]), Where(device=dist_info.device.type)),
                                 dist_info)
         # parallelize() applied it: the trainer's model is the checkpointed one
         assert sum(is_checkpointed(b) for b in unwrap(trainer.model).layers) == (

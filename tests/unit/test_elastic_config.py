@@ -10,7 +10,7 @@ from trainlab import names
 from trainlab.config import ConfigError, compose_run_config, config_hash
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
 from trainlab.plan.derive_layout import plan_layout
-from trainlab.plan.trial_plan import plan_trial, replan
+from trainlab.plan.trial_plan import Where, plan_trial, replan
 
 ELASTIC = ["cluster.num_workers=2", "cluster.min_workers=1", "cluster.max_failures=1",
            "train.global_batch_size=16", "train.micro_batch_size=2"]
@@ -48,7 +48,7 @@ def test_configs_that_cannot_be_elastic_are_refused_with_the_fix(overrides, says
 def test_a_fixed_gang_is_not_held_to_the_elastic_rules(overrides):
     run = compose_run_config(["parallel=fsdp", "cluster.max_failures=0", "train.micro_batch_size=2", *overrides])
     assert fit_to_gang(run, world_size=1) is run  # a gang of another size still fails build_trainer's check
-    plan = plan_trial(run, device="cpu")
+    plan = plan_trial(run, Where(device="cpu"))
     assert elastic_metrics(None, plan) == {} and shrunk_note(None, plan) == ""
 
 
@@ -60,10 +60,10 @@ def test_an_elastic_config_is_resized_to_the_gang_it_got():
     assert on3.cluster.num_workers == 3 and on3.debug.slowdown == [1.0, 2.0, 3.0]
     assert on3.train == run.train and on3.parallel == run.parallel  # the global batch is kept
     assert config_hash(on3) != config_hash(run)  # hence run_trial keeps the hash it was launched with
-    plan3 = replan(plan_trial(run, device="cpu"), run=on3)  # as run_trial re-plans for the gang it got
+    plan3 = replan(plan_trial(run, Where(device="cpu")), run=on3)  # as run_trial re-plans for the gang it got
     assert elastic_metrics(span, plan3) == {names.GRAD_ACCUM: 4}  # 24 / (2 x 3)
     assert shrunk_note(span, plan3) == "continuing on 3 of 4 workers: global batch 24 kept with 4 micro-batches per step"
-    assert shrunk_note(span, plan_trial(run, device="cpu")) == ""  # the full gang
+    assert shrunk_note(span, plan_trial(run, Where(device="cpu"))) == ""  # the full gang
     assert fit_to_gang(run, world_size=4) is run
     with pytest.raises(ValueError, match="5 workers, outside the range cluster.min_workers=1 to cluster.num_workers=4"):
         fit_to_gang(run, world_size=5)

@@ -20,7 +20,7 @@ from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import _layer_tags, build_trainer
 from trainlab.launch.preflight import check_device, check_module_names
 from trainlab.models import build_model
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision import capability as precision_capability
 from trainlab.precision.capability import (
     MIN_CUDA_CAPABILITY,
@@ -72,7 +72,7 @@ def quick_build(run, dist_info, tracker=None):
     bf16) measures nothing these tests check; the MFU test below uses the real one."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+        return build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
 
 
 def tiny_model(cfg) -> nn.Module:
@@ -374,7 +374,7 @@ def test_fp8_trial_on_cpu_reports_mfu_against_its_high_precision_peak_only(dist_
     run = compose_run_config(TINY_RUN + ["precision=fp8_tensorwise", "precision.hp_dtype=fp32",
                                          "train.max_steps=3"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)  # the real CPU probe
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)  # the real CPU probe
     result = trainer.train()
     tflops, tps, mfu = (tracker.by_step(k) for k in (names.MODEL_TFLOPS, names.TOKENS_PER_S, names.MFU))
     assert sorted(tflops) == sorted(tps) == sorted(mfu) == [1, 2, 3]

@@ -15,7 +15,7 @@ from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
 from trainlab.parallel.compile import compile_blocks
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.recipes import build_recipe
 from trainlab.telemetry import Peak, peak_flops
 
@@ -97,4 +97,4 @@ def _one_process():
 def _one_trainer():
     with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(compose_run_config(TINY_RUN), device="cpu"), _one_process())
+        return build_trainer(plan_trial(compose_run_config(TINY_RUN), Where(device="cpu")), _one_process())

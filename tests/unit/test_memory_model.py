@@ -54,11 +54,11 @@ def test_one_process_state_equals_what_a_real_trainer_holds_after_its_steps(over
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
     from trainlab.parallel.fsdp import sharded_bytes
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
 
     run = _run(*overrides)
     (est,) = rank_memories(run, trial_layout=plan_layout(run), device_type="cpu")
-    trainer = build_trainer(plan_trial(run, device="cpu"), setup_distributed("cpu"))
+    trainer = build_trainer(plan_trial(run, Where(device="cpu")), setup_distributed("cpu"))
     for _ in range(2):
         trainer.train_step(trainer.batches.next_step())
     got = sharded_bytes(trainer.model, trainer.optimizer)

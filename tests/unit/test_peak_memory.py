@@ -13,7 +13,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.telemetry import peak_flops
 from trainlab.telemetry.peak_flops import Peak
 from trainlab.telemetry.peak_memory import memory_gb, memory_source, peak_memory_gb, reset_peak_memory, rss_gb
@@ -53,7 +53,7 @@ def test_peak_memory_is_the_steady_state_after_the_warm_up_step(dist_info):
     tracker = RecordingTracker()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     trainer.add_hook(lambda t, step, _m: _touch(TRANSIENT_GB) if step == 1 else None)
     _touch(TRANSIENT_GB)  # before training: the build's memory is not the trial's either
     result = trainer.train()

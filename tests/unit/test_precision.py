@@ -17,7 +17,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.config.schema import PrecisionConfig
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.emulate import emulate_fp16_linears, round_fp16
 from trainlab.precision.recipes import build_recipe
 
@@ -45,7 +45,7 @@ def _changed(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def test_fp16_overflow_skips_one_step_and_backs_off_the_scale(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.growth_interval=1000"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     assert trainer.recipe.emulated  # fp16_impl=auto on cpu
     init_scale = trainer.recipe.loss_scale
     assert init_scale == run.precision.init_scale
@@ -85,7 +85,7 @@ def test_fp16_without_loss_scaling_reports_no_scale(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.loss_scale=none",
                                          "train.max_steps=2"])
     tracker = RecordingTracker()
-    result = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker).train()
+    result = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker).train()
     assert result.status == names.STATUS_FINISHED and result.loss_scale is None
     assert tracker.by_step(names.LOSS_SCALE) == {}
     assert len(tracker.by_step(names.LOSS)) == 2
@@ -192,7 +192,7 @@ def test_fp32_recipe_skips_the_update_when_grads_are_not_finite():
 def test_nonfinite_loss_stops_the_trial_as_diverged(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp32"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     # NaN logits during the 3rd optimizer step (trainer.step counts completed steps)
     trainer.model.register_forward_hook(lambda m, i, out: out * float("nan") if trainer.step == 2 else out)
     result = trainer.train()
@@ -206,7 +206,7 @@ def test_nonfinite_loss_stops_the_trial_as_diverged(dist_info):
 
 def test_diverged_step_is_where_the_loss_went_nonfinite_after_an_fp16_overflow(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=fp16", "precision.growth_interval=1000"])
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info)
     # a routine fp16 overflow at step 2 (skipped, training goes on) ...
     next(trainer.model.parameters()).register_hook(
         lambda g: g * float("inf") if trainer.step == 1 else g)
@@ -252,7 +252,7 @@ def test_emulated_optimizer_states_hold_only_values_of_the_format(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=emulated", "precision.hp_dtype=fp32",
                                          "precision.formats.optimizer_states=e4m3",
                                          "train.max_steps=3"])
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=RecordingTracker())
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=RecordingTracker())
     assert trainer.train().status == names.STATUS_FINISHED
     e4m3 = parse_format("e4m3")
     for state in trainer.optimizer.state.values():
@@ -269,7 +269,7 @@ def test_optimizer_moments_stored_as_configured(dist_info, m, v, dtype):
     run = compose_run_config(TINY_RUN + [f"optim.exp_avg_dtype={m}", f"optim.exp_avg_sq_dtype={v}",
                                          "train.max_steps=12"])
     tracker = RecordingTracker()
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     result = trainer.train()
     assert result.status == names.STATUS_FINISHED
     losses = list(tracker.by_step(names.LOSS).values())
@@ -309,7 +309,7 @@ def test_bf16_pure_plain_loses_small_updates_that_kahan_and_stochastic_keep(dist
     for precision in ("bf16", "bf16_pure_plain", "bf16_pure_stochastic", "bf16_pure_kahan"):
         run = compose_run_config([*common, f"precision={precision}"])
         tracker = RecordingTracker()
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
         assert trainer.train().status == names.STATUS_FINISHED
         val[precision] = tracker.by_step(names.VAL_LOSS)[run.train.max_steps]
         norms[precision] = _norm_weights(trainer.model)
@@ -330,7 +330,7 @@ def test_bf16_pure_plain_loses_small_updates_that_kahan_and_stochastic_keep(dist
 def test_bf16_pure_kahan_keeps_a_bf16_compensation_per_parameter(dist_info):
     run = compose_run_config(TINY_RUN + ["precision=bf16_pure", "train.max_steps=2"])
     assert run.precision.bf16_update == "kahan"  # the default
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info)
     trainer.train()
     for p in trainer.model.parameters():
         state = trainer.optimizer.state[p]

@@ -12,7 +12,7 @@ import pytest
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.telemetry import Peak, peak_flops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,7 +25,7 @@ TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=4", "train.global_batc
 def _trainer(dist_info):
     with pytest.MonkeyPatch.context() as mp:  # the matmul peak probe measures nothing checked here
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(compose_run_config(TINY_RUN), device=dist_info.device.type), dist_info)
+        return build_trainer(plan_trial(compose_run_config(TINY_RUN), Where(device=dist_info.device.type)), dist_info)
 
 
 def test_sigterm_stops_training_then_goes_back_to_its_handler(dist_info):

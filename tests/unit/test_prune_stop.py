@@ -18,7 +18,7 @@ from trainlab.engine import preemption
 from trainlab.engine.checkpoint import Checkpointer
 from trainlab.engine.run import Attempt
 from trainlab.events import StepDone
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
 from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, unfinished_checkpoints
 from trainlab.vocab.tracker import NullTracker
@@ -70,7 +70,7 @@ def test_progress_events_carry_every_validation_with_its_tokens(dist_info, tmp_p
     run = compose_run_config([*TINY_RUN, "train.log_every=4", "train.eval_every=3"])
     events: list = []
     trainer = _trainer(dist_info, ["train.log_every=4", "train.eval_every=3"])
-    attempt = Attempt(plan_trial(run, device=dist_info.device.type), dist_info, tracker=NullTracker(),
+    attempt = Attempt(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=NullTracker(),
                       root=tmp_path, trial_hash="h", progress=events.append, first=None)
     attempt.announce(trainer)
     trainer.train()

@@ -15,7 +15,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.fp8_delayed import DelayedScalingFp8Linear
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry import GradNormWindow, NumericsProbe, Peak, peak_flops, update_to_weight
@@ -39,7 +39,7 @@ def trainer_for(overrides: list[str], dist_info, tracker=None):
     run = compose_run_config(TINY_RUN + overrides)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return run, build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+        return run, build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
 
 
 def snapshot(model: nn.Module) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.rollback import Rollback, attempt_config
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.telemetry import Peak, peak_flops
 from trainlab.telemetry import throughput as throughput_module
 
@@ -33,7 +33,7 @@ def trainer(overrides: list[str], dist_info, *, rollback: Rollback | None = None
     tracker = RecordingTracker()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        return build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker, rollback=rollback), tracker
+        return build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker, rollback=rollback), tracker
 
 
 def trained_with_state_at(step: int, overrides: list[str], dist_info):

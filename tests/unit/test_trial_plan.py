@@ -20,7 +20,7 @@ from trainlab.engine.run import run_trial
 from trainlab.events import Notice, StepDone, TrialFinished, TrialResult, TrialStarted
 from trainlab.launch.preflight import check_device
 from trainlab.plan.here import plan_here
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.tracking.runs import closing_tags
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=3", "train.global_batch_size=4", "train.micro_batch_size=4",
@@ -60,7 +60,7 @@ def test_a_worker_computes_on_the_plans_device_and_checks_nothing_again(tmp_path
     would try CUDA (no such device in this build) instead of running the plan."""
     run = compose_run_config([*TINY, f"output_dir={tmp_path}"])
     assert run.cluster.device == "auto"
-    plan = plan_trial(run, device="cpu", checkpoint_root=str(tmp_path / "ckpt"))
+    plan = plan_trial(run, Where(device="cpu", checkpoint_root=str(tmp_path / "ckpt")))
 
     def refuse(*_a, **_k):
         raise AssertionError("the worker validated or rebuilt the config again")

@@ -13,7 +13,7 @@ from trainlab.config import compose_run_config
 from trainlab.engine.run import build_trainer
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.telemetry import UpdateMeter, peak_flops, update_to_weight
 from trainlab.telemetry.peak_flops import Peak
 from trainlab.telemetry.peak_memory import peak_memory_gb, reset_peak_memory, rss_gb
@@ -102,7 +102,7 @@ def test_a_sampled_step_holds_no_second_copy_of_the_model(dist_info):
     run = compose_run_config(BIG)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(peak_flops, "cpu_probe_peak", lambda dtype, **_: Peak(1e11, f"probe:cpu:{dtype}"))
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=RecordingTracker())
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=RecordingTracker())
     model_gb = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) / 1e9
     assert model_gb > 0.15
     trainer.train_step(trainer.batches.next_step())  # warm-up: AdamW's state exists from here

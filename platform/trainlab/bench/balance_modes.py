@@ -33,7 +33,7 @@ from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.distributed import close_distributed, setup_distributed
 from trainlab.engine.run import build_trainer
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.vocab.tracker import NullTracker
 
 MODES = ("equal", "weighted", "accumulate")
@@ -62,7 +62,7 @@ def run_mode(overrides: list[str], mode: str, *, world: int, slowdown: float) ->
     dist_info = setup_distributed(run.cluster.device)  # joins the group only the first time
     torch.set_num_threads(run.cluster.cpus_per_worker)
     tracker = _Latest()
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     result = trainer.train()
     m = tracker.latest
     row = {"mode": mode, "status": result.status, "tokens_per_s": result.tokens_per_s, "ranks": []}

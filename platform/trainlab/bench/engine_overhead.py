@@ -44,7 +44,7 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.plan.derive_layout import compile_unit, plan_layout
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.recipes import build_recipe
 from trainlab.vocab.precision import emulates
 from trainlab.vocab.tracker import JsonlTracker
@@ -160,7 +160,7 @@ def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
         tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
     elif dist_info.is_rank0:
         tracker = JsonlTracker(os.path.join(tracking_dir, "metrics.jsonl"))
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=tracker)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = trainer.train()

@@ -37,7 +37,7 @@ from trainlab.distributed import device_name, setup_distributed
 from trainlab.engine.isolation import GangState
 from trainlab.engine.run import build_trainer
 from trainlab.plan.derive_layout import plan_layout
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.capability import cpu_lacks_native
 from trainlab.vocab.precision import emulates, spec_of
 
@@ -74,7 +74,7 @@ def run_precision(overrides: list[str], precision: str, world: int) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dist_info.device)
-    trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info)
+    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info)
     build_s = time.perf_counter() - t0
     tokens = watch_tokens(trainer)
     marks: list[float] = []

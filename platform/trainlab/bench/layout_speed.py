@@ -37,7 +37,7 @@ from trainlab.console import print0
 from trainlab.distributed import close_distributed, device_name, setup_distributed
 from trainlab.engine.run import build_trainer
 from trainlab.plan.derive_layout import plan_layout
-from trainlab.plan.trial_plan import plan_trial
+from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.telemetry.peak_memory import memory_source
 from trainlab.vocab.tracker import NullTracker
 
@@ -59,7 +59,7 @@ def run_layout(overrides: list[str], layout: str, world: int) -> dict:
         else:
             torch.cuda.empty_cache()  # the trainer resets the peak: this layout's, after its warm-up
         latest = _Latest()
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=latest)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=latest)
     except ValueError as e:  # the config's checks: the same on every rank, before any collective
         return row | {"status": "skipped", "reason": " ".join(str(e).split())}
     result = trainer.train()

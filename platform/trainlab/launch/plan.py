@@ -27,7 +27,7 @@ from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.derive_layout import plan_layout
-from trainlab.plan.trial_plan import GangShape, TrialPlan, plan_trial
+from trainlab.plan.trial_plan import GangShape, TrialPlan, Where, plan_trial
 from trainlab.tracking.continued_run import unfinished_trial
 from trainlab.tracking.store import resolve_tracking_uri
 
@@ -56,11 +56,11 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
             check_comm_backend(run, device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    return plan_trial(run, device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
-                      resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
-                      continues_run=found.run_id if found else "", layout=layout,
-                      estimate_on=lambda: placed_cluster(run, gang),  # refused where it does not fit its GPUs
-                      warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+    where = Where(device=device, checkpoint_root=str(root), gang=gang, tracking_uri=uri,
+                  resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
+                  continues_run=found.run_id if found else "",
+                  estimate_on=lambda: placed_cluster(run, gang))  # refused where it does not fit its GPUs
+    return plan_trial(run, where, layout=layout, warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 
 def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:

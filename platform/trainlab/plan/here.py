@@ -18,7 +18,7 @@ from trainlab.config import RunConfig
 from trainlab.config.checkpoints import checkpoint_root
 from trainlab.devices import resolve_device
 from trainlab.estimate.fit_check import torchrun_cluster
-from trainlab.plan.trial_plan import TrialPlan, plan_trial
+from trainlab.plan.trial_plan import TrialPlan, Where, plan_trial
 
 
 def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
@@ -27,6 +27,6 @@ def plan_here(run: RunConfig, *, tracking_uri: str | None = None) -> TrialPlan:
     is on the gang torchrun started (refused where it does not fit its GPUs, warned on CPU)."""
     device = resolve_device(run.cluster.device, gpus=torch.cuda.is_available(),
                             logical_gpus=run.debug.logical_gpus)
-    return plan_trial(run, device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri,
-                      estimate_on=lambda: torchrun_cluster(run, device=device),
+    return plan_trial(run, Where(device=device, checkpoint_root=str(checkpoint_root(run)), tracking_uri=tracking_uri,
+                                 estimate_on=lambda: torchrun_cluster(run, device=device)),
                       warn=lambda m: warnings.warn(m, stacklevel=4))

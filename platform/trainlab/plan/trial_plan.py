@@ -1,6 +1,6 @@
 """A trial planned once: what the driver decides before any worker starts, typed and frozen.
 
-    plan = plan_trial(run, device="cpu", checkpoint_root="/abs/out/checkpoints")
+    plan = plan_trial(run, Where(device="cpu", checkpoint_root="/abs/out/checkpoints"))
     plan.device, plan.dims, plan.grad_accum_steps, plan.gang, plan.paths.checkpoint_root, ...
 
 The Ray driver (launch.plan.plan_launch) resolves it from a validated RunConfig and the
@@ -126,35 +126,55 @@ class TrialPlan:
                            elastic=self.gang.elastic)
 
 
-def plan_trial(run: RunConfig, *, device: str, checkpoint_root: str = "", gang: GangShape | None = None,
-               tracking_uri: str | None = None, resume_from: str = "", resume_step: int = 0,
-               continues_run: str = "", layout: TrialLayout | None = None,
-               estimate_on: Callable[[], ClusterSpec] | None = None,
+@dataclass(frozen=True)
+class Where:
+    """What the executor found out about where a trial runs, before it is planned: the Ray driver
+    from the cluster it joined (launch.plan.plan_launch), a torchrun rank or an in-process run
+    from this machine (plan.here.plan_here). Everything else of the plan is derived from the config."""
+
+    device: str
+    """cpu or cuda, resolved (devices.resolve_device)."""
+    checkpoint_root: str = ""
+    """Where its checkpoints go and a resume looks ('' = the folder the config names)."""
+    gang: GangShape | None = None
+    """The gang and the GPU types it may use (None = the config's gang, no placement)."""
+    tracking_uri: str | None = None
+    """The MLflow store every process uses (None: no run)."""
+    resume_from: str = ""
+    """The checkpoint the driver found for train.resume ('' = the trial starts at step 0)."""
+    resume_step: int = 0
+    continues_run: str = ""
+    """The MLflow run of this trial that stopped before its end and goes on here ('' = none)."""
+    estimate_on: Callable[[], ClusterSpec] | None = None
+    """The devices the trial runs on, for its estimate (a joined Ray cluster's nodes, this
+    machine's GPUs); None: no estimate."""
+
+
+def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = None,
                warn: Callable[[str], None] | None = None) -> TrialPlan:
-    """The plan of a validated `run` whose device (devices.resolve_device), checkpoint root ('' = the
-    folder the config names, config.checkpoints.checkpoint_root) and resume the caller decided;
-    derives the rest from the config, once (`layout`: plan_layout(run), where the caller checked
-    it already, before anything started). `estimate_on`: the devices the trial runs on (the
-    caller's facts: a joined Ray cluster's nodes, this machine's GPUs); the plan's estimate is
-    made on them (estimate.fit_check.checked_estimate: ConfigError where it does not fit a GPU gang,
-    `warn`ed on CPU or where it cannot be made)."""
+    """The plan of a validated `run` on `where`; derives the rest from the config, once
+    (`layout`: plan_layout(run), where the caller checked it already, before anything started).
+    The estimate is made on `where.estimate_on` (estimate.fit_check.checked_estimate: ConfigError
+    where it does not fit a GPU gang, `warn`ed on CPU or where it cannot be made)."""
+    device = where.device
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
     out = os.path.abspath(run.output_dir or ".")
-    root = str(checkpoint_root or default_checkpoint_root(run))
+    root = str(where.checkpoint_root or default_checkpoint_root(run))
     paths = TrialPaths(output_dir=out, checkpoint_root=root, ray_storage=os.path.join(out, "ray"),
                        spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
-    gang = gang or GangShape.of(run, gpus=device == "cuda")
+    gang = where.gang or GangShape.of(run, gpus=device == "cuda")
     estimate = None
-    if estimate_on is not None:
-        estimate = checked_estimate(run, lambda: estimate_run(run, estimate_on(), trial_layout=layout),
+    if where.estimate_on is not None:
+        estimate = checked_estimate(run, lambda: estimate_run(run, where.estimate_on(), trial_layout=layout),
                                     gpus=gang.gpus, warn=warn or (lambda m: None))
     return TrialPlan(
         run=run, device=device, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
         pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
         precision=spec_of(run.precision.name), gang=gang,
-        paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=tracking_uri,
-        resume_from=resume_from, resume_step=resume_step, continues_run=continues_run, estimate=estimate)
+        paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=where.tracking_uri,
+        resume_from=where.resume_from, resume_step=where.resume_step, continues_run=where.continues_run,
+        estimate=estimate)
 
 
 def replan(plan: TrialPlan, *, run: RunConfig) -> TrialPlan:

@@ -88,7 +88,7 @@ def _run_case(case: Case, *, steps: int, world: int) -> dict:
     from trainlab.bench.layout_speed import _check_not_degenerate, _Latest, _trim_heap, gather_rows
     from trainlab.distributed import setup_distributed
     from trainlab.engine.run import build_trainer
-    from trainlab.plan.trial_plan import plan_trial
+    from trainlab.plan.trial_plan import Where, plan_trial
     from trainlab.telemetry.peak_memory import rss_gb
 
     try:
@@ -100,7 +100,7 @@ def _run_case(case: Case, *, steps: int, world: int) -> dict:
         _trim_heap()
         base = rss_gb() or float("nan")
         latest = _Latest()
-        trainer = build_trainer(plan_trial(run, device=dist_info.device.type), dist_info, tracker=latest)
+        trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=latest)
     except ValueError as e:  # the config's checks: the same on every rank, before any collective
         return {"status": "skipped", "reason": " ".join(str(e).split())}
     result = trainer.train()
