@@ -12,7 +12,7 @@ from trainlab.bench.checkpoint_cost import report, spawn, summarise
 from trainlab.config.checkpoints import complete_checkpoints
 from trainlab.config.schema import TrainConfig
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 TRIAL = ["model=tiny", "cluster.device=cpu", "parallel=ddp", "train.max_steps=3", "train.seq_len=32",
          "train.global_batch_size=4", "train.micro_batch_size=2"]

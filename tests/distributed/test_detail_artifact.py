@@ -45,6 +45,7 @@ def _table(uri: str, run_id: str, tmp_path) -> pd.DataFrame:
                                               dst_path=str(tmp_path), tracking_uri=uri))
 
 
+@pytest.mark.slow  # 16 s of a 2-rank trial: the gate keeps under 15 min
 def test_summary_keeps_few_metrics_and_the_table_holds_what_telemetry_computed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client, run = _trial(tmp_path, uri)

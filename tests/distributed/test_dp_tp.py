@@ -15,7 +15,7 @@ import torch
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 CLIP = 0.05  # far below the tiny model's gradient norms (0.3 to 2 over these steps): every step clips
 TINY = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=8",

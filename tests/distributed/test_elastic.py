@@ -14,7 +14,7 @@ import pytest
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 GLOBAL_BATCH, MICRO_BATCH, SEQ_LEN = 8, 2, 32
 ELASTIC = ["model=tiny", "data=markov", "train.max_steps=10", f"train.global_batch_size={GLOBAL_BATCH}",

@@ -18,7 +18,7 @@ from trainlab import names
 from trainlab.distributed import close_distributed
 from trainlab.precision.capability import cpu_rowwise_scaled_mm
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=4", "train.global_batch_size=4",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "train.eval_batches=2",

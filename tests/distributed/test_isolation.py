@@ -16,7 +16,7 @@ import pytest
 
 from conftest import rank_env, reporting_to, spawn_ranks
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=3", "train.global_batch_size=4",
         "train.micro_batch_size=2", "train.seq_len=16", "train.eval_every=0", "train.checkpoint_every=0",

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, free_port
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
 LAYOUTS = ("ddp", "fsdp", "zero1")
 SUMMARY = re.compile(r"^layout (\w+): speedup: (\S+)x  memory: (\S+)x$", re.M)
