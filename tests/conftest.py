@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,7 +109,7 @@ def trial_curves(rank: int, world: int, port: int, out, overrides: list[str]) ->
     run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
     with reporting_to(out):
-        result = run_trial(run, tracker_factory=lambda *_: tracker)
+        result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker)
         if rank == 0:
             out.put(([v for _, v in tracker.series(names.LOSS)],
                      [v for _, v in tracker.series(names.VAL_LOSS)], result.status))

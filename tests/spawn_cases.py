@@ -27,6 +27,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import finish_reporting, free_port, rank_env
+from trainlab.plan.here import plan_here
 
 GRACE_S = 30
 """After a rank reported a case failed: how long the others get to report theirs (they may be
@@ -163,7 +164,7 @@ def trial_curves_case(rank: int, world: int, overrides: list[str]) -> tuple[list
     from trainlab.engine.run import run_trial
 
     tracker = RecordingTracker()
-    result = run_trial(compose_run_config([*overrides, f"cluster.num_workers={world}"]),
+    result = run_trial(plan_here(compose_run_config([*overrides, f"cluster.num_workers={world}"])),
                        tracker_factory=lambda *_: tracker)
     return ([v for _, v in tracker.series(names.LOSS)], [v for _, v in tracker.series(names.VAL_LOSS)],
             result.status)

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -33,7 +34,7 @@ def _stopped_then_resumed(rank: int, world: int, port: int, out, root: str) -> N
             run = compose_run_config([*BALANCED, *extra, f"train.checkpoint_dir={root}",
                                       f"cluster.num_workers={world}"])
             tracker = RecordingTracker()
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             shares = {step: {k: m[k] for k in SHARE_KEYS} for step, m in tracker.metrics if SHARE_KEYS[0] in m}
             reports[name] = dict(status=result.status, steps=result.steps, shares=shares,
                                  losses=tracker.by_step(names.LOSS))

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -34,7 +35,7 @@ def _interrupted(rank: int, world: int, port: int, out, layouts: dict[str, list[
                                 ("resumed", ["train.checkpoint_every=2", cut])):
                 run = compose_run_config([*TINY, *overrides, *extra, f"cluster.num_workers={world}"])
                 tracker = RecordingTracker()
-                result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+                result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
                 reports.setdefault(layout, []).append(dict(
                     name=name, status=result.status, steps=result.steps, final_loss=result.final_loss,
                     extra=result.extra, losses=tracker.by_step(names.LOSS),

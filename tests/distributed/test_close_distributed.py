@@ -15,6 +15,7 @@ import torch
 
 from conftest import finish_reporting, rank_env, spawn_ranks
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -43,7 +44,7 @@ def _trial_then_close(rank: int, world: int, port: int, out, layout: str) -> Non
     from trainlab.engine.run import run_trial
 
     before = _threads()
-    result = run_trial(compose_run_config([*TINY, f"parallel={layout}", f"cluster.num_workers={world}"]))
+    result = run_trial(plan_here(compose_run_config([*TINY, f"parallel={layout}", f"cluster.num_workers={world}"])))
     during = _threads()
     close_distributed()
     out.put((rank, result.status, before, during, _threads()))

@@ -15,6 +15,7 @@ import pytest
 from conftest import RecordingTracker, rank0_unless_failed, rank_env, spawn_ranks
 from trainlab import names
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -45,7 +46,7 @@ def _trials(rank: int, world: int, port: int, out) -> None:
         tracker = RecordingTracker()
         try:
             run = compose_run_config([*COMMON, *overrides, f"cluster.num_workers={world}"])
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             if rank != 0:  # only rank 0 tracks; the others report how they ended
                 results[mode] = {"status": result.status}
                 continue

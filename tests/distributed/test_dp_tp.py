@@ -14,6 +14,7 @@ import torch
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
@@ -32,7 +33,7 @@ def _trial(overrides: list[str], world: int) -> dict | str:
     run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
     try:
-        result = run_trial(run, tracker_factory=lambda *_: tracker)
+        result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker)
     except Exception as e:  # noqa: BLE001 - reported to the test
         return repr(e)
     return dict(status=result.status, steps=result.steps, losses=tracker.by_step(names.LOSS),

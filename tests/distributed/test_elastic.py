@@ -13,6 +13,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
@@ -56,7 +57,7 @@ def _phase(rank: int, world: int, port: int, out, runs: list[tuple[str, list[str
     with reporting_to(out):
         for name, overrides, stop_at in runs:
             tracker, events = PreemptingTracker(stop_at), []
-            result = run_trial(compose_run_config([*ELASTIC, *overrides]), tracker_factory=lambda *_, t=tracker: t,
+            result = run_trial(plan_here(compose_run_config([*ELASTIC, *overrides])), tracker_factory=lambda *_, t=tracker: t,
                                progress=events.append)
             reports[name] = dict(status=result.status, steps=result.steps, final_loss=result.final_loss,
                                  losses=tracker.by_step(names.LOSS), tokens=tracker.by_step(names.TOKENS_SEEN),

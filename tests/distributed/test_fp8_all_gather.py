@@ -16,6 +16,7 @@ import pytest
 from conftest import RecordingTracker, finish_reporting, rank0_unless_failed, rank_env, spawn_ranks
 from trainlab import names
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 from trainlab.precision.capability import cpu_rowwise_scaled_mm
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
@@ -83,7 +84,7 @@ def _preempted_and_resumed(world: int, out_dir: str) -> dict:
         run = compose_run_config([*TINY, *CASES["fsdp_fp8"], *extra, "train.checkpoint_every=2",
                                   f"output_dir={out_dir}", f"cluster.num_workers={world}"])
         tracker = RecordingTracker()
-        result = run_trial(run, tracker_factory=lambda *_, tracker=tracker: tracker)
+        result = run_trial(plan_here(run), tracker_factory=lambda *_, tracker=tracker: tracker)
         got[name] = {"status": result.status, "losses": [v for _, v in tracker.series(names.LOSS)],
                      "val_loss": result.final_val_loss}
     return got

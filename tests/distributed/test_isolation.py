@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import rank_env, reporting_to, spawn_ranks
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8-25 s of gloo groups: the gate keeps under 15 min
 
@@ -69,7 +70,7 @@ def _gang(rank: int, world: int, port: int, out, trials: list[tuple[str, list[st
         report = []
         for name, overrides, restore in trials:
             start = time.perf_counter()
-            result = run_trial(compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"]))
+            result = run_trial(plan_here(compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}"])))
             changed = state.changed()
             if restore:
                 state.after_trial()

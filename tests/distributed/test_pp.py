@@ -14,6 +14,7 @@ from trainlab.config import compose_run_config
 from trainlab.distributed import close_distributed
 from trainlab.models import build_model
 from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -194,7 +195,7 @@ def _trial(rank: int, world: int, port: int, out, overrides: list[str]) -> None:
     run = compose_run_config([*overrides, f"cluster.num_workers={world}"])
     tracker = RecordingTracker()
     with reporting_to(out):
-        result = run_trial(run, tracker_factory=lambda *_: tracker)
+        result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker)
         if rank == 0:
             out.put((tracker.metrics, result.status, result.diverged_step))
 

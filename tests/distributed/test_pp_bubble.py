@@ -20,6 +20,7 @@ import torch
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -77,7 +78,7 @@ def _trials(rank: int, world: int, port: int, out, m_values: tuple[int, ...]) ->
             tracker = RecordingTracker()
             run = compose_run_config([*TRIAL, f"parallel.pp_microbatches={m}",
                                       f"train.global_batch_size={m * MICRO_BATCH}", f"cluster.num_workers={world}"])
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             assert result.status == names.STATUS_FINISHED, (m, result.status)
             logged[m] = tracker.metrics
         if rank == 0:

@@ -11,6 +11,7 @@ from trainlab import names
 from trainlab.compare.records import Trial
 from trainlab.compare.repro import reproducibility
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -32,7 +33,7 @@ def _trials(rank: int, world: int, port: int, out, runs: list[list[str]]) -> Non
         for overrides in runs:
             run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}", "cluster.device=cpu"])
             tracker = RecordingTracker()
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             reports.append(dict(extra=result.extra, tags=tracker.tags, status=result.status,
                                 params={k: str(v) for k, v in flatten(run).items()},
                                 metrics={k: tuple(tracker.series(k))

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed
 
@@ -50,7 +51,7 @@ def _trials(rank: int, world: int, port: int, out, root: str) -> None:
             run = compose_run_config([*TINY, *overrides, f"train.checkpoint_dir={root}/{cut}",
                                       f"cluster.num_workers={world}"])
             tracker = RecordingTracker()
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             reports[name] = dict(status=result.status, steps=result.steps, rollbacks=result.rollbacks,
                                  diverged_step=result.diverged_step, final_loss=result.final_loss,
                                  losses=tracker.series(names.LOSS), lrs=tracker.series(names.LR),

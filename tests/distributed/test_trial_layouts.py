@@ -25,6 +25,7 @@ import pytest
 from conftest import RecordingTracker, rank_env, spawn_ranks
 from trainlab import names
 from trainlab.distributed import close_distributed
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 2 spawns, 8 trials: ~80 s on 2 busy cores
 
@@ -89,7 +90,7 @@ def _trials(rank: int, world: int, port: int, out, trials: dict[str, list[str]],
             run = compose_run_config([*TINY, *overrides, f"cluster.num_workers={world}", "cluster.device=cpu",
                                       f"output_dir={root}/{world}/{name}"])
             tracker, warnings, before = FlagsTracker(), [], calls[0]
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t,
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t,
                                progress=lambda e, w=warnings: w.append(e.message) if e.kind == WARNING else None)
             reports[name] = {"hook_calls": calls[0] - before, "status": result.status}
             if rank == 0:

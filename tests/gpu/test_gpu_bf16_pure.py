@@ -10,6 +10,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 from trainlab.precision.lowp_adamw import LowPrecisionAdamW
 
 pytestmark = [pytest.mark.gpu,
@@ -47,7 +48,7 @@ def _trained(precision: str):
     tracker = RecordingTracker()
     run = compose_run_config(["model=tiny", f"precision={precision}", "cluster.num_workers=1",
                               "cluster.device=cuda", "train.max_steps=30", "train.eval_every=0"])
-    result = run_trial(run, tracker_factory=lambda *_: tracker)
+    result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker)
     return result, [v for _, v in tracker.series(names.LOSS)]
 
 

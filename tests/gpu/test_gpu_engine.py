@@ -24,6 +24,7 @@ from trainlab import names
 from trainlab.bench.fp8_vs_bf16 import mode_overrides
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 from trainlab.telemetry.peak_flops import gpu_peak
 from trainlab.vocab.precision import spec_of
 
@@ -87,7 +88,7 @@ def cuda_dist_info():
 
 def trial(overrides: list[str]):
     tracker = RecordingTracker()
-    result = run_trial(compose_run_config(overrides), tracker_factory=lambda *_: tracker)
+    result = run_trial(plan_here(compose_run_config(overrides)), tracker_factory=lambda *_: tracker)
     return result, tracker
 
 

@@ -12,6 +12,7 @@ from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -27,7 +28,7 @@ def _fp8_gpu() -> None:
 def _trial(overrides: list[str], tmp_path) -> tuple:
     tracker = RecordingTracker()
     run = compose_run_config([*MARKOV, "cluster.num_workers=1", f"output_dir={tmp_path}", *overrides])
-    return run_trial(run, tracker_factory=lambda *_: tracker), tracker
+    return run_trial(plan_here(run), tracker_factory=lambda *_: tracker), tracker
 
 
 def test_fp8_compiles_by_default_and_keeps_small_linears_in_bf16(tmp_path):
@@ -73,7 +74,7 @@ def _nccl_fsdp(rank: int, world: int, port: int, out, layouts: dict) -> None:
                                       "train.global_batch_size=8", "train.micro_batch_size=4",
                                       "train.seq_len=256", "train.checkpoint_every=0",
                                       f"cluster.num_workers={world}", *overrides])
-            result = run_trial(run, tracker_factory=lambda *_, t=tracker: t)
+            result = run_trial(plan_here(run), tracker_factory=lambda *_, t=tracker: t)
             got[name] = {"status": result.status, "losses": [v for _, v in tracker.series(names.LOSS)],
                          "tags": dict(tracker.tags)}
         if rank == 0:

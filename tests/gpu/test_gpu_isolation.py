@@ -12,6 +12,7 @@ from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.isolation import GangState, fresh_gang_reason
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -40,7 +41,7 @@ def test_a_trial_after_others_on_a_warm_gpu_gang_gives_its_bits_and_its_memory_p
     try:
         for i, run in enumerate(runs):
             assert fresh_gang_reason(ran=runs[:i], run=run, device="cuda") == "", sequence[i]
-            results.append(run_trial(run))
+            results.append(run_trial(plan_here(run)))
             state.after_trial()
             # the trial's tensors are gone and the next trial's peak starts from here
             assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()

@@ -13,6 +13,7 @@ from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_markov_loss_approaches_true_entropy(recording_tracker, tmp_path):
         "train.max_steps=150", "train.global_batch_size=16", "train.micro_batch_size=16",
         "train.seq_len=64", "train.eval_every=0", "train.eval_batches=8", "optim.lr=3e-3",
     ])
-    result = run_trial(run, tracker_factory=lambda *_: recording_tracker)
+    result = run_trial(plan_here(run), tracker_factory=lambda *_: recording_tracker)
     true_h = result.extra["true_entropy"]
     unigram_h = result.extra["unigram_entropy"]
     assert true_h < unigram_h - 0.3  # the source has structure to learn

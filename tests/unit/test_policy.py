@@ -15,6 +15,7 @@ from trainlab.config import ConfigError, compose_run_config
 from trainlab.engine.run import run_trial
 from trainlab.models import build_model
 from trainlab.plan.derive_layout import compile_unit, plan_layout
+from trainlab.plan.here import plan_here
 from trainlab.precision.fp8 import float8_all_gather
 from trainlab.precision.policy import linear_layers, plan_layers
 from trainlab.vocab.precision import FP8_PRECISIONS, spec_of
@@ -68,7 +69,7 @@ def test_an_fp8_trial_without_fp8_layers_warns_and_its_tags_say_why(tmp_path):
         "train.eval_every=0", "train.eval_batches=1", "cluster.num_workers=1", "cluster.device=cpu",
         f"output_dir={tmp_path}"])
     tracker, events = RecordingTracker(), []
-    result = run_trial(run, tracker_factory=lambda *_: tracker, progress=events.append)
+    result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker, progress=events.append)
     assert result.status == names.STATUS_FINISHED
     tags = tracker.tags
     assert tags[names.TAG_FP8_LAYERS] == "0/15"

@@ -16,6 +16,7 @@ from conftest import RecordingTracker
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,7 +28,7 @@ TINY = ["model=tiny", "train.max_steps=4", "train.eval_every=2", "train.eval_bat
 def _trial(tmp_path, *overrides: str) -> tuple[RecordingTracker, dict]:
     tracker = RecordingTracker()
     run = compose_run_config([*TINY, *overrides, f"output_dir={tmp_path}"])
-    result = run_trial(run, tracker_factory=lambda *_: tracker)
+    result = run_trial(plan_here(run), tracker_factory=lambda *_: tracker)
     assert result.status == names.STATUS_FINISHED
     return tracker, result.extra
 

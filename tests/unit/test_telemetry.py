@@ -8,6 +8,7 @@ import pytest
 
 from trainlab.config import compose_run_config
 from trainlab.engine.run import run_trial
+from trainlab.plan.here import plan_here
 from trainlab.telemetry import SpikeDetector, StabilityCounters
 from trainlab.telemetry.peak_flops import Peak, gpu_peak, mean_peak
 from trainlab.vocab.gpus import GPUS
@@ -19,7 +20,7 @@ def test_cpu_mfu_is_a_fraction(precision, tmp_path):
                               "train.max_steps=4", "train.global_batch_size=4", "train.micro_batch_size=4",
                               "train.seq_len=32", "train.eval_every=0", "train.eval_batches=1",
                               f"output_dir={tmp_path}"])  # its checkpoints folder, not ./checkpoints
-    result = run_trial(run)
+    result = run_trial(plan_here(run))
     assert result.mfu is not None and 0 < result.mfu < 1, result.mfu
 
 

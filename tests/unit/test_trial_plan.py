@@ -95,7 +95,7 @@ def test_auto_is_decided_by_one_function_and_logical_gpus_compute_on_cpu(monkeyp
 def test_events_and_the_result_are_typed_from_the_engine_to_the_console(tmp_path):
     events = []
     run = compose_run_config([*TINY, "precision=fp8_tensorwise", "precision.hp_dtype=fp32", f"output_dir={tmp_path}"])
-    result = run_trial(run, tracker_factory=lambda *_: RecordingTracker(), progress=events.append)
+    result = run_trial(plan_here(run), tracker_factory=lambda *_: RecordingTracker(), progress=events.append)
     # pickled as Ray's event queue carries them, read back as the same types
     events, result = pickle.loads(pickle.dumps((events, result)))
     assert isinstance(result, TrialResult) and result.status == names.STATUS_FINISHED

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.bench.spawn import spawn_rows
+from trainlab.plan.here import plan_here
 from trainlab.vocab.tracker import NullTracker
 
 DEFAULTS = ("model=small", "train.max_steps=30", "parallel=ddp")
@@ -81,7 +82,7 @@ def run_rounds(overrides: list[str], *, every: int, repeats: int, world: int,
                 run = compose_run_config([*overrides, *FIXED, f"cluster.num_workers={world}",
                                           f"train.checkpoint_every={k}", f"train.checkpoint_dir={folder}"])
                 rec = _Recorder()
-                result = run_trial(run, tracker_factory=lambda *_, rec=rec: rec)
+                result = run_trial(plan_here(run), tracker_factory=lambda *_, rec=rec: rec)
                 rows.append({"round": i, "every": k, "status": result.status, "steps": result.steps,
                              "elapsed_s": result.elapsed_s,
                              "step_times": [v for s, v in rec.series(names.STEP_TIME_S) if s > 1],

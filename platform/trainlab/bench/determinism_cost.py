@@ -20,6 +20,7 @@ import statistics
 
 from trainlab import names
 from trainlab.bench.spawn import spawn_rows
+from trainlab.plan.here import plan_here
 
 DEFAULTS = ("model=tiny", "data=markov", "train.max_steps=20", "train.global_batch_size=16",
             "train.micro_batch_size=4", "train.seq_len=64")
@@ -38,7 +39,7 @@ def run_rounds(overrides: list[str], *, repeats: int, world: int) -> list[dict]:
         for mode in MODES:
             run = compose_run_config([*overrides, *FIXED, f"train.deterministic={str(mode).lower()}",
                                       f"cluster.num_workers={world}"])
-            result = run_trial(run)
+            result = run_trial(plan_here(run))
             rows.append({"round": i, "deterministic": mode, "status": result.status,
                          "tokens_per_s": result.tokens_per_s,
                          "loss_sha": result.extra[names.TAG_LOSS_CURVE_SHA],

@@ -2,7 +2,7 @@
 
     state = GangState.capture()       # each worker, at gang start, before its first trial
     for run in trials:                # on the driver: fresh_gang_reason(ran=..., run=run, device=...)
-        run_trial(run, ...)
+        run_trial(plan_here(run), ...)
         state.after_trial()           # each worker, after each trial, on the thread that runs them
 
 A trial must give the same bits whether it runs first in fresh processes or after other trials

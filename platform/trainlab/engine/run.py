@@ -58,7 +58,6 @@ from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.plan.derive_layout import compile_unit, unordered_reductions
-from trainlab.plan.here import plan_here
 from trainlab.plan.trial_plan import TrialPlan, replan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
@@ -170,17 +169,16 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def run_trial(plan: TrialPlan | RunConfig, *, tracker_factory: TrackerFactory | None = None,
+def run_trial(plan: TrialPlan, *, tracker_factory: TrackerFactory | None = None,
               progress: Progress | None = None, local_rank: int | None = None,
               where: tuple[str, str] | None = None) -> TrialResult:
     """Set up the process group, execute the plan, close the tracker; returns the same result on
-    every rank. A RunConfig (no driver planned it) is planned here first (plan_here).
+    every rank. Its caller planned it (plan.trial_plan.plan_trial: the Ray driver, or
+    plan.here.plan_here in this process); the engine never plans a trial itself.
 
     `where` is this worker's (node, device type) as the launcher knows it (Ray's node id and
     accelerator type); by default the host name and the device name.
     """
-    if isinstance(plan, RunConfig):
-        plan = plan_here(plan)
     run = plan.run
     estimate = plan.estimate  # the driver's (or plan_here's), logged beside what this trial measures
     set_deterministic(run.train.deterministic)  # before CUDA starts: cuBLAS reads its workspace env once
