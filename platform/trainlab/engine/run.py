@@ -57,7 +57,7 @@ from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize
 from trainlab.parallel.mesh import build_mesh, coords
-from trainlab.plan.derive_layout import compile_unit, unordered_reductions
+from trainlab.plan.derive_layout import unordered_reductions
 from trainlab.plan.trial_plan import TrialPlan, replan
 from trainlab.precision.capability import check_precision_on_gpu
 from trainlab.precision.recipes import build_recipe
@@ -103,7 +103,7 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     recipe = build_recipe(run.precision, device_type=dist_info.device.type,
                           fsdp_backend=backend_for(dist_info.device.type) if fsdp_shards(dims, run.parallel) else "")
     model = recipe.prepare(model)
-    run = resolve_compile(run, unit=compile_unit(run, device_type=dist_info.device.type, emulated=recipe.emulated))
+    run = resolve_compile(run, unit=plan.compile_unit)  # decided by the plan for its device
     mesh = build_mesh(dims, device_type=dist_info.device.type, dp_replicate=run.parallel.dp_replicate) \
         if dist_info.world_size > 1 else None
     parallel = parallelize(model, dims=dims, cfg=run.parallel, device=dist_info.device, mesh=mesh,

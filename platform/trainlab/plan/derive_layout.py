@@ -206,8 +206,8 @@ def _wrapping_layouts(run: RunConfig) -> list[str]:
 
 def compile_unit(run: RunConfig, *, device_type: str, emulated: bool) -> str:
     """What the trial compiles: '' (nothing), 'model' or 'block' (train.compile and
-    train.compile_unit, with auto resolved). Decided once, by build_trainer, which records it in
-    the `compile` tag. auto compiles on CUDA unless the recipe emulates its casts (emulation
+    train.compile_unit, with auto resolved). Decided once, by the plan (TrialPlan.compile_unit);
+    the engine records it in the `compile` tag. auto compiles on CUDA unless the recipe emulates its casts (emulation
     studies numerics; torchao's emulated FP8 does not compile), per block where the layout
     shards or splits the model; on CPU it stays eager (inductor's start-up costs more than a
     CPU run gains)."""

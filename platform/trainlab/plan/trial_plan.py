@@ -27,9 +27,9 @@ from trainlab.config.convert import config_hash, hashed_config
 from trainlab.config.layout_types import ParallelDims, TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.fit_check import checked_estimate, estimate_run
-from trainlab.plan.derive_layout import elastic_range, plan_layout
+from trainlab.plan.derive_layout import compile_unit, elastic_range, plan_layout
 from trainlab.vocab.nodes import ClusterSpec
-from trainlab.vocab.precision import PrecisionSpec, spec_of
+from trainlab.vocab.precision import PrecisionSpec, emulates, spec_of
 
 if TYPE_CHECKING:
     from trainlab.estimate.result import Estimate
@@ -113,6 +113,9 @@ class TrialPlan:
     estimate: Estimate | None = None
     """Memory and time of the trial on the devices it was placed on (trainlab.estimate), decided
     by the driver before any worker starts; None where nothing estimated it."""
+    compile_unit: str = ""
+    """What the trial compiles on `device`: '' (nothing), 'model' or 'block' (train.compile and
+    train.compile_unit with auto resolved: plan.derive_layout.compile_unit)."""
 
     @property
     def resuming(self) -> bool:
@@ -174,17 +177,23 @@ def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = Non
         precision=spec_of(run.precision.name), gang=gang,
         paths=paths, config_hash=config_hash(run), hashed_fields=hashed_config(run), tracking_uri=where.tracking_uri,
         resume_from=where.resume_from, resume_step=where.resume_step, continues_run=where.continues_run,
-        estimate=estimate)
+        estimate=estimate, compile_unit=_compiled(run, device))
 
 
 def replan(plan: TrialPlan, *, run: RunConfig) -> TrialPlan:
     """`plan` for `run`, a changed config of the same trial: an elastic gang's resized one
     (engine.elastic.fit_to_gang) or a rollback's retry precision (engine.rollback.attempt_config).
-    Its layout and precision spec are derived again, here; its identity (config hash and fields),
+    Its layout, precision spec and compile unit are derived again, here; its identity (config hash and fields),
     paths, resume and gang stay the trial's as it was launched."""
     if run is plan.run:
         return plan
     layout = plan_layout(run)
     return dataclasses.replace(plan, run=run, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
                                pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,
-                               precision=spec_of(run.precision.name))
+                               precision=spec_of(run.precision.name), compile_unit=_compiled(run, plan.device))
+
+
+def _compiled(run: RunConfig, device: str) -> str:
+    """compile_unit on `device`, the recipe's emulation read from the precision spec (as the
+    recipe itself reads it: vocab.precision.emulates)."""
+    return compile_unit(run, device_type=device, emulated=emulates(run.precision, device_type=device))
