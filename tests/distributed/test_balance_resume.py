@@ -10,7 +10,7 @@ from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.plan.here import plan_here
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 WORLD = 2
 BALANCED = ["model=tiny", "data=markov", "cluster.device=cpu", "train.seq_len=32", "train.global_batch_size=16",

@@ -10,7 +10,7 @@ from conftest import RecordingTracker, rank_env, reporting_to, spawn_ranks
 from trainlab import names
 from trainlab.plan.here import plan_here
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "train.eval_batches=2",

@@ -17,7 +17,7 @@ from conftest import finish_reporting, rank_env, spawn_ranks
 from trainlab.distributed import close_distributed
 from trainlab.plan.here import plan_here
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_size=4",
         "train.micro_batch_size=2", "train.seq_len=16", "train.eval_every=0", "train.checkpoint_every=0",

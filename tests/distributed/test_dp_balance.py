@@ -17,7 +17,7 @@ from trainlab import names
 from trainlab.distributed import close_distributed
 from trainlab.plan.here import plan_here
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 WORLD = 2
 STEPS = 12

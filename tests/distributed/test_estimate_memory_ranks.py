@@ -15,7 +15,7 @@ import pytest
 
 from spawn_cases import selected_cases, spawn_cases
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=2", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_batches=4", "train.numerics_every=0",

@@ -13,7 +13,7 @@ from trainlab.compare.repro import reproducibility
 from trainlab.distributed import close_distributed
 from trainlab.plan.here import plan_here
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 11-47 s of gloo groups: the gate keeps under 15 min
 
 TINY = ["model=tiny", "data=markov", "train.max_steps=5", "train.global_batch_size=8",
         "train.micro_batch_size=2", "train.seq_len=32", "train.eval_every=0", "train.eval_batches=2",
