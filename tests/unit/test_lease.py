@@ -1,0 +1,100 @@
+"""One owner per trial (launch.lease): the driver that trains a trial holds a lease in its
+checkpoint folder; a second driver is refused in one line naming the holder, a dead holder's
+lease is taken over, and the lease is gone once its holder ends. In process, no Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainlab.config import ConfigError
+from trainlab.launch import lease
+from trainlab.launch.lease import LEASE_FILE, LeaseHeld, acquire, check_free
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_lease_is_taken_before_anything_else_and_gone_after_release(tmp_path):
+    root = tmp_path / "ckpt"
+    held = acquire(root)
+    record = json.loads((root / LEASE_FILE).read_text())
+    assert record["pid"] == os.getpid() and record["host"] and record["holder"] == held.holder
+    held.release()
+    assert not (root / LEASE_FILE).exists()
+    acquire(root).release()  # free again
+
+
+def test_a_second_driver_is_refused_in_one_line_naming_the_holder(tmp_path):
+    held = acquire(tmp_path)
+    try:
+        with pytest.raises(LeaseHeld) as e:
+            acquire(tmp_path)
+        said = str(e.value)
+        assert isinstance(e.value, ConfigError) and "\n" not in said
+        assert f"pid {os.getpid()}" in said and lease.host_name() in said and "since" in said
+        assert str(tmp_path) in said and "train.checkpoint_dir" in said  # the safe way on
+        with pytest.raises(LeaseHeld):
+            check_free(tmp_path)  # the planner's early look says the same
+    finally:
+        held.release()
+
+
+def test_a_dead_holders_lease_is_taken_over(tmp_path, capsys):
+    record = {"holder": "gone", "host": lease.host_name(), "pid": _dead_pid(), "started": time.time() - 50,
+              "heartbeat": time.time()}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    check_free(tmp_path)  # stale: no refusal
+    held = acquire(tmp_path)
+    try:
+        assert json.loads((tmp_path / LEASE_FILE).read_text())["holder"] == held.holder
+    finally:
+        held.release()
+
+
+def test_a_lease_whose_heartbeat_stopped_long_ago_is_stale_on_another_host(tmp_path):
+    old = time.time() - 10 * lease.STALE_AFTER_S
+    record = {"holder": "far", "host": "elsewhere.example", "pid": 1, "started": old, "heartbeat": old}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    acquire(tmp_path).release()
+    record["heartbeat"] = time.time()  # alive elsewhere: refused
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    with pytest.raises(LeaseHeld, match="host elsewhere.example, pid 1"):
+        acquire(tmp_path)
+
+
+def test_release_leaves_a_lease_taken_over_by_another_alone(tmp_path):
+    held = acquire(tmp_path)
+    other = {"holder": "other", "host": "elsewhere.example", "pid": 1, "started": time.time(),
+             "heartbeat": time.time()}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(other))
+    held.release()
+    assert json.loads((tmp_path / LEASE_FILE).read_text())["holder"] == "other"
+
+
+def test_the_heartbeat_renews_the_lease(tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "HEARTBEAT_S", 0.05)
+    held = acquire(tmp_path)
+    try:
+        first = json.loads((tmp_path / LEASE_FILE).read_text())["heartbeat"]
+        deadline = time.monotonic() + 5
+        while json.loads((tmp_path / LEASE_FILE).read_text())["heartbeat"] == first:
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.02)
+    finally:
+        held.release()
+
+
+def test_a_corrupt_lease_file_is_refused_not_overwritten(tmp_path):
+    (tmp_path / LEASE_FILE).write_text("{half")
+    with pytest.raises(LeaseHeld, match="unreadable"):
+        acquire(tmp_path)
+    assert (tmp_path / LEASE_FILE).read_text() == "{half"
