@@ -98,3 +98,21 @@ def test_a_corrupt_lease_file_is_refused_not_overwritten(tmp_path):
     with pytest.raises(LeaseHeld, match="unreadable"):
         acquire(tmp_path)
     assert (tmp_path / LEASE_FILE).read_text() == "{half"
+
+
+def test_the_lifecycle_refuses_a_held_trial_before_writing_anything_of_it(tmp_path):
+    from trainlab.config import compose_run_config
+    from trainlab.launch.executors import InProcess
+    from trainlab.launch.lifecycle import train
+
+    root = tmp_path / "ckpt"
+    run = compose_run_config(["model=tiny", "tracking=none", "train.max_steps=2", f"train.checkpoint_dir={root}",
+                              f"output_dir={tmp_path / 'out'}"])
+    held = acquire(root)
+    try:
+        with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
+            train(run, executor=InProcess(), show_progress=False)
+        assert sorted(p.name for p in root.iterdir()) == [LEASE_FILE]  # no trial.json, no checkpoint
+        assert json.loads((root / LEASE_FILE).read_text())["holder"] == held.holder  # still the holder's
+    finally:
+        held.release()

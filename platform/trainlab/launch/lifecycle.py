@@ -1,6 +1,8 @@
 """One trial's lifecycle, written once; executors (launch.executors) differ only in how they run the workers.
 
     plan      plan_for(run, executor.where): the lifecycle's one planning call
+    own       the trial's lease (launch.lease) on its checkpoint folder, taken before anything of
+              it is written, given back on every way out: a second driver is refused naming the holder
     start     the trial's MLflow run (none with tracking=none), tracking.trial_tracking.TrialTracking:
               opened by the driver before any worker starts, or by rank 0 of a gang without one
               once its ranks agreed on the checkpoint they start from
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -22,7 +25,7 @@ from trainlab import names
 from trainlab.config import RunConfig
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.events import ProgressEvent, step_of
-from trainlab.launch import interrupt
+from trainlab.launch import interrupt, lease
 from trainlab.launch.executors import CLUSTER, Executor, RayGang, Runner
 from trainlab.launch.outcome import TrialOutcome
 from trainlab.launch.plan import plan_launch
@@ -62,6 +65,26 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
     run, root = plan.run, Path(plan.paths.checkpoint_root)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
         return interrupt.before_start(plan.tracking_uri)
+    # -- own: one driver per trial, before anything of it is written (its run, its checkpoints) --
+    held = lease.acquire(root) if owns_trial(executor) else None  # LeaseHeld: one line naming the holder
+    try:
+        return _train_owned(plan, executor=executor, parent_run_id=parent_run_id, extra_tags=extra_tags,
+                            show_progress=show_progress, on_event=on_event, stop=stop)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def owns_trial(executor: Executor) -> bool:
+    """Whether this process is the trial's driver (holds its lease): not a torchrun rank but rank 0."""
+    return not executor.ranked or os.environ.get("RANK", "0") == "0"
+
+
+def _train_owned(plan: TrialPlan, *, executor: Executor, parent_run_id: str | None, extra_tags: dict | None,
+                 show_progress: bool, on_event: Callable[[ProgressEvent], None] | None,
+                 stop: interrupt.StopRequest | None) -> TrialOutcome:
+    """train() once this process holds the trial's lease: start, execute, finish."""
+    run, root = plan.run, Path(plan.paths.checkpoint_root)
     out_dir = Path(plan.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

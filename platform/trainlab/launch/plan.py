@@ -22,6 +22,7 @@ from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch.estimate_cluster import placed_cluster
+from trainlab.launch.lease import check_free
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import PlacementError, gpu_pools, place
 from trainlab.launch.preflight import check_comm_backend, preflight
@@ -44,6 +45,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
+    check_free(root)  # another driver trains this trial now: refused before Ray starts (the lifecycle takes it)
     try:  # every file read back against its digest at save; another config's checkpoint refused
         start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
                                warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
