@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shlex
 from pathlib import Path
 
@@ -29,13 +30,13 @@ def fields(*overrides: str) -> dict:
     return hashed_config(compose_run_config(["model=tiny", *overrides]))
 
 
-def make_checkpoint(root: Path, step: int, *, config: dict | None = None) -> Path:
+def make_checkpoint(root: Path, step: int, *, config: dict | None = None, config_hash: str = "x") -> Path:
     """A checkpoint folder as a save leaves it: its files, then the sealed manifest."""
     path = step_dir(root, step)
     path.mkdir(parents=True)
     for name, size in FILES.items():
         (path / name).write_bytes(os.urandom(size))
-    meta = {"version": 2, "step": step, "config_hash": "x", "config": integrity.as_json(config or fields()),
+    meta = {"version": 2, "step": step, "config_hash": config_hash, "config": integrity.as_json(config or fields()),
             "files": integrity.describe_files(path, sorted(FILES))}
     (path / META_FILE).write_text(json.dumps(integrity.seal(meta), indent=1))
     return path
@@ -131,7 +132,7 @@ def test_a_damaged_checkpoint_named_is_refused_suggesting_the_earlier_intact_one
         resolve_resume(str(path), tmp_path, verify=verify_here, warn=said.append)
     assert str(e.value) == (f"checkpoint {path} is damaged: rank_0.pt does not match the sha256 recorded at "
                             f"save; resume from an earlier checkpoint (train.resume={step_dir(tmp_path, 2)}) "
-                            "or start over (train.resume=never)")
+                            f"or start over (train.resume=never train.checkpoint_dir={tmp_path}-new2)")
     assert said == []  # a checkpoint named is never swapped for another
     again = pickle.loads(pickle.dumps(e.value))  # as a Ray worker's error reaches the driver
     assert str(again) == str(e.value) and again.path == path
@@ -180,3 +181,67 @@ def test_the_config_hash_covers_exactly_the_recorded_fields():
     assert config_hash(run) == hashlib.sha256(recorded).hexdigest()[:16]
     assert "model.dim" in hashed_config(run) and "tracking.uri" not in hashed_config(run)
     assert "train.checkpoint_dir" not in hashed_config(run)
+
+
+# issue 28: lease (no advice that destroys data; explicit resume may extend a run)
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_never_beside_another_configs_checkpoint_is_refused_and_leaves_it_intact(tmp_path):
+    make_checkpoint(tmp_path, 4, config=fields("model.dim=128"))
+    (tmp_path / "trial.json").write_text('{"run_id": "theirs"}')
+    before = _tree(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        resolve_resume("never", tmp_path, expect_config=fields(), verify=verify_here)
+    msg = str(e.value)
+    assert "train.resume=never" in msg and "model.dim 128 vs 64" in msg and str(tmp_path) in msg
+    fix = re.search(r"train\.checkpoint_dir=(\S+)", msg).group(1)
+    assert not Path(fix).exists() and Path(fix).parent == tmp_path.parent  # a fresh folder, safe to follow
+    assert _tree(tmp_path) == before
+    assert resolve_resume("never", Path(fix), expect_config=fields()) is None  # following the fix starts
+    assert resolve_resume("never", tmp_path, expect_config=fields("model.dim=128")) is None  # its own: may
+
+
+def test_no_refusal_suggests_starting_over_where_checkpoints_are(tmp_path):
+    """Every start-over a refusal suggests names a fresh train.checkpoint_dir beside the folder."""
+    path = make_checkpoint(tmp_path, 4, config=fields("model.dim=128"))
+    said = []
+    for call in (lambda: resolve_resume("auto", tmp_path, expect_config=fields()),
+                 lambda: resolve_resume(str(path), tmp_path, expect_config=fields())):
+        with pytest.raises(CheckpointError) as e:
+            call()
+        said.append(str(e.value))
+    flip(path / "rank_0.pt")
+    for call in (lambda: resolve_resume(str(path), tmp_path, verify=verify_here),
+                 lambda: resolve_resume("auto", tmp_path, verify=verify_here, warn=lambda m: None)):
+        with pytest.raises(CheckpointError) as e:
+            call()
+        said.append(str(e.value))
+    for msg in said:
+        assert "train.resume=never" in msg, msg
+        fix = re.search(r"train\.resume=never train\.checkpoint_dir=(\S+?)[;,)]?(?:\s|$)", msg)
+        assert fix and not Path(fix.group(1)).exists(), msg
+
+
+def test_explicit_resume_may_extend_max_steps_but_not_shrink_below_the_checkpoint(tmp_path):
+    path = make_checkpoint(tmp_path, 4, config=fields("train.max_steps=10"))
+    assert resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=30")).step == 4
+    assert resolve_resume("auto", tmp_path, expect_config=fields("train.max_steps=30")).step == 4
+    with pytest.raises(CheckpointError, match=r"train.max_steps=3 .*step 4"):
+        resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=3"))
+    with pytest.raises(CheckpointError, match="model.dim"):  # extending does not hide another change
+        resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=30", "model.dim=128"))
+
+
+def test_retention_and_rollback_never_delete_another_configs_checkpoints(tmp_path):
+    from trainlab.engine.checkpoint import discard_after, retire
+
+    theirs = [make_checkpoint(tmp_path, s, config_hash="theirs") for s in (10, 20, 30)]
+    before = {p: _tree(p) for p in theirs}
+    mine = [make_checkpoint(tmp_path, s, config_hash="mine") for s in (1, 2, 3)]
+    retire(tmp_path, keep=1, config_hash="mine")
+    assert [p.exists() for p in mine] == [False, False, True]
+    discard_after(tmp_path, 0, config_hash="mine")
+    assert not mine[2].exists()
+    assert {p: _tree(p) for p in theirs} == before  # byte for byte

@@ -44,12 +44,23 @@ def unused_checkpoint_root(run) -> Path:
     beside it: hydra.launcher.rerun=true trains a trial again from step 1, so it must neither
     resume the checkpoints (nor continue the MLflow run, trial.json) that an earlier run of the
     trial left in its folder, nor mix its own among them."""
-    root = checkpoint_root(run)
+    return unused_beside(checkpoint_root(run), "rerun")
+
+
+def unused_beside(root: Path, word: str = "new") -> Path:
+    """`root` if it is empty or absent, else the first empty or absent `<root>-<word><N>` beside it."""
+    root = Path(root)
     found, n = root, 1
     while found.is_dir() and any(found.iterdir()):
         n += 1
-        found = root.with_name(f"{root.name}-rerun{n}")
+        found = root.with_name(f"{root.name}-{word}{n}")
     return found
+
+
+def start_over(folder: Path) -> str:
+    """The one start-over every message suggests: train.resume=never in a fresh folder beside
+    `folder` (checkpoints are never replaced: a start-over where they are would lose them)."""
+    return f"train.resume=never train.checkpoint_dir={unused_beside(folder)}"
 
 
 def step_dir(root: Path, step: int) -> Path:

@@ -18,7 +18,8 @@ Atomic: everything is written into ``step_XXXXXXXX.tmp/``; once every rank has f
 (a barrier), rank 0 renames it to its final name. A crash mid-write leaves a ``.tmp`` folder
 that is never read and is removed at the next start, so the previous checkpoint stays the
 latest; a save that fails (a full disk) removes its ``.tmp`` at once, on every rank's word.
-Retention: rank 0 keeps the newest ``keep`` and deletes the rest.
+Retention: rank 0 keeps the newest ``keep`` of the trial's own (its config hash) and deletes the rest of
+those; a checkpoint of another config is never deleted or replaced (engine.checkpoint.owned).
 
 The root must be storage every rank sees (one machine, or a shared file system).
 """
@@ -44,6 +45,7 @@ from trainlab.config.checkpoints import (
     CheckpointError,
     complete_checkpoints,
     latest_checkpoint,
+    start_over,
     step_dir,
 )
 from trainlab.distributed import gather_strings
@@ -132,12 +134,14 @@ class Checkpointer:
                     "config_hash": self.config_hash, "config": self.config, "time": time.time(),
                     "files": files}
             _write_synced(tmp / META_FILE, json.dumps(integrity.seal(meta), indent=1))
+            if final.exists() and not owned(final, self.config_hash):  # never another trial's
+                raise CheckpointError(f"{final} holds a checkpoint of another config; it is never replaced: "
+                                      "give this trial its own train.checkpoint_dir")
             if final.exists():  # the same step again (a resumed run re-saving): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync(self.root)
-            for old in complete_checkpoints(self.root)[:-self.keep]:
-                shutil.rmtree(old.path, ignore_errors=True)
+            retire(self.root, keep=self.keep, config_hash=self.config_hash)
 
         together(finish)
         return {names.CKPT_SAVE_S: time.perf_counter() - t0, names.CKPT_SIZE_MB: size / 2**20,
@@ -158,7 +162,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as e:  # DCP's own errors are long and wrapped per rank
             raise CheckpointError(f"checkpoint {ckpt.path} could not be loaded into this model "
                                   f"({_reason(e)}); it was written "
-                                  "for another model or layout; resume with that config or train.resume=never") from e
+                                  f"for another model or layout; resume with that config or {start_over(ckpt.path.parent)}") from e
         path = ckpt.path / f"rank_{self.rank}.pt"
         if not path.is_file():  # elastic: more ranks than wrote it; rank 0's holds the shared state
             path = ckpt.path / "rank_0.pt"
@@ -206,11 +210,27 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}"
 
 
-def discard_after(root: Path, step: int) -> None:
-    """Delete the checkpoints past `step`: a rollback to `step` abandons them (a restart or a
-    later rollback must never land on the diverged attempt's timeline)."""
+def owned(path: Path, config_hash: str) -> bool:
+    """Whether the checkpoint folder `path` is the trial's of `config_hash` (its manifest says
+    so): only those are ever deleted or replaced; another config's stay as they are."""
+    try:
+        return json.loads((path / META_FILE).read_text()).get("config_hash") == config_hash
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def retire(root: Path, *, keep: int, config_hash: str) -> None:
+    """Retention: delete this trial's checkpoints but its newest `keep` (never another config's)."""
+    mine = [c for c in complete_checkpoints(root) if owned(c.path, config_hash)]
+    for old in mine[:-keep] if keep > 0 else []:
+        shutil.rmtree(old.path, ignore_errors=True)
+
+
+def discard_after(root: Path, step: int, *, config_hash: str) -> None:
+    """Delete this trial's checkpoints past `step`: a rollback to `step` abandons them (a restart
+    or a later rollback must never land on the diverged attempt's timeline)."""
     for ckpt in complete_checkpoints(root):
-        if ckpt.step > step:
+        if ckpt.step > step and owned(ckpt.path, config_hash):
             shutil.rmtree(ckpt.path)
 
 

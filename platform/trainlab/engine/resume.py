@@ -28,6 +28,7 @@ from trainlab.config.checkpoints import (
     Checkpoint,
     CheckpointError,
     complete_checkpoints,
+    start_over,
 )
 from trainlab.config.moved import upgraded
 from trainlab.distributed import gather_strings
@@ -52,7 +53,8 @@ def resolve_resume(resume: str, root: Path, *, expect_hash: str | None = None,
     Another trial's checkpoint is refused naming the config fields that differ from
     `expect_config` (the trial's hashed fields). A manifest without fields (format 1) is
     compared by `expect_hash`, with `auto` only, as before."""
-    if resume == "never":
+    if resume == "never":  # a start-over: never where another config's checkpoints would be replaced
+        _refuse_foreign(root, expect_hash=expect_hash, expect_config=expect_config)
         return None
     named = False
     if resume == "auto":
@@ -67,11 +69,11 @@ def resolve_resume(resume: str, root: Path, *, expect_hash: str | None = None,
             if not candidates:
                 raise CheckpointError(f"train.resume={resume!r} holds no complete checkpoint (no step_* "
                                       f"folder with {META_FILE}); give a checkpoint folder, or "
-                                      "train.resume=auto / never")
+                                      "train.resume=auto, or train.resume=never to start afresh")
     found, meta = _newest_intact(candidates, named=named, verify=verify, warn=warn)
     if found is not None:
         _check_same_trial(found.path, meta, auto=resume == "auto", expect_hash=expect_hash,
-                          expect_config=expect_config)
+                          expect_config=expect_config, step=found.step, warn=warn)
     return found
 
 
@@ -96,33 +98,75 @@ def _newest_intact(candidates: list[Checkpoint], *, named: bool, verify: Verify 
         newest = damaged[0]
         raise CheckpointError(f"checkpoint {newest.path} {newest.problem}, and no earlier checkpoint "
                               f"beside it is intact ({len(damaged)} checked); start over with "
-                              "train.resume=never (the damaged ones stay where they are) or give an intact "
-                              "one as train.resume=PATH")
+                              f"{start_over(newest.path.parent)} (the damaged ones stay where they are) or "
+                              "give an intact one as train.resume=PATH")
     return None, {}
 
 
+EXTENDS = "train.max_steps"
+"""The one field a resume may change: a longer run (its learning-rate schedule then decays to
+the new end), never one that ends at or before the checkpoint's step."""
+
+
 def _check_same_trial(path: Path, meta: dict, *, auto: bool, expect_hash: str | None,
-                      expect_config: dict | None) -> None:
-    """Refuse another trial's checkpoint, naming the fields that differ (checkpoint vs trial)."""
+                      expect_config: dict | None, step: int = 0, warn: Warn | None = None) -> None:
+    """Refuse another trial's checkpoint, naming the fields that differ (checkpoint vs trial);
+    a run extended past the checkpoint (EXTENDS) is the same trial going on."""
     saved = meta.get("config")
     if isinstance(saved, dict) and expect_config is not None:
         # fields a checkpoint written before a key moved (or a value went) recorded, as they are now
         diffs = integrity.config_differences(upgraded(saved), expect_config)
+        extended = [d for d in diffs if d[0] == EXTENDS]
+        diffs = [d for d in diffs if d[0] != EXTENDS]
+        if not diffs and extended:
+            _, was, now = extended[0]
+            if not isinstance(now, int) or now <= step:
+                raise CheckpointError(f"{EXTENDS}={now} ends at or before step {step} of checkpoint {path} "
+                                      f"(it was written by a run of {EXTENDS}={was}); to go on from it, give "
+                                      f"{EXTENDS} greater than {step} (e.g. {EXTENDS}={was})")
+            if warn is not None:
+                warn(f"resuming {path} (step {step}) with {EXTENDS}={now} (the run that wrote it had {was}): "
+                     "the learning-rate schedule decays to the new end from here")
+            return
         if not diffs:
             return
         said, fix = integrity.describe_differences(diffs)
         if auto:
             raise CheckpointError(f"train.resume=auto found {path}, written by another config ({said}: "
-                                  "checkpoint vs this trial); give this trial its own train.checkpoint_dir, "
-                                  "or train.resume=never to start over there")
+                                  "checkpoint vs this trial); give this trial its own folder: "
+                                  f"{start_over(path.parent)}")
         raise CheckpointError(f"checkpoint {path} was written by another config ({said}: checkpoint vs this "
                               f"trial); to continue it, run with {fix}; or start this trial afresh with "
-                              "train.resume=never")
+                              f"{start_over(path.parent)}")
     if auto and expect_hash is not None and meta.get("config_hash") != expect_hash:
         raise CheckpointError(
             f"train.resume=auto found {path}, written by another config (config hash "
-            f"{meta.get('config_hash')}, this one {expect_hash}); give this trial its own "
-            "train.checkpoint_dir, or train.resume=never to start over there")
+            f"{meta.get('config_hash')}, this one {expect_hash}); give this trial its own folder: "
+            f"{start_over(path.parent)}")
+
+
+def _refuse_foreign(root: Path, *, expect_hash: str | None, expect_config: dict | None) -> None:
+    """train.resume=never where `root` holds a checkpoint of another config: refused (starting
+    over there would replace its step_* folders and trial.json), suggesting a fresh folder."""
+    for ckpt in reversed(complete_checkpoints(root)):
+        try:
+            meta = json.loads((ckpt.path / META_FILE).read_text())
+        except (OSError, ValueError):
+            meta = {}
+        saved = meta.get("config") if isinstance(meta, dict) else None
+        if isinstance(saved, dict) and expect_config is not None:
+            diffs = integrity.config_differences(upgraded(saved), expect_config)
+            if not diffs:
+                continue
+            said = integrity.describe_differences(diffs)[0] + ": checkpoint vs this trial"
+        elif expect_hash is not None and isinstance(meta, dict) and meta.get("config_hash") == expect_hash:
+            continue
+        else:
+            said = f"config hash {meta.get('config_hash') if isinstance(meta, dict) else None}"
+        raise CheckpointError(f"train.resume=never would start this trial over in {root}, which holds "
+                              f"{ckpt.path}, a checkpoint of another config ({said}); another trial's "
+                              f"checkpoints are never replaced: start this one in a fresh folder, "
+                              f"{start_over(root)}")
 
 
 class DamagedCheckpoint(CheckpointError):
@@ -134,7 +178,7 @@ class DamagedCheckpoint(CheckpointError):
             earlier = _earlier_intact(path)
             again = f"train.resume={earlier}" if earlier else "train.resume=PATH"
             message = (f"checkpoint {path} {problem}; resume from an earlier checkpoint ({again}) or start "
-                       "over (train.resume=never)")
+                       f"over ({start_over(path.parent)})")
         super().__init__(message)
 
     def __reduce__(self):  # as it was raised, also where it is unpickled (a Ray worker's error)
@@ -175,11 +219,12 @@ def _sized_manifest(path: Path) -> dict:
     where = f"checkpoint {path}"
     if not path.is_dir():
         raise CheckpointError(f"{where} does not exist; give an existing step_* folder, or train.resume=auto "
-                              "(the latest in train.checkpoint_dir) or train.resume=never")
+                              "(the latest in train.checkpoint_dir) or train.resume=never to start afresh")
     meta_path = path / META_FILE
     if not meta_path.is_file():
         raise CheckpointError(f"{where} is incomplete ({META_FILE} is missing): it was not finished "
-                              "or was copied in part; resume from an earlier one or with train.resume=never")
+                              f"or was copied in part; resume from an earlier one or start over with "
+                              f"{start_over(path.parent)}")
     try:
         meta = json.loads(meta_path.read_text())
         files = dict(meta["files"])

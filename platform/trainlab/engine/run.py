@@ -317,7 +317,7 @@ class Attempt:
         ckpt = agreed_checkpoint(found)
         back_to = ckpt.step if ckpt else 0
         if self.dist_info.is_rank0:
-            discard_after(self.root, back_to)
+            discard_after(self.root, back_to, config_hash=self.trial_hash)
         rollback = rollback.next(self.run, diverged_at=diverged_at, back_to=back_to)
         gc.collect()
         if self.dist_info.device.type == "cuda":

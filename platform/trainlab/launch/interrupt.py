@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Iterator
 
-from trainlab.config.checkpoints import latest_checkpoint
+from trainlab.config.checkpoints import latest_checkpoint, start_over
 from trainlab.events import START, STEP, ProgressEvent
 from trainlab.launch.outcome import TrialOutcome
 
@@ -273,7 +273,7 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
     if ckpt is None:
         how = f"no checkpoint yet: {'the same command' if tracked else 'a rerun'} starts over"
     elif ckpt.step == step and not at_once:
-        how = f"checkpoint saved; {again} to resume" + (" (train.resume=never starts over)" if tracked else "")
+        how = f"checkpoint saved; {again} to resume" + (f" ({start_over(root)} starts over)" if tracked else "")
     else:
         how = f"{again} to resume from its checkpoint of step {ckpt.step}"
     when = f"at step {step} of {run.train.max_steps}"

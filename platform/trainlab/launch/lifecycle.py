@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from trainlab import names
 from trainlab.config import RunConfig
+from trainlab.config.checkpoints import start_over
 from trainlab.console import ProgressLine, console, fmt, status_text, summary_table
 from trainlab.events import ProgressEvent, step_of
 from trainlab.launch import interrupt, lease
@@ -94,7 +95,7 @@ def _train_owned(plan: TrialPlan, *, executor: Executor, parent_run_id: str | No
         tracking.open(resuming=plan.resuming)
     if plan.continues_run and show_progress:
         console.print(f"resuming trial {default_run_name(run)} from step {plan.resume_step} of its run "
-                      f"{tracking.run.run_id} (checkpoint {root}); train.resume=never starts over",
+                      f"{tracking.run.run_id} (checkpoint {root}); {start_over(root)} starts over",
                       soft_wrap=True)
 
     # -- execute, following its progress ------------------------------------------------------
