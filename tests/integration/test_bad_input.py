@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -233,6 +234,12 @@ CASES = [
     C("hydra_run_dir_is_a_file", ["hydra.run.dir={odd_size}"], ["hydra.run.dir=", "Not a directory"]),
     C("sweep_dir_unmakeable", ["-m", "hydra.sweep.dir=/proc/nope", "seed=1,2"],
       ["hydra.sweep.dir='/proc/nope'", "set hydra.sweep.dir to a folder you can write"]),
+    # issue 28: lease
+    C("resume_never_over_another_trials_checkpoints", ["train.checkpoint_dir=checkpoints", "train.resume=never"],
+      ["train.resume=never would start this trial over in", "a checkpoint of another config",
+       "train.checkpoint_dir=", "checkpoints-new2"]),
+    C("trial_held_by_another_driver", ["train.checkpoint_dir={held}"],
+      ["train.checkpoint_dir=", "is in use", "host elsewhere.example, pid 4242, since", "its own train.checkpoint_dir"]),
 ]
 
 
@@ -287,9 +294,14 @@ def world(tmp_path_factory):
     # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
     (work / "elsewhere").mkdir()
     (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")
+    # issue 28: lease. A trial another driver trains now (its lease, renewed "now" for hours)
+    (work / "held").mkdir()
+    (work / "held" / "lease.json").write_text(json.dumps(
+        {"holder": "other", "host": "elsewhere.example", "pid": 4242, "started": time.time(),
+         "heartbeat": time.time() + 36_000}))
     refusing = _refusing_socket()
     files = {"work": work, "odd_size": odd, "big_ids": big, "short": short,
-             "closed_port": refusing.getsockname()[1], "locked": work / "locked",
+             "closed_port": refusing.getsockname()[1], "locked": work / "locked", "held": work / "held",
              "evil_model": os.path.relpath(work / "elsewhere" / "evil", CONF_DIR / "model"),
              "evil_sweep": os.path.relpath(work / "elsewhere" / "evil", SWEEPS_DIR / "sweep")}
     with refusing, read_only_dir(work / "locked") as locked:  # even root cannot write it (chattr +i)

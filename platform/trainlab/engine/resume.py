@@ -162,7 +162,8 @@ def _refuse_foreign(root: Path, *, expect_hash: str | None, expect_config: dict 
         elif expect_hash is not None and isinstance(meta, dict) and meta.get("config_hash") == expect_hash:
             continue
         else:
-            said = f"config hash {meta.get('config_hash') if isinstance(meta, dict) else None}"
+            known = meta.get("config_hash") if isinstance(meta, dict) else None
+            said = f"config hash {known}" if known else "its manifest names no config: whose it is is unknown"
         raise CheckpointError(f"train.resume=never would start this trial over in {root}, which holds "
                               f"{ckpt.path}, a checkpoint of another config ({said}); another trial's "
                               f"checkpoints are never replaced: start this one in a fresh folder, "
