@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -63,6 +64,9 @@ class Lease:
             with contextlib.suppress(OSError), _locked(self.root):
                 if _read(self.root).get("holder") != self.holder:
                     self.lost = True
+                    print(f"warning: the lease on {self.root} was taken over by another driver (this one's "
+                          f"heartbeat stalled past {STALE_AFTER_S:.0f} s); stop this command: two drivers now "
+                          "train the trial", file=sys.stderr, flush=True)
                     return
                 _write(self.root, {**self.record, "heartbeat": time.time()})
 
