@@ -236,8 +236,8 @@ CASES = [
       ["hydra.sweep.dir='/proc/nope'", "set hydra.sweep.dir to a folder you can write"]),
     # issue 28: lease
     C("resume_never_over_another_trials_checkpoints", ["train.checkpoint_dir=checkpoints", "train.resume=never"],
-      ["train.resume=never would start this trial over in", "a checkpoint of another config",
-       "train.checkpoint_dir=", "checkpoints-new2"]),
+      ["train.resume=never would start this trial over in", "step_000000", "are never replaced",
+       "train.resume=never train.checkpoint_dir=", "checkpoints-new2"]),
     C("trial_held_by_another_driver", ["train.checkpoint_dir={held}"],
       ["train.checkpoint_dir=", "is in use", "host elsewhere.example, pid 4242, since", "its own train.checkpoint_dir"]),
 ]

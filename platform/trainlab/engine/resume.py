@@ -158,16 +158,16 @@ def _refuse_foreign(root: Path, *, expect_hash: str | None, expect_config: dict 
             diffs = integrity.config_differences(upgraded(saved), expect_config)
             if not diffs:
                 continue
-            said = integrity.describe_differences(diffs)[0] + ": checkpoint vs this trial"
+            whose = f"a checkpoint of another config ({integrity.describe_differences(diffs)[0]}: checkpoint vs this trial)"
         elif expect_hash is not None and isinstance(meta, dict) and meta.get("config_hash") == expect_hash:
             continue
         else:
             known = meta.get("config_hash") if isinstance(meta, dict) else None
-            said = f"config hash {known}" if known else "its manifest names no config: whose it is is unknown"
+            whose = (f"a checkpoint of another config (config hash {known})" if known
+                     else "a checkpoint whose manifest names no config (it may be another trial's)")
         raise CheckpointError(f"train.resume=never would start this trial over in {root}, which holds "
-                              f"{ckpt.path}, a checkpoint of another config ({said}); another trial's "
-                              f"checkpoints are never replaced: start this one in a fresh folder, "
-                              f"{start_over(root)}")
+                              f"{ckpt.path}, {whose}; checkpoints this trial cannot prove its own are never "
+                              f"replaced: start it in a fresh folder, {start_over(root)}")
 
 
 class DamagedCheckpoint(CheckpointError):

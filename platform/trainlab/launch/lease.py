@@ -168,7 +168,8 @@ def _locked(root: Path):
     """An exclusive flock on the folder itself: one lease decision at a time (no extra file)."""
     fd = os.open(root, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks: the whole-file writes remain
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing drops the lock
