@@ -470,8 +470,9 @@ class TrainConfig:
     """Where the trial's checkpoints go; empty = <output_dir>/checkpoints."""
     resume: str = "auto"
     """auto: continue from the latest checkpoint in checkpoint_dir if there is one (a restarted
-    worker, a rerun sweep); never: always start fresh; or a path to a checkpoint (step_*
-    folder) or to a folder of them."""
+    worker, a rerun sweep); never: always start fresh (refused where checkpoint_dir holds another
+    config's checkpoint: those are never replaced); or a path to a checkpoint (step_* folder) or
+    to a folder of them. A resume may raise train.max_steps past the checkpoint's step."""
 
     @property
     def eval_interval(self) -> int:
