@@ -116,3 +116,31 @@ def test_the_lifecycle_refuses_a_held_trial_before_writing_anything_of_it(tmp_pa
         assert json.loads((root / LEASE_FILE).read_text())["holder"] == held.holder  # still the holder's
     finally:
         held.release()
+
+
+def _race(root, start, out) -> None:
+    start.wait()
+    try:
+        held = acquire(root)
+    except LeaseHeld:
+        out.put("refused")
+        return
+    out.put("held")
+    time.sleep(0.5)  # still holding while the others decide
+    held.release()
+
+
+def test_drivers_racing_for_one_trial_get_exactly_one_lease(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # the imports are inherited: each racer costs a fork
+    start, out = ctx.Event(), ctx.Queue()
+    racers = [ctx.Process(target=_race, args=(tmp_path, start, out)) for _ in range(4)]
+    for p in racers:
+        p.start()
+    start.set()
+    said = sorted(out.get(timeout=20) for _ in racers)
+    for p in racers:
+        p.join(timeout=20)
+    assert said == ["held", "refused", "refused", "refused"]
+    assert not (tmp_path / LEASE_FILE).exists()
