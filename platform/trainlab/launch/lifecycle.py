@@ -39,12 +39,14 @@ from trainlab.tracking.store import resolve_tracking_uri, ui_command
 from trainlab.tracking.trial_tracking import TrialTracking
 
 
-def plan_for(run: RunConfig, where: str, *, parent_run_id: str | None = None) -> TrialPlan:
+def plan_for(run: RunConfig, where: str, *, parent_run_id: str | None = None,
+             claim: Callable[[Path], None] | None = None) -> TrialPlan:
     """The trial's plan, made once, against `where` (launch.executors): the cluster the Ray
     driver joins (launch.plan.plan_launch: checks, placement, the resume) or this process's
-    device (plan.here.plan_here). ConfigError before anything of the trial starts."""
+    device (plan.here.plan_here). ConfigError before anything of the trial starts. `claim`:
+    takes the trial's lease once its checkpoint folder is decided, before Ray starts."""
     if where == CLUSTER:
-        return plan_launch(run, parent_run_id=parent_run_id)
+        return plan_launch(run, parent_run_id=parent_run_id, claim=claim)
     uri = resolve_tracking_uri(run.tracking.uri) if run.tracking.name == "mlflow" else None
     return plan_here(run, tracking_uri=uri)
 
@@ -53,7 +55,7 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
           extra_tags: dict | None = None, show_progress: bool = True,
           on_event: Callable[[ProgressEvent], None] | None = None, stop: interrupt.StopRequest | None = None,
           runner: Runner | None = None) -> TrialOutcome:
-    """Run one trial and record it: plan, start, execute, finish (the module's docstring).
+    """Run one trial and record it: plan, own, start, execute, finish (the module's docstring).
     A RunConfig is planned first (plan_for: ConfigError before anything starts); a TrialPlan
     (a sweep plans every trial before the first starts) runs as it is. `executor`: how its
     workers run, by default a Ray gang of its own on local Ray unless cluster.address is set;
@@ -61,19 +63,25 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
     `stop`: the sweep's pruner may end it early through it (status pruned, with the reason)."""
     assert executor is None or runner is None, "a runner is a RayGang's"
     executor = executor or RayGang(runner)
-    # -- plan ----------------------------------------------------------------------------------
-    plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id)
-    run, root = plan.run, Path(plan.paths.checkpoint_root)
-    if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
-        return interrupt.before_start(plan.tracking_uri)
-    # -- own: one driver per trial, before anything of it is written (its run, its checkpoints) --
-    held = lease.acquire(root) if owns_trial(executor) else None  # LeaseHeld: one line naming the holder
+    held: list[lease.Lease] = []
+
+    def claim(root: Path) -> None:  # LeaseHeld: one line naming the holder
+        if owns_trial(executor) and not held:
+            held.append(lease.acquire(root))
+
     try:
+        # -- plan, and own: one driver per trial, from when its checkpoint folder is decided (a
+        # Ray driver: before Ray starts) and before anything of it is written (its run, its checkpoints)
+        plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id,
+                                                               claim=claim)
+        claim(Path(plan.paths.checkpoint_root))  # planned elsewhere (a sweep) or here (no Ray)
+        if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
+            return interrupt.before_start(plan.tracking_uri)
         return _train_owned(plan, executor=executor, parent_run_id=parent_run_id, extra_tags=extra_tags,
                             show_progress=show_progress, on_event=on_event, stop=stop)
     finally:
-        if held is not None:
-            held.release()
+        for h in held:
+            h.release()
 
 
 def owns_trial(executor: Executor) -> bool:

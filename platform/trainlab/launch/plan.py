@@ -14,6 +14,8 @@ refused if it does not fit them. A sweep plans each trial this way before the fi
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Callable
 
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.checkpoints import CheckpointError, checkpoint_root
@@ -33,10 +35,13 @@ from trainlab.tracking.continued_run import unfinished_trial
 from trainlab.tracking.store import resolve_tracking_uri
 
 
-def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True) -> TrialPlan:
+def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True,
+                claim: Callable[[Path], None] | None = None) -> TrialPlan:
     """The trial's plan, or ConfigError before anything of it starts. `parent_run_id`: the
     sweep's run (its trials are found again by the sweep, not one by one); `services=False`:
-    the sweep checked its cluster and store once already (preflight.check_sweep_services)."""
+    the sweep checked its cluster and store once already (preflight.check_sweep_services);
+    `claim(root)`: the lifecycle's lease on the checkpoint folder, taken before Ray starts
+    (without it, a held folder is refused here and the lifecycle takes the lease later)."""
     run = resolve_paths(run)  # workers run elsewhere: absolute paths (a no-op for the CLI's, resolved already)
     layout = plan_layout(run)  # a layout that cannot run is refused before anything else
     uses_mlflow = run.tracking.name == "mlflow"
@@ -45,12 +50,12 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
-    check_free(root)  # another driver trains this trial now: refused before Ray starts (the lifecycle takes it)
     try:  # every file read back against its digest at save; another config's checkpoint refused
         start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
                                warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
     except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
+    (claim or check_free)(root)  # another driver trains this trial now: refused before Ray starts
     decided = device
     device, gang = plan_gang(run, device)
     if decided == "auto":  # what preflight could not check before the cluster said what it has
