@@ -1,8 +1,9 @@
 """One trial's lifecycle, written once; executors (launch.executors) differ only in how they run the workers.
 
     plan      plan_for(run, executor.where): the lifecycle's one planning call
-    own       the trial's lease (launch.lease) on its checkpoint folder, taken before anything of
-              it is written, given back on every way out: a second driver is refused naming the holder
+    own       the trial's lease (launch.lease) on its checkpoint folder, taken as soon as the plan
+              decided that folder (a Ray driver: before Ray starts) and before anything of the trial
+              is written, given back on every way out: a second driver is refused naming the holder
     start     the trial's MLflow run (none with tracking=none), tracking.trial_tracking.TrialTracking:
               opened by the driver before any worker starts, or by rank 0 of a gang without one
               once its ranks agreed on the checkpoint they start from
