@@ -7,6 +7,7 @@ tests/integration/test_checkpoint_damage.py."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +28,11 @@ FILES = {"__0_0.distcp": 4096, "__1_0.distcp": 4000, ".metadata": 700, "rank_0.p
 
 
 def fields(*overrides: str) -> dict:
+    return dict(_fields(overrides))  # a copy: composing is the slow part
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(overrides: tuple[str, ...]) -> dict:
     return hashed_config(compose_run_config(["model=tiny", *overrides]))
 
 
@@ -225,13 +231,16 @@ def test_no_refusal_suggests_starting_over_where_checkpoints_are(tmp_path):
 
 
 def test_explicit_resume_may_extend_max_steps_but_not_shrink_below_the_checkpoint(tmp_path):
-    path = make_checkpoint(tmp_path, 4, config=fields("train.max_steps=10"))
-    assert resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=30")).step == 4
-    assert resolve_resume("auto", tmp_path, expect_config=fields("train.max_steps=30")).step == 4
+    def trial(max_steps: int, **more) -> dict:  # the fields as composed, these set (composing is slow)
+        return {**fields(), "train.max_steps": max_steps, **more}
+
+    path = make_checkpoint(tmp_path, 4, config=trial(10))
+    assert resolve_resume(str(path), tmp_path, expect_config=trial(30)).step == 4
+    assert resolve_resume("auto", tmp_path, expect_config=trial(30)).step == 4
     with pytest.raises(CheckpointError, match=r"train.max_steps=3 .*step 4"):
-        resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=3"))
+        resolve_resume(str(path), tmp_path, expect_config=trial(3))
     with pytest.raises(CheckpointError, match="model.dim"):  # extending does not hide another change
-        resolve_resume(str(path), tmp_path, expect_config=fields("train.max_steps=30", "model.dim=128"))
+        resolve_resume(str(path), tmp_path, expect_config=trial(30, **{"model.dim": 128}))
 
 
 def test_retention_and_rollback_never_delete_another_configs_checkpoints(tmp_path):
