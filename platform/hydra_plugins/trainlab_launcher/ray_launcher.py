@@ -15,6 +15,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from trainlab.config.compose_cache import reuse_compositions
 from trainlab.vocab.launcher import TrainlabRayLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=TrainlabRayLauncherConf,
@@ -36,6 +37,7 @@ class TrainlabRayLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
         # the task function is trainlab.train.app's; trials run through trainlab.launch.sweep
+        reuse_compositions(hydra_context.config_loader)  # the sweeper's check and _prepare compose each job
         self.config = config
         self.hydra_context = hydra_context
 

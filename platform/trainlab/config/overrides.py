@@ -17,6 +17,7 @@ import dataclasses
 import re
 from typing import Any, Callable, Sequence
 
+from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
@@ -38,6 +39,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     `check_run`: the caller's further check of a single run's typed config (the command passes
     the plan's layout check, which lives above this layer), ConfigError to refuse it."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -68,6 +70,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
                 variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in o.sweep_string_iterator()]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        reuse_compositions(GlobalHydra.instance().hydra.config_loader)  # a swept value: a copy, not a compose
         composed = []
         for overrides in variants:
             try:

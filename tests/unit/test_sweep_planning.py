@@ -1,0 +1,85 @@
+"""Issue 28 (sweep): planning a sweep costs milliseconds per trial, says its size, and is bounded.
+
+Hydra composes a job from scratch (every YAML read, the defaults tree built and merged); a sweep
+over values (seed=range(...)) shares one defaults list, so it is composed once and each job is a
+copy with its values applied (config.compose_cache). Counted, not timed: Hydra's defaults-list
+construction runs once per distinct group choice, however many jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal import config_loader_impl
+from omegaconf import OmegaConf
+
+from trainlab.config import ConfigError
+from trainlab.config.compose_cache import reuse_compositions
+from trainlab.config.convert import CONF_DIR
+from trainlab.config.multirun import expand_jobs
+from trainlab.config.overrides import check_overrides, hydra_error_message
+from trainlab.config.schema import register_configs
+
+
+@pytest.fixture
+def defaults_lists(monkeypatch):
+    """How many times Hydra builds a defaults list (the expensive part of composing a job)."""
+    calls = []
+    real = config_loader_impl.create_defaults_list
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(config_loader_impl, "create_defaults_list", counting)
+    return calls
+
+
+def test_a_sweep_over_values_is_composed_once(defaults_lists):
+    jobs = expand_jobs(["-m", "model=tiny", "seed=range(0,30)", "train.max_steps=3"])
+    assert [j.run.seed for j in jobs] == list(range(30))
+    assert all(j.run.train.max_steps == 3 for j in jobs)
+    # the master config, then one composition per distinct defaults list (one here), not one per job
+    assert len(defaults_lists) <= 2, len(defaults_lists)
+
+
+def test_check_overrides_composes_a_swept_value_once_per_defaults_list(defaults_lists):
+    check_overrides(["-m", "model=tiny", "seed=range(0,40)", "precision=fp32,bf16"], folders=False)
+    # the fixed overrides, then one per swept group option; the 40 seeds reuse the first
+    assert len(defaults_lists) <= 3, len(defaults_lists)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=tiny", "seed=3"],
+    ["seed=3", "model=tiny", "train.max_steps=7", "+foo=1"],
+    ["+sweep=precision_shootout", "seed=2", "hydra.launcher.max_concurrent_trials=2"],
+    ["model=tiny", "precision=bf16", "train={max_steps: 4}"],
+])
+def test_a_reused_composition_is_what_hydra_composes(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hydras = OmegaConf.to_container(compose(config_name="config", overrides=overrides, return_hydra_config=True))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        from hydra.core.global_hydra import GlobalHydra
+
+        reuse_compositions(GlobalHydra.instance().hydra.config_loader)
+        compose(config_name="config", overrides=overrides, return_hydra_config=True)  # fills the cache
+        reused = OmegaConf.to_container(compose(config_name="config", overrides=overrides, return_hydra_config=True))
+    assert reused == hydras
+
+
+def test_a_bad_value_is_refused_as_hydra_refuses_it():
+    register_configs()
+    messages = []
+    for reuse in (False, True):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            from hydra.core.global_hydra import GlobalHydra
+
+            if reuse:
+                reuse_compositions(GlobalHydra.instance().hydra.config_loader)
+                compose(config_name="config", overrides=["model=tiny"])
+            with pytest.raises(Exception) as e:
+                compose(config_name="config", overrides=["model=tiny", "train.max_steps=abc"])
+            messages.append(hydra_error_message(e.value, ["model=tiny", "train.max_steps=abc"]))
+    assert messages[0] == messages[1] and "train.max_steps=abc" in messages[0]
+
