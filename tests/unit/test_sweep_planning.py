@@ -13,7 +13,6 @@ from hydra import compose, initialize_config_dir
 from hydra._internal import config_loader_impl
 from omegaconf import OmegaConf
 
-from trainlab.config import ConfigError
 from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR
 from trainlab.config.multirun import expand_jobs
