@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal import config_loader_impl
 from omegaconf import OmegaConf
 
+from trainlab.config import ConfigError
 from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR
 from trainlab.config.multirun import expand_jobs
@@ -82,3 +83,42 @@ def test_a_bad_value_is_refused_as_hydra_refuses_it():
             messages.append(hydra_error_message(e.value, ["model=tiny", "train.max_steps=abc"]))
     assert messages[0] == messages[1] and "train.max_steps=abc" in messages[0]
 
+
+
+# ---- the sweep's size, refused before its jobs are composed (hydra.launcher.max_trials)
+
+def test_a_sweep_over_the_default_bound_is_refused_before_composing_its_jobs(defaults_lists):
+    with pytest.raises(ConfigError) as e:
+        check_overrides(["-m", "model=tiny", "seed=range(0,10000)"], folders=False)
+    msg = str(e.value)
+    assert "10000 trials" in msg and "seed (10000 values)" in msg
+    assert "hydra.launcher.max_trials=256" in msg and "hydra.launcher.max_trials=10000" in msg
+    assert len(defaults_lists) == 1  # the fixed overrides only: no job was composed
+
+
+def test_the_bound_is_counted_over_a_sweep_files_params_and_lifted_by_the_override_it_names():
+    args = ["-m", "+sweep=precision_shootout", "model=tiny", "seed=0,1,2", "hydra.launcher.max_trials=4"]
+    with pytest.raises(ConfigError) as e:
+        check_overrides(args, folders=False)
+    n = int(str(e.value).split(" trials")[0].split()[-1])
+    assert n > 4 and f"hydra.launcher.max_trials={n}" in str(e.value)
+    check_overrides([*args[:-1], f"hydra.launcher.max_trials={n}"], folders=False)  # the fix, followed
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-m", "model=tiny", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(0,4)"]),
+    (["-m", "model=tiny", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],
+     ["hydra.launcher.max_concurrent_trials=-1", ">= 0", "hydra.launcher.max_concurrent_trials=0"]),
+    (["-m", "model=tiny", "seed=0,1", "hydra.launcher.max_trials=-1"],
+     ["hydra.launcher.max_trials=-1", ">= 0", "hydra.launcher.max_trials=256"]),
+])
+def test_launcher_counts_and_empty_ranges_are_refused(args, words):
+    with pytest.raises(ConfigError) as e:
+        check_overrides(args, folders=False)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_key_given_twice_is_warned_about(capsys):
+    check_overrides(["model=tiny", "train.max_steps=3", "train.max_steps=5"], folders=False)
+    out = capsys.readouterr().out
+    assert "warning:" in out and "train.max_steps" in out and "train.max_steps=5, wins" in out

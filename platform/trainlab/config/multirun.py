@@ -17,10 +17,8 @@ from typing import Callable, Sequence
 
 from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR, ConfigError, to_run_config
-from trainlab.config.overrides import _MULTIRUN_FLAGS, check_overrides, hydra_error_message
+from trainlab.config.overrides import _MULTIRUN_FLAGS, BASIC_SWEEPER, check_overrides, hydra_error_message
 from trainlab.config.schema import RunConfig, register_configs
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 @dataclass(frozen=True)

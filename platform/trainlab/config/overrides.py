@@ -14,6 +14,7 @@ The folder Hydra will make is proven writable, and group options kept to the con
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Callable, Sequence
 
@@ -23,12 +24,15 @@ from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
+from trainlab.config.sweep_limits import check_launcher_limits, check_sweep_size
+from trainlab.console import console
 
 # Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
 _HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-p", "--package",
                      "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                      "-sc", "--shell-completion", "--version", "--experimental-rerun", "--resolve")
 _MULTIRUN_FLAGS = ("-m", "--multirun")
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def check_overrides(args: Sequence[str], *, folders: bool = True,
@@ -59,6 +63,8 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
         check_group_options(parsed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    for note in duplicate_override_notes(parsed):
+        console.print(f"[yellow]warning:[/] {note}")
     variants = [texts]
     if multirun:  # the fixed overrides, then each swept value on its own (Hydra's sweeper
         # would compose every job and report the first bad one its own way)
@@ -67,16 +73,24 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
         for o in parsed:
             if o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "CHOICE_SWEEP",
                                                                    "RANGE_SWEEP"):
-                variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in o.sweep_string_iterator()]
+                values = list(o.sweep_string_iterator())
+                if not values:  # Hydra's sweeper would launch no job, and the launcher fail on none
+                    key = o.get_key_element()
+                    raise ConfigError(f"{o.input_line} gives no value, so the sweep would have no trials; "
+                                      f"give {key} at least one, e.g. {key}=range(0,4) or {key}=0,1")
+                variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in values]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         reuse_compositions(GlobalHydra.instance().hydra.config_loader)  # a swept value: a copy, not a compose
         composed = []
-        for overrides in variants:
+        for i, overrides in enumerate(variants):
             try:
                 composed.append(compose(config_name="config", overrides=overrides, return_hydra_config=True))
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(hydra_error_message(e, overrides)) from None
+            if i == 0 and multirun:  # its size first: a sweep too large is refused before its jobs are composed
+                _check_launcher(composed[0])
+                _check_sweep_size(composed[0], texts)
     if not multirun:  # the run's own config, checked now: a refusal leaves no Hydra run folder behind
         run = _check_values(composed[-1])
         if run is not None and check_run is not None:
@@ -88,6 +102,37 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def duplicate_override_notes(parsed: Sequence[Any]) -> list[str]:
+    """One warning per key the command line sets more than once: Hydra keeps the last silently."""
+    seen: dict[str, list[str]] = {}
+    for o in parsed:
+        seen.setdefault(o.get_key_element().lstrip("+~"), []).append(o.input_line)
+    return [f"{key} is given {len(lines)} times ({', '.join(lines)}): the last, {lines[-1]}, wins; "
+            "give it once" for key, lines in seen.items() if len(lines) > 1]
+
+
+def _check_sweep_size(cfg: Any, texts: Sequence[str]) -> None:
+    """The multirun's number of jobs, counted as Hydra's basic sweeper makes them (its params,
+    then the command line's overrides; the last value list of a key wins; the product of the
+    lists), against hydra.launcher.max_trials: ConfigError before any job is composed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    sweeper = cfg.hydra.get("sweeper") or {}
+    if sweeper.get("_target_") != BASIC_SWEEPER:
+        return  # another sweeper decides its own jobs
+    params = OmegaConf.to_container(sweeper.get("params") or OmegaConf.create())
+    counts: dict[str, int] = {}
+    for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(texts)):
+        counts[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_discrete_sweep() else 1
+    swept = {k: n for k, n in counts.items() if n != 1}
+    try:
+        check_sweep_size(math.prod(counts.values()), max_trials=cfg.hydra.launcher.get("max_trials"),
+                         swept=" x ".join(f"{k} ({n} values)" for k, n in swept.items()))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_values(cfg: Any) -> RunConfig | None:
@@ -114,6 +159,7 @@ def _check_launcher(cfg: Any) -> None:
     if launcher is None:
         return
     try:
+        check_launcher_limits(launcher)
         prune_config(launcher)
     except ValueError as e:
         raise ConfigError(str(e)) from None
