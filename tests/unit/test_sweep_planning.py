@@ -8,6 +8,8 @@ construction runs once per distinct group choice, however many jobs.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal import config_loader_impl
@@ -122,3 +124,27 @@ def test_a_key_given_twice_is_warned_about(capsys):
     check_overrides(["model=tiny", "train.max_steps=3", "train.max_steps=5"], folders=False)
     out = capsys.readouterr().out
     assert "warning:" in out and "train.max_steps" in out and "train.max_steps=5, wins" in out
+
+
+# ---- what the sweep says while it prepares: a count, then its size and estimated compute
+
+def test_planning_a_sweep_prints_a_count_on_stderr(monkeypatch, capsys):
+    from trainlab.launch import sweep
+
+    monkeypatch.setattr(sweep, "plan_launch", lambda run, **kw: SimpleNamespace(run=run))
+    todo = [sweep.Trial(idx=i, overrides=[f"seed={i}"], run=SimpleNamespace()) for i in range(20)]
+    assert len(sweep._refuse_unplaceable(todo)) == 20
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "planning trials: 20/20" and "planning trials: 2/20" in err  # a line every tenth in a log
+
+
+def test_the_sweeps_estimated_compute_is_summed_over_its_trials():
+    from trainlab.launch.sweep import compute_line
+
+    def trial(step_s, steps, ranks):
+        est = SimpleNamespace(step_time_s=step_s, ranks=(None,) * ranks)
+        return SimpleNamespace(plan=SimpleNamespace(estimate=est, device="cuda"),
+                               run=SimpleNamespace(train=SimpleNamespace(max_steps=steps)))
+
+    line = compute_line([trial(0.5, 3600, 8), trial(1.0, 3600, 8), SimpleNamespace(plan=None)])
+    assert "12.00 cuda-hours for 3 trials" in line and "1 trials without an estimate" in line

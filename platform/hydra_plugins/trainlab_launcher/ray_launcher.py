@@ -25,8 +25,9 @@ ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=T
 class TrainlabRayLauncher(Launcher):
     def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False, reuse_gangs: bool = True,
                  prune: str = "none", prune_margin: float = 0.1, prune_grace_tokens: int = 0,
-                 prune_reduction_factor: float = 4.0) -> None:
+                 prune_reduction_factor: float = 4.0, max_trials: int = 256) -> None:
         self.max_concurrent_trials = max_concurrent_trials
+        self.max_trials = max_trials  # read from the config by launch.sweep (config.sweep_limits)
         self.rerun = rerun
         self.reuse_gangs = reuse_gangs
         self.prune, self.prune_margin = prune, prune_margin
