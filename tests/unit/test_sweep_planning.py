@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal import config_loader_impl
 from omegaconf import OmegaConf
 
-from trainlab.config import ConfigError
+from trainlab.config import ConfigError, compose_run_config
 from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR
 from trainlab.config.multirun import expand_jobs
@@ -148,3 +148,33 @@ def test_the_sweeps_estimated_compute_is_summed_over_its_trials():
 
     line = compute_line([trial(0.5, 3600, 8), trial(1.0, 3600, 8), SimpleNamespace(plan=None)])
     assert "12.00 cuda-hours for 3 trials" in line and "1 trials without an estimate" in line
+
+
+# ---- a gang beyond the cluster's CPUs: refused on the driver, before Ray starts
+
+def test_a_gang_beyond_the_local_clusters_cpus_is_refused_with_the_numbers_and_the_fix(monkeypatch):
+    from trainlab.launch import preflight
+
+    monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
+    run = compose_run_config(["model=tiny", "cluster.num_workers=64", "tracking=none"])
+    with pytest.raises(ValueError) as e:
+        preflight.check_gang_cpus(run)
+    msg = str(e.value)
+    assert "cluster.num_workers=64" in msg and "needs 64 CPUs" in msg and "takes 4" in msg
+    assert "cluster.num_workers=4 or fewer" in msg
+    preflight.check_gang_cpus(compose_run_config(["model=tiny", "cluster.num_workers=4"]))  # the fix, followed
+    wide = compose_run_config(["model=tiny", "cluster.cpus_per_worker=64"])
+    with pytest.raises(ValueError, match=r"cluster.cpus_per_worker=2 or fewer"):
+        preflight.check_gang_cpus(wide)
+    with pytest.raises(ValueError, match=r"cluster.address=HEAD:7 has 8"):  # a joined cluster, once connected
+        preflight.check_gang_cpus(compose_run_config(["cluster.address=HEAD:7", "cluster.num_workers=16"]),
+                                  cluster_cpus=8)
+
+
+def test_a_sweep_holding_one_such_trial_is_refused_whole(monkeypatch):
+    from trainlab.launch import preflight
+
+    monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
+    runs = [compose_run_config(["model=tiny", "tracking=none", f"cluster.cpus_per_worker={n}"]) for n in (1, 64)]
+    with pytest.raises(ConfigError, match=r"cluster.cpus_per_worker=64 needs 128 CPUs"):
+        preflight.check_sweep_services(runs)
