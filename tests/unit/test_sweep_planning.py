@@ -178,3 +178,9 @@ def test_a_sweep_holding_one_such_trial_is_refused_whole(monkeypatch):
     runs = [compose_run_config(["model=tiny", "tracking=none", f"cluster.cpus_per_worker={n}"]) for n in (1, 64)]
     with pytest.raises(ConfigError, match=r"cluster.cpus_per_worker=64 needs 128 CPUs"):
         preflight.check_sweep_services(runs)
+
+
+def test_a_missing_sweep_names_the_folder_sweeps_live_in():
+    with pytest.raises(ConfigError) as e:
+        check_overrides(["-m", "+sweep=nope"], folders=False)
+    assert "sweep=nope" in str(e.value) and "sweeps/sweep/" in str(e.value) and "conf/sweep" not in str(e.value)

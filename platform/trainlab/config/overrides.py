@@ -19,7 +19,14 @@ import re
 from typing import Any, Callable, Sequence
 
 from trainlab.config.compose_cache import reuse_compositions
-from trainlab.config.convert import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
+from trainlab.config.convert import (
+    CONF_DIR,
+    SWEEPS_DIR,
+    ConfigError,
+    schema_at,
+    to_run_config,
+    unknown_key_message,
+)
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
@@ -179,7 +186,7 @@ def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
         options = sorted(e.options or [])  # the schemas are in no group (config.schema)
         if options:
             return (f"{group}={option} is not an option of {group}; choose one of "
-                    f"{', '.join(options)} (the files in conf/{group}/)")
+                    f"{', '.join(options)} (the files in {group_folder(group)})")
         return f"{group} is not a config group; the groups are {', '.join(GROUPS)}"
     cause = e.__cause__ if e.__cause__ is not None else e
     key = getattr(cause, "full_key", None)
@@ -192,6 +199,14 @@ def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
     default = _default_of(key)
     fix = f"; give {key} a value like its default, {key}={default}" if default is not None else ""
     return f"{key}={value}: {first}{fix}"
+
+
+def group_folder(group: str) -> str:
+    """Where a group's option files are, as the repository names it: conf/model/, sweeps/sweep/."""
+    for d in (CONF_DIR, SWEEPS_DIR):
+        if (d / group).is_dir():
+            return f"{d.name}/{group}/"
+    return f"{CONF_DIR.name}/{group}/"
 
 
 def _default_of(key: str) -> Any:
