@@ -233,6 +233,17 @@ CASES = [
     C("hydra_run_dir_is_a_file", ["hydra.run.dir={odd_size}"], ["hydra.run.dir=", "Not a directory"]),
     C("sweep_dir_unmakeable", ["-m", "hydra.sweep.dir=/proc/nope", "seed=1,2"],
       ["hydra.sweep.dir='/proc/nope'", "set hydra.sweep.dir to a folder you can write"]),
+    # issue 28: sweep
+    C("sweep_empty_range", ["-m", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(0,4)"]),
+    C("sweep_over_max_trials", ["-m", "seed=range(0,300)"],
+      ["300 trials", "hydra.launcher.max_trials=256", "hydra.launcher.max_trials=300"]),
+    C("sweep_negative_concurrency", ["-m", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],
+      ["hydra.launcher.max_concurrent_trials=-1", ">= 0"]),
+    C("sweep_file_missing", ["-m", "+sweep=nope"], ["sweep=nope", "precision_shootout", "sweeps/sweep/"]),
+    C("workers_beyond_local_cpus", ["cluster.num_workers=1024", "train.global_batch_size=2048"],
+      ["cluster.num_workers=1024", "needs 1024 CPUs", "local Ray cluster", "or fewer"]),
+    C("sweep_with_a_trial_beyond_cpus", ["-m", "cluster.cpus_per_worker=1,4096"],
+      ["cluster.cpus_per_worker=4096", "needs 8192 CPUs", "cluster.cpus_per_worker="]),
 ]
 
 
