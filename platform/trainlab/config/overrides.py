@@ -43,12 +43,13 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def check_overrides(args: Sequence[str], *, folders: bool = True,
-                    check_run: Callable[[RunConfig], None] | None = None) -> None:
+                    check_run: Callable[[RunConfig], None] | None = None, warn_duplicates: bool = True) -> None:
     """Compose conf/ with the command line's overrides as Hydra will; ConfigError with one clear
     line if Hydra refuses them. In a multirun the swept keys are left to each job's check.
     `folders=False`: a command that writes no Hydra folder (`trainlab estimate`) skips their check.
     `check_run`: the caller's further check of a single run's typed config (the command passes
-    the plan's layout check, which lives above this layer), ConfigError to refuse it."""
+    the plan's layout check, which lives above this layer), ConfigError to refuse it.
+    `warn_duplicates=False`: the caller put defaults of its own before the user's overrides."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -70,7 +71,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
         check_group_options(parsed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    for note in duplicate_override_notes(parsed):
+    for note in duplicate_override_notes(parsed) if warn_duplicates else ():
         console.print(f"[yellow]warning:[/] {note}")
     variants = [texts]
     if multirun:  # the fixed overrides, then each swept value on its own (Hydra's sweeper
