@@ -234,7 +234,7 @@ CASES = [
     C("sweep_dir_unmakeable", ["-m", "hydra.sweep.dir=/proc/nope", "seed=1,2"],
       ["hydra.sweep.dir='/proc/nope'", "set hydra.sweep.dir to a folder you can write"]),
     # issue 28: sweep
-    C("sweep_empty_range", ["-m", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(0,4)"]),
+    C("sweep_empty_range", ["-m", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(5,9)"]),
     C("sweep_over_max_trials", ["-m", "seed=range(0,300)"],
       ["300 trials", "hydra.launcher.max_trials=256", "hydra.launcher.max_trials=300"]),
     C("sweep_negative_concurrency", ["-m", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],

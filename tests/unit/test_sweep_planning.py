@@ -108,7 +108,7 @@ def test_the_bound_is_counted_over_a_sweep_files_params_and_lifted_by_the_overri
 
 
 @pytest.mark.parametrize("args, words", [
-    (["-m", "model=tiny", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(0,4)"]),
+    (["-m", "model=tiny", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(5,9)"]),
     (["-m", "model=tiny", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],
      ["hydra.launcher.max_concurrent_trials=-1", ">= 0", "hydra.launcher.max_concurrent_trials=0"]),
     (["-m", "model=tiny", "seed=0,1", "hydra.launcher.max_trials=-1"],

@@ -83,9 +83,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
                                                                    "RANGE_SWEEP"):
                 values = list(o.sweep_string_iterator())
                 if not values:  # Hydra's sweeper would launch no job, and the launcher fail on none
-                    key = o.get_key_element()
-                    raise ConfigError(f"{o.input_line} gives no value, so the sweep would have no trials; "
-                                      f"give {key} at least one, e.g. {key}=range(0,4) or {key}=0,1")
+                    raise ConfigError(_empty_sweep_message(o))
                 variants += [[*fixed, f"{o.get_key_element()}={v}"] for v in values]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -110,6 +108,18 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def _empty_sweep_message(o: Any) -> str:
+    """A swept key with no value: the fix keeps the range's start (a value the user chose) and
+    gives it four steps, e.g. train.max_steps=range(3,3) -> train.max_steps=range(3,7)."""
+    key, v = o.get_key_element(), o.value()
+    start, step = getattr(v, "start", None), getattr(v, "step", None)
+    if start is None or not step:
+        return f"{o.input_line} gives no value, so the sweep would have no trials; give {key} at least one value"
+    stop = start + 4 * step
+    fix = f"range({start:g},{stop:g}{f',{step:g}' if step != 1 else ''})"
+    return f"{o.input_line} gives no value, so the sweep would have no trials; give it values, e.g. {key}={fix}"
 
 
 def duplicate_override_notes(parsed: Sequence[Any]) -> list[str]:
