@@ -176,3 +176,23 @@ class SweepProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class CountLine:
+    """`what i/total` on stderr while a driver works through many items (a sweep's jobs being
+    composed and planned): rewritten in place on a terminal, in a log a line every tenth and at
+    the end, so a long preparation is never silent."""
+
+    def __init__(self, what: str, total: int, *, stream=None):
+        self.what, self.total, self.done = what, total, 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._every = max(1, math.ceil(total / 10))
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.tty:
+            end = "\n" if self.done >= self.total else ""
+            print(f"\r{self.what} {self.done}/{self.total}", end=end, file=self.stream, flush=True)
+        elif self.done % self._every == 0 or self.done >= self.total:
+            print(f"{self.what} {self.done}/{self.total}", file=self.stream, flush=True)

@@ -160,7 +160,7 @@ def main(command: str, argv: list[str]) -> None:
             from trainlab.plan.derive_layout import plan_layout
 
             check_overrides([*(["-m"] if args.multirun else []), "cluster=ray", "cluster.address=auto",
-                             *args.overrides], check_run=plan_layout)
+                             *args.overrides], check_run=plan_layout, warn_duplicates=False)
             if args.output_root and not args.output_root.startswith(("/", "~")):
                 raise ValueError(f"--output-root={args.output_root!r} is relative, but the job runs in a "
                                  "folder of Ray's; give an absolute path the cluster's nodes share")

@@ -240,6 +240,17 @@ CASES = [
        "train.resume=never train.checkpoint_dir=", "checkpoints-new2"]),
     C("trial_held_by_another_driver", ["train.checkpoint_dir={held}"],
       ["train.checkpoint_dir=", "is in use", "host elsewhere.example, pid 4242, since", "its own train.checkpoint_dir"]),
+    # issue 28: sweep
+    C("sweep_empty_range", ["-m", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(5,9)"]),
+    C("sweep_over_max_trials", ["-m", "seed=range(0,300)"],
+      ["300 trials", "hydra.launcher.max_trials=256", "hydra.launcher.max_trials=300"]),
+    C("sweep_negative_concurrency", ["-m", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],
+      ["hydra.launcher.max_concurrent_trials=-1", ">= 0"]),
+    C("sweep_file_missing", ["-m", "+sweep=nope"], ["sweep=nope", "precision_shootout", "sweeps/sweep/"]),
+    C("workers_beyond_local_cpus", ["cluster.num_workers=1024", "train.global_batch_size=2048"],
+      ["cluster.num_workers=1024", "needs 1024 CPUs", "local Ray cluster", "or fewer"]),
+    C("sweep_with_a_trial_beyond_cpus", ["-m", "cluster.cpus_per_worker=1,4096"],
+      ["cluster.cpus_per_worker=4096", "needs 8192 CPUs", "cluster.cpus_per_worker="]),
 ]
 
 

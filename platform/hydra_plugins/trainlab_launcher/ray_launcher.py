@@ -15,6 +15,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from trainlab.config.compose_cache import reuse_compositions
 from trainlab.vocab.launcher import TrainlabRayLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=TrainlabRayLauncherConf,
@@ -24,8 +25,9 @@ ConfigStore.instance().store(group="hydra/launcher", name="trainlab_ray", node=T
 class TrainlabRayLauncher(Launcher):
     def __init__(self, max_concurrent_trials: int = 0, rerun: bool = False, reuse_gangs: bool = True,
                  prune: str = "none", prune_margin: float = 0.1, prune_grace_tokens: int = 0,
-                 prune_reduction_factor: float = 4.0) -> None:
+                 prune_reduction_factor: float = 4.0, max_trials: int = 256) -> None:
         self.max_concurrent_trials = max_concurrent_trials
+        self.max_trials = max_trials  # read from the config by launch.sweep (config.sweep_limits)
         self.rerun = rerun
         self.reuse_gangs = reuse_gangs
         self.prune, self.prune_margin = prune, prune_margin
@@ -36,6 +38,7 @@ class TrainlabRayLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
         # the task function is trainlab.train.app's; trials run through trainlab.launch.sweep
+        reuse_compositions(hydra_context.config_loader)  # the sweeper's check and _prepare compose each job
         self.config = config
         self.hydra_context = hydra_context
 

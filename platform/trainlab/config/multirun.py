@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from trainlab.config.compose_cache import reuse_compositions
 from trainlab.config.convert import CONF_DIR, ConfigError, to_run_config
-from trainlab.config.overrides import _MULTIRUN_FLAGS, check_overrides, hydra_error_message
+from trainlab.config.overrides import _MULTIRUN_FLAGS, BASIC_SWEEPER, check_overrides, hydra_error_message
 from trainlab.config.schema import RunConfig, register_configs
-
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,8 @@ def expand_jobs(args: Sequence[str], *, config_name: str = "config",
     texts = [a for a in args if a not in _MULTIRUN_FLAGS]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        parser = OverridesParser.create(config_loader=GlobalHydra.instance().hydra.config_loader)
+        loader = reuse_compositions(GlobalHydra.instance().hydra.config_loader)  # jobs differing in values: one compose
+        parser = OverridesParser.create(config_loader=loader)
         jobs = [texts]
         if multirun:
             fixed = [o.input_line for o in parser.parse_overrides(texts) if not o.is_sweep_override()]

@@ -27,7 +27,7 @@ from trainlab.launch.estimate_cluster import placed_cluster
 from trainlab.launch.lease import check_free
 from trainlab.launch.paths import resolve_paths
 from trainlab.launch.placement import PlacementError, gpu_pools, place
-from trainlab.launch.preflight import check_comm_backend, preflight
+from trainlab.launch.preflight import check_comm_backend, check_gang_cpus, preflight
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.derive_layout import plan_layout
 from trainlab.plan.trial_plan import GangShape, TrialPlan, Where, plan_trial
@@ -82,6 +82,11 @@ def plan_gang(run: RunConfig, device: str) -> tuple[str, GangShape]:
     gpus = device == "cuda" or run.debug.logical_gpus
     gang = GangShape.of(run, gpus=gpus)
     if not gpus:
+        if run.cluster.address:  # a joined cluster's CPUs, now that it says what it has (local: preflight)
+            try:
+                check_gang_cpus(run, cluster_cpus=ray.cluster_resources().get("CPU", 0))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         return device, gang
     pools = gpu_pools(ray.nodes())
     try:

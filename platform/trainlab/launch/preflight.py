@@ -32,6 +32,9 @@ from trainlab.vocab.precision import emulates
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
+LOCAL_CPU_OVERSUBSCRIPTION = 2
+"""Workers' CPUs a local Ray cluster accepts per core of this machine: 4 gloo ranks on 2 cores
+train (slowly); 64 on 2 started 62 workers and reached no step."""
 
 
 def ray_address_file() -> Path:
@@ -47,6 +50,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
     a joined cluster, resolved against its resources once connected: launch.plan).
     `services=False`: the cluster and the tracking store were checked (check_sweep_services)."""
     try:
+        check_gang_cpus(run)
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
         check_data(run)
         check_module_names(run)
@@ -72,6 +76,8 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
     tracking store, each distinct one once, before the parent run opens or Ray starts."""
     seen = set()
     try:
+        for run in runs:  # every trial's gang fits the local cluster: one that cannot refuses the sweep
+            check_gang_cpus(run)
         for run in runs:
             key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri)
             if key in seen:
@@ -190,6 +196,34 @@ def check_device(run: RunConfig) -> str:
         if run.train.rollback_precision:
             check_precision_supported(run.train.rollback_precision, device=device)
     return device
+
+
+def check_gang_cpus(run: RunConfig, *, cluster_cpus: float | None = None) -> None:
+    """The gang's CPUs (cluster.num_workers x cluster.cpus_per_worker) fit the cluster: the local
+    one Ray starts on this machine (LOCAL_CPU_OVERSUBSCRIPTION per core), or `cluster_cpus`, a
+    joined cluster's (launch.plan, once connected). ValueError with both numbers and the fix."""
+    c = run.cluster
+    if cluster_cpus is None:
+        if c.address:
+            return  # a joined cluster's CPUs are known once connected
+        cores = os.cpu_count() or 1
+        cluster_cpus, where = cores * LOCAL_CPU_OVERSUBSCRIPTION, (
+            f"the local Ray cluster on this machine takes {cores * LOCAL_CPU_OVERSUBSCRIPTION} "
+            f"({cores} cores, {LOCAL_CPU_OVERSUBSCRIPTION} per core at most)")
+    else:
+        where = f"the Ray cluster at cluster.address={c.address} has {cluster_cpus:g}"
+    need = c.num_workers * c.cpus_per_worker
+    if need <= cluster_cpus:
+        return
+    fixes = []
+    if cluster_cpus // c.cpus_per_worker >= 1:
+        fixes.append(f"cluster.num_workers={int(cluster_cpus // c.cpus_per_worker)} or fewer")
+    if c.cpus_per_worker > 1 and cluster_cpus // c.num_workers >= 1:
+        fixes.append(f"cluster.cpus_per_worker={int(cluster_cpus // c.num_workers)} or fewer")
+    fixes.append("a larger cluster (cluster=ray cluster.address=HEAD:6379)" if not c.address
+                 else "a larger cluster")
+    raise ValueError(f"cluster.num_workers={c.num_workers} x cluster.cpus_per_worker={c.cpus_per_worker} "
+                     f"needs {need} CPUs, but {where}; use {', or '.join(fixes)}")
 
 
 def check_cluster(run: RunConfig) -> None:

@@ -32,7 +32,8 @@ from trainlab.compare.compare_sweep import log_sweep_answer
 from trainlab.config import ConfigError, RunConfig, config_hash
 from trainlab.config.checkpoints import unused_checkpoint_root
 from trainlab.config.prune_rule import PruneConfig, check_prunable, grace_tokens, max_tokens
-from trainlab.console import SweepProgress, console, fmt, status_text
+from trainlab.config.sweep_limits import check_launcher_limits, check_sweep_size
+from trainlab.console import CountLine, SweepProgress, console, fmt, status_text
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResult
 from trainlab.launch import interrupt
 from trainlab.launch.lifecycle import train
@@ -108,7 +109,9 @@ def _pick(overrides: Sequence[str], keys: list[str], *, skip: tuple[str, ...] = 
 
 def _prepare(hydra_context: HydraContext, config: DictConfig, job_overrides, initial_job_idx) -> list[Trial]:
     trials, errors = [], []
+    count = CountLine("composing and checking trials:", len(job_overrides))
     for i, overrides in enumerate(job_overrides):
+        count.tick()
         idx = initial_job_idx + i
         cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(cfg):
@@ -145,7 +148,9 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
     a checkpoint is damaged, ...) are reported now, with the reason, and marked failed; the
     rest go on, each with its plan."""
     placeable = []
+    count = CountLine("planning trials:", len(todo))
     for t in todo:
+        count.tick()
         start = time.perf_counter()
         try:  # the sweep checked its cluster and store once (check_sweep_services)
             t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False)
@@ -161,7 +166,13 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
               max_concurrent_trials: int = 0, rerun: bool = False,
               prune: PruneConfig | None = None, reuse_gangs: bool = True) -> list[JobReturn]:
     redact_files([Path(str(config.hydra.sweep.dir)) / "multirun.yaml"])  # Hydra's sweeper saved it
-    try:
+    try:  # `trainlab train` checked these already (config.overrides); another entry point may not have
+        try:
+            check_launcher_limits(config.hydra.launcher)
+            check_sweep_size(len(job_overrides), max_trials=config.hydra.launcher.get("max_trials"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        console.print(f"sweep of {len(job_overrides)} trials: composing, checking and planning each before the first starts")
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
         try:
             keys = varied_keys([t.overrides for t in trials])
@@ -324,6 +335,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     if not todo:
         return 0
     limit = _max_concurrent(todo, max_concurrent, gpus=any(t.plan.gang.gpus for t in todo))
+    console.print(compute_line(todo))
     console.print(f"running {len(todo)} trials, at most {limit} at once")
     progress = SweepProgress(total=len(todo))
     requests = {t.idx: t.stop for t in todo}
@@ -389,6 +401,20 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
     finally:
         progress.close()
     return limit
+
+
+def compute_line(todo: list[Trial]) -> str:
+    """The sweep's estimated compute, before its first trial starts: each trial's estimated step
+    time x train.max_steps x its ranks (trainlab.estimate, as planned), summed."""
+    estimated = [t for t in todo if t.plan is not None and t.plan.estimate is not None]
+    device_s = sum(t.plan.estimate.step_time_s * t.run.train.max_steps * len(t.plan.estimate.ranks)
+                   for t in estimated)
+    devices = sorted({t.plan.device for t in estimated}) or ["device"]
+    amount = f"{device_s / 3600:,.2f} {'/'.join(devices)}-hours" if device_s >= 360 else \
+        f"{device_s:,.0f} {'/'.join(devices)}-seconds"
+    missing = f"; {len(todo) - len(estimated)} trials without an estimate" if len(estimated) < len(todo) else ""
+    return (f"estimated compute: {amount} for {len(todo)} trials (step time x train.max_steps x ranks, "
+            f"summed){missing}")
 
 
 def _status_markup(status: str, result: TrialResult | None = None, pruned_reason: str = "") -> str:

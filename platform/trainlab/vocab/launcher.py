@@ -13,6 +13,9 @@ class TrainlabRayLauncherConf:
     _target_: str = "hydra_plugins.trainlab_launcher.ray_launcher.TrainlabRayLauncher"
     max_concurrent_trials: int = 0
     """Trials running at once; 0 = as many as the cluster's CPUs (or GPUs) fit."""
+    max_trials: int = 256
+    """Trials a sweep may hold: a larger one is refused before any job is composed, naming its
+    size (trainlab.config.sweep_limits); 0 = no bound."""
     rerun: bool = False
     """Run trials again even when the sweep already holds a finished run of the same config."""
     # stopping hopeless trials early (trainlab.config.prune_rule, trainlab.launch.pruner)

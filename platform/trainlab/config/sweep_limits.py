@@ -1,0 +1,43 @@
+"""How large a sweep may be, and the launcher's own counts: checked once, on the driver.
+
+    check_launcher_limits(cfg.hydra.launcher)          # max_trials, max_concurrent_trials >= 0
+    check_sweep_size(num_trials=500, max_trials=256)    # ValueError: its size and the override that lifts it
+
+A multirun's size is the product of its swept values, known before a job is composed: a sweep
+of seed=range(0,10000) is refused in a second, naming its size and hydra.launcher.max_trials
+(the launcher's setting, beside max_concurrent_trials: what a Hydra user sets a launcher's limits
+with), not planned for minutes and then launched. A sweep of no job (an empty range) is refused too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainlab.vocab.launcher import TrainlabRayLauncherConf
+
+DEFAULT_MAX_TRIALS = TrainlabRayLauncherConf.max_trials
+
+
+def check_launcher_limits(launcher: Any) -> None:
+    """The launcher's counts (Hydra's DictConfig of hydra.launcher, or the launcher itself):
+    ValueError naming the key, the value and the fix. A launcher without them (basic) passes."""
+    for key, meaning in (("max_concurrent_trials", "0 = as many as the cluster fits"),
+                         ("max_trials", "0 = no bound")):
+        value = getattr(launcher, key, None)
+        if value is not None and value < 0:
+            default = getattr(TrainlabRayLauncherConf, key)
+            raise ValueError(f"hydra.launcher.{key}={value} is negative; give a count >= 0 ({meaning}), "
+                             f"e.g. its default hydra.launcher.{key}={default}")
+
+
+def check_sweep_size(num_trials: int, *, max_trials: int | None, swept: str = "") -> None:
+    """ValueError for a sweep of no trial, or of more than `max_trials` (0 or None: no bound).
+    `swept`: the sweep's dimensions as a person reads them ('seed (10000 values)')."""
+    over = f" over {swept}" if swept else ""
+    if num_trials == 0:
+        raise ValueError(f"the sweep has no trials{over}: a swept key has no value (an empty range such as "
+                         "range(5,5)); give it at least one, e.g. seed=range(0,4) or seed=0,1")
+    if max_trials and num_trials > max_trials:
+        raise ValueError(f"the sweep has {num_trials} trials{over}, more than hydra.launcher.max_trials="
+                         f"{max_trials}; sweep fewer values, or run all {num_trials} with "
+                         f"hydra.launcher.max_trials={num_trials}")
