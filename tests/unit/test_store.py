@@ -49,3 +49,15 @@ def test_a_server_that_refuses_the_request_still_answers():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# issue 28: refusals
+def test_the_printed_mlflow_ui_command_survives_a_store_path_with_spaces(tmp_path):
+    """The `view it` line is pasted into a shell: a path with a space must stay one argument."""
+    import shlex
+
+    from trainlab.tracking.store import ui_command
+
+    uri = f"sqlite:///{tmp_path}/my runs/mlflow.db"
+    argv = shlex.split(ui_command(uri))
+    assert argv[:3] == ["mlflow", "ui", "--backend-store-uri"] and argv[3] == uri

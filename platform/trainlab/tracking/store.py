@@ -18,6 +18,7 @@ no secret (trainlab.redact masks what is left, e.g. a database URI's password).
 from __future__ import annotations
 
 import os
+import shlex
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -239,7 +240,8 @@ def resolve_tracking_uri(configured: str) -> str:
 
 def ui_command(uri: str) -> str:
     """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
-    pass another --host to expose it), the server's URL otherwise."""
+    pass another --host to expose it), the server's URL otherwise. Quoted for a shell: a store
+    path with a space or a quote in it stays one argument when the line is pasted."""
     if TrackingStore.of(uri).local_path is None:
         return f"open {redact(uri)} in a browser"
-    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
+    return f"mlflow ui --backend-store-uri {shlex.quote(redact(uri))} --host 127.0.0.1"
