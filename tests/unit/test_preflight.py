@@ -262,3 +262,45 @@ def test_default_tracking_uri_is_an_absolute_sqlite_db_in_the_cwd(monkeypatch, t
 def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert resolve_tracking_uri("sqlite:///runs/m.db") == "sqlite:///" + str(tmp_path.resolve() / "runs" / "m.db")
+
+
+# issue 28: refusals
+def test_a_model_larger_than_this_machine_is_refused_before_ray_with_the_numbers(tmp_path):
+    """The driver's preflight (before Ray starts) estimates a local trial against this host's
+    memory: model.n_layers=10000 model.dim=1000000 used to be a warning, then a 4 TB allocation."""
+    from trainlab.estimate.hardware import host_memory_gb
+
+    run = compose_run_config(BASE + ["model.n_layers=10000", "model.dim=1000000", "cluster.num_workers=2",
+                                     f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        preflight(run, tracking_uri=None, services=False)
+    msg = str(e.value)
+    assert f"hold {host_memory_gb():,.1f} GB together" in msg, msg  # this host's memory, shared by its ranks
+    assert "model.n_layers=10000 model.dim=1000000" in msg and "fix: a smaller model" in msg, msg
+
+
+def test_a_model_larger_than_this_machine_by_its_estimate_is_refused_before_ray(tmp_path):
+    """Weights that would fit, a trial that would not (model=7b on a CPU host): the plan's
+    estimate refuses it in preflight, where it used to be a warning."""
+    from trainlab.estimate.hardware import host_memory_gb
+
+    run = compose_run_config(BASE + ["model=7b", "cluster.num_workers=2", f"output_dir={tmp_path}"])
+    if host_memory_gb() > 200:
+        pytest.skip("this host could hold a 7B trial")
+    with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* its cpu holds [\d.]+ GB .*fix: .*parallel=fsdp"):
+        preflight(run, tracking_uri=None, services=False)
+
+
+def test_a_model_that_fits_this_machine_passes_preflight(tmp_path):
+    run = compose_run_config(BASE + ["cluster.num_workers=2", f"output_dir={tmp_path}"])
+    assert preflight(run, tracking_uri=None, services=False) == "cpu"
+
+
+def test_a_sweep_holding_a_trial_too_large_for_this_machine_is_refused_whole(tmp_path):
+    from trainlab.launch.preflight import check_sweep_trials
+
+    ok = compose_run_config(BASE + [f"output_dir={tmp_path}"])
+    huge = compose_run_config(BASE + ["model.n_layers=10000", "model.dim=1000000", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"nothing was started:\n  #1 \(model.n_layers=10000\): model.n_layers=10000"):
+        check_sweep_trials([ok, huge], ["#0 (default)", "#1 (model.n_layers=10000)"])
+    check_sweep_trials([ok, ok], ["#0", "#1"])

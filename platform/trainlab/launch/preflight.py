@@ -21,6 +21,7 @@ from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
+from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
@@ -52,6 +53,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         check_module_names(run)
         device = check_device(run)
         check_layout(run)
+        check_fits_here(run, device)
         if device != "auto":
             check_comm_backend(run, device)
         if services:
@@ -135,6 +137,31 @@ def check_module_names(run: RunConfig) -> None:
     check_keep_hp(model, run.precision.keep_hp)
     if run.debug.nan_injection is not None:
         injection_target(model, run.debug.nan_injection[0])
+
+
+def check_fits_here(run: RunConfig, device: str) -> None:
+    """A trial on a cluster started on this machine fits its memory (the host's RAM shared by
+    its CPU ranks, or its GPUs), by the same estimate and rule the plan applies once Ray has
+    started (estimate.fit_check.checked_estimate): refused here, before Ray or any worker, with
+    the numbers and the fix. A joined cluster's nodes are only known once joined (launch.plan)."""
+    if run.cluster.address or device == "auto":
+        return
+    checked_estimate(run, lambda: estimate_run(run, local_cluster(run, device=device),
+                                               trial_layout=plan_layout(run)),
+                     warn=lambda m: None)  # 'no estimate' is warned once, by the plan
+
+
+def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> None:
+    """Every trial of a sweep fits this machine (check_fits_here) before its parent run opens or
+    Ray starts: a sweep holding a trial that cannot run is refused whole, naming each such trial."""
+    errors = []
+    for run, label in zip(runs, labels):
+        try:
+            check_fits_here(run, check_device(run))
+        except (ValueError, ConfigError) as e:
+            errors.append(f"{label}: {e}")
+    if errors:
+        raise ConfigError("the sweep has trials that cannot run; nothing was started:\n  " + "\n  ".join(errors))
 
 
 def check_layout(run: RunConfig) -> None:

@@ -38,7 +38,7 @@ from trainlab.launch import interrupt
 from trainlab.launch.lifecycle import train
 from trainlab.launch.paths import run_config_from_hydra
 from trainlab.launch.plan import plan_launch
-from trainlab.launch.preflight import check_sweep_services
+from trainlab.launch.preflight import check_sweep_services, check_sweep_trials
 from trainlab.launch.pruner import Pruner, fmt_tokens
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.trial_plan import TrialPlan
@@ -170,6 +170,7 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         except ValueError as e:
             raise ConfigError(str(e)) from None
         check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
+        check_sweep_trials([t.run for t in trials], [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
