@@ -304,3 +304,14 @@ def test_a_sweep_holding_a_trial_too_large_for_this_machine_is_refused_whole(tmp
     with pytest.raises(ConfigError, match=r"nothing was started:\n  #1 \(model.n_layers=10000\): model.n_layers=10000"):
         check_sweep_trials([ok, huge], ["#0 (default)", "#1 (model.n_layers=10000)"])
     check_sweep_trials([ok, ok], ["#0", "#1"])
+
+
+def test_a_markov_corpus_larger_than_this_machine_is_refused_with_the_most_it_holds(tmp_path):
+    """data.num_tokens=1e12 used to start Ray, then fail (or swap) generating a terabyte per worker."""
+    run = compose_run_config(BASE + ["data=markov", "data.num_tokens=1000000000000", f"output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"data.num_tokens=1000000000000: .* GB .* holds [\d,.]+ GB; "
+                                         r"lower data.num_tokens to at most [\d,]+") as e:
+        check_data(run)
+    most = int(str(e.value).rsplit("at most ", 1)[1].split()[0].rstrip(";").replace(",", ""))
+    fixed = compose_run_config(BASE + ["data=markov", f"data.num_tokens={most}", f"output_dir={tmp_path}"])
+    check_data(fixed)  # the fix it names passes

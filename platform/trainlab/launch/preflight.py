@@ -22,6 +22,7 @@ from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
+from trainlab.estimate.hardware import host_memory_gb
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
@@ -98,7 +99,30 @@ def check_data(run: RunConfig) -> None:
         num_tokens = len(open_token_file(path, dtype=d.token_dtype, vocab_size=d.vocab_size))
         check_corpus_length(run, num_tokens=num_tokens, source=f"data.path={d.path!r}")
     elif d.name == "markov":
+        check_markov_memory(run)
         check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
+
+
+MARKOV_COPIES = 2
+"""Copies of its token stream a worker holds while it generates the Markov corpus (data.markov:
+the chains, then the stream read chain after chain)."""
+
+
+def check_markov_memory(run: RunConfig) -> None:
+    """Every worker of a local cluster generates the Markov corpus in its own memory: together they
+    must leave this host half its memory (for the model and everything else it runs)."""
+    if run.cluster.address:
+        return  # a joined cluster's workers generate it on their own nodes
+    d, workers = run.data, run.cluster.num_workers
+    per_token = (1 if d.vocab_size <= 256 else 2) * MARKOV_COPIES * workers  # data.markov: uint8 up to 256 states
+    host = host_memory_gb() * 1e9
+    if d.num_tokens * per_token <= host / 2:
+        return
+    most = int(host / 2 // per_token)
+    raise ValueError(
+        f"data.num_tokens={d.num_tokens}: generating the markov corpus takes {d.num_tokens * per_token / 1e9:,.1f} GB "
+        f"on this machine ({workers} workers, each its own copy), which holds {host / 1e9:,.1f} GB; "
+        f"lower data.num_tokens to at most {most:,} (half this machine's memory)")
 
 
 def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None:
@@ -152,11 +176,12 @@ def check_fits_here(run: RunConfig, device: str) -> None:
 
 
 def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> None:
-    """Every trial of a sweep fits this machine (check_fits_here) before its parent run opens or
+    """Every trial of a sweep has its data and fits this machine (check_data, check_fits_here) before its parent run opens or
     Ray starts: a sweep holding a trial that cannot run is refused whole, naming each such trial."""
     errors = []
     for run, label in zip(runs, labels):
         try:
+            check_data(run)
             check_fits_here(run, check_device(run))
         except (ValueError, ConfigError) as e:
             errors.append(f"{label}: {e}")
