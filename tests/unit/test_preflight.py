@@ -315,3 +315,34 @@ def test_a_markov_corpus_larger_than_this_machine_is_refused_with_the_most_it_ho
     most = int(str(e.value).rsplit("at most ", 1)[1].split()[0].rstrip(";").replace(",", ""))
     fixed = compose_run_config(BASE + ["data=markov", f"data.num_tokens={most}", f"output_dir={tmp_path}"])
     check_data(fixed)  # the fix it names passes
+
+
+@pytest.fixture(scope="module")
+def store_with_a_deleted_experiment(tmp_path_factory):
+    """A real sqlite store (made once: MLflow's migrations take seconds) holding 'gone', deleted."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    client.create_experiment("here")
+    return uri
+
+
+def test_a_deleted_experiment_is_refused_before_ray_naming_restore_or_another_name(store_with_a_deleted_experiment,
+                                                                                    tmp_path):
+    """tracking.experiment=X with X soft-deleted used to crash after Ray had started (MLflow will not
+    make an experiment whose name a deleted one holds)."""
+    uri = store_with_a_deleted_experiment
+    run = compose_run_config(["model=tiny", "cluster.device=cpu", f"tracking.uri={uri}", "tracking.experiment=gone",
+                              f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        preflight(run, tracking_uri=uri)
+    msg = str(e.value)
+    assert "tracking.experiment='gone'" in msg and "deleted" in msg, msg
+    assert f"MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id 1" in msg, msg
+    assert "tracking.experiment=gone_2" in msg, msg  # another name, free in the store
+    for name in ("here", "new"):
+        ok = compose_run_config(["model=tiny", "cluster.device=cpu", f"tracking.uri={uri}",
+                                 f"tracking.experiment={name}", f"output_dir={tmp_path}"])
+        assert preflight(ok, tracking_uri=uri) == "cpu"

@@ -61,3 +61,34 @@ def test_the_printed_mlflow_ui_command_survives_a_store_path_with_spaces(tmp_pat
     uri = f"sqlite:///{tmp_path}/my runs/mlflow.db"
     argv = shlex.split(ui_command(uri))
     assert argv[:3] == ["mlflow", "ui", "--backend-store-uri"] and argv[3] == uri
+
+
+@pytest.mark.slow  # two Python start-ups importing MLflow and migrating a store: seconds
+def test_two_processes_making_the_same_new_sqlite_store_at_once_both_succeed(tmp_path):
+    """Two sweeps started together used to race MLflow's migrations on a new store (alembic:
+    'Online migration expected to match one row'); tracking.store.ensure_store makes it once."""
+    import os
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    (tmp_path / "new").mkdir()
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              "from trainlab.tracking.store import ensure_store\n"
+              "import mlflow.store.tracking.sqlalchemy_store  # imported before the start line: a real race\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+              f"ensure_store({uri!r})\n"
+              "from mlflow.tracking import MlflowClient\n"
+              f"MlflowClient(tracking_uri={uri!r}).create_experiment('e' + sys.argv[1])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], env=env, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    import time
+    time.sleep(8)  # both imported and waiting
+    go.touch()
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    from mlflow.tracking import MlflowClient
+
+    assert {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()} >= {"e0", "e1"}

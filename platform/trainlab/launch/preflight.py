@@ -27,8 +27,8 @@ from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
-from trainlab.tracking.store import resolve_tracking_uri, tracking_field
-from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
+from trainlab.tracking.store import ensure_store, resolve_tracking_uri, tracking_field
+from trainlab.tracking.store_check import check_experiment, check_sqlite_uri, check_tracking_uri
 from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
@@ -63,6 +63,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
             field = tracking_field(run.tracking.uri)
             check_tracking_uri(tracking_uri, setting=field)
             check_sqlite_uri(tracking_uri, field=field, elsewhere=STORE_ELSEWHERE)
+            check_store_state(tracking_uri, run)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for note in ignored_options(run) + unordered_reductions(run) + shared_storage_notes(run):
@@ -85,8 +86,16 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
                 uri, field = resolve_tracking_uri(run.tracking.uri), tracking_field(run.tracking.uri)
                 check_tracking_uri(uri, setting=field)
                 check_sqlite_uri(uri, field=field, elsewhere=STORE_ELSEWHERE)
+                check_store_state(uri, run)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_store_state(uri: str, run: RunConfig) -> None:
+    """The store made (a new sqlite file: once, under its creation lock, so two sweeps starting
+    together do not both migrate it) and the trial's experiment not deleted in it."""
+    ensure_store(uri)
+    check_experiment(uri, run.tracking.experiment)
 
 
 def check_data(run: RunConfig) -> None:

@@ -17,14 +17,16 @@ no secret (trainlab.redact masks what is left, e.g. a database URI's password).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 from urllib.parse import urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact, register_secret, split_userinfo
@@ -236,6 +238,37 @@ def resolve_tracking_uri(configured: str) -> str:
     credentials moved to MLflow's credential variables (tracking_store). ValueError for a
     URI MLflow would read differently than meant."""
     return use_tracking_store(configured).uri
+
+
+@contextmanager
+def creation_lock(uri: str) -> Iterator[None]:
+    """Held while a sqlite store is first made: an exclusive flock on the sibling file
+    `<store>.lock`, so two processes making the same new store at once (two sweeps started
+    together) do not both run MLflow's migrations (alembic: 'Online migration expected to match
+    one row'). Other stores: nothing to hold (a server or database makes its own)."""
+    store = TrackingStore.of(uri)
+    if store.kind != "sqlite" or store.local_path is None:
+        yield
+        return
+    lock = store.local_path.with_name(store.local_path.name + ".lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_store(uri: str) -> None:
+    """A sqlite store made and migrated by MLflow, once, under creation_lock; the processes that
+    come after (other sweeps, the workers) open a finished store. Other stores: nothing to do."""
+    store = TrackingStore.of(uri)
+    if store.kind != "sqlite":
+        return
+    with creation_lock(uri):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # makes and migrates the store
 
 
 def ui_command(uri: str) -> str:

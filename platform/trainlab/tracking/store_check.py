@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import socket
 import sqlite3
 import tempfile
@@ -211,3 +212,31 @@ def check_sqlite_uri(uri: str, *, field: str, elsewhere: str) -> None:
     store = TrackingStore.of(uri)
     if store.kind == "sqlite":
         check_sqlite_store(store.local_path, field=field, uri=uri, elsewhere=elsewhere)
+
+
+# issue 28: refusals -- store states met only once Ray had started
+def check_experiment(uri: str, name: str, *, field: str = "tracking.experiment") -> None:
+    """ValueError if experiment `name` was deleted in the store (MLflow keeps a soft-deleted
+    experiment's name: it would neither log to it nor make a new one), naming both safe fixes:
+    restore it, or another name that is free. A store not yet made holds no experiment."""
+    from itertools import count
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    store = TrackingStore.of(uri)
+    if store.local_path is not None and not store.local_path.exists():
+        return
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        exp = client.get_experiment_by_name(name)
+        if exp is None or exp.lifecycle_stage != "deleted":
+            return
+        free = next(f"{name}_{i}" for i in count(2) if client.get_experiment_by_name(f"{name}_{i}") is None)
+    except MlflowException:
+        return  # the store's own errors are check_tracking_uri's and the tracker's to report
+    shown = redact(uri)
+    raise ValueError(
+        f"{field}={name!r} was deleted in the store {shown} (experiment id {exp.experiment_id}; MLflow keeps "
+        f"a deleted experiment's name until it is purged); restore it with `MLFLOW_TRACKING_URI={shlex.quote(shown)} "
+        f"mlflow experiments restore --experiment-id {exp.experiment_id}`, or use another name: {field}={free}")
