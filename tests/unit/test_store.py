@@ -92,3 +92,46 @@ def test_two_processes_making_the_same_new_sqlite_store_at_once_both_succeed(tmp
     from mlflow.tracking import MlflowClient
 
     assert {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()} >= {"e0", "e1"}
+
+
+@pytest.mark.parametrize("setting", ["tracking.uri", "MLFLOW_TRACKING_URI"])
+def test_a_folder_store_mlflow_no_longer_writes_is_refused_with_a_sqlite_store_beside_it(tmp_path, monkeypatch,
+                                                                                          setting):
+    """MLFLOW_TRACKING_URI=/some/path (a file store) used to pass, then MLflow 3 raised a traceback."""
+    from trainlab.tracking.store_check import check_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = (tmp_path / "runs").as_uri()
+    with pytest.raises(ValueError) as e:
+        check_tracking_uri(uri, setting=setting)
+    msg = str(e.value)
+    assert msg.startswith(f"{setting}={uri!r}") and "MLflow 3" in msg, msg
+    assert f"sqlite:///{tmp_path}/runs.db" in msg and "MLFLOW_ALLOW_FILE_STORE=true" in msg, msg
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_tracking_uri(uri, setting=setting)  # the user's opt-in is kept
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_a_blank_environment_uri_is_refused_naming_unset(tmp_path, blank):
+    """MLFLOW_TRACKING_URI=' ' used to become a folder store named '%20' in the working directory."""
+    from trainlab.tracking.store import tracking_store
+
+    with pytest.raises(ValueError) as e:
+        tracking_store("", environ={"MLFLOW_TRACKING_URI": blank}, cwd=str(tmp_path))
+    msg = str(e.value)
+    assert msg.startswith(f"MLFLOW_TRACKING_URI={blank!r} is blank") and "unset MLFLOW_TRACKING_URI" in msg, msg
+
+
+def test_a_run_from_a_deleted_working_directory_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Hydra's config loader used to end in a FileNotFoundError traceback from os.getcwd()."""
+    from trainlab.cli import main
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "model=tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
+    assert "working directory" in err and "no longer exists" in err and "cd " in err, err

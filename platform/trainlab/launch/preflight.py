@@ -27,7 +27,7 @@ from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
-from trainlab.tracking.store import ensure_store, resolve_tracking_uri, tracking_field
+from trainlab.tracking.store import resolve_tracking_uri, tracking_field
 from trainlab.tracking.store_check import check_experiment, check_sqlite_uri, check_tracking_uri
 from trainlab.vocab.precision import emulates
 
@@ -92,9 +92,8 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
 
 
 def check_store_state(uri: str, run: RunConfig) -> None:
-    """The store made (a new sqlite file: once, under its creation lock, so two sweeps starting
-    together do not both migrate it) and the trial's experiment not deleted in it."""
-    ensure_store(uri)
+    """The trial's experiment not deleted in the store (a store not made yet holds none; the
+    driver makes it after the checks: tracking.store.ensure_store)."""
     check_experiment(uri, run.tracking.experiment)
 
 

@@ -128,6 +128,10 @@ def tracking_store(configured: str, *, environ: Mapping[str, str] | None = None,
     uri = configured or environ.get(ENV_URI, "") or MLFLOW_DEFAULT_URI
     where = f"{source}={redact(uri)!r}" if source != "default" else f"the default store {uri!r}"
     fix_env = f"; or unset {ENV_URI} / give tracking.uri=..." if source == ENV_URI else ""
+    if not uri.strip():  # MLflow would read it as a folder named by the blanks, in the working directory
+        raise ValueError(f"{where} is blank; unset {ENV_URI} (MLflow's default store, {MLFLOW_DEFAULT_URI} in the "
+                         f"working directory) or give a store: {_FIXES}" if source == ENV_URI else
+                         f"{where} is blank; leave tracking.uri empty for the default store or give one: {_FIXES}")
     cwd = cwd or os.getcwd()
     try:
         parts = urlsplit(uri)

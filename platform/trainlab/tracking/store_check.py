@@ -34,10 +34,26 @@ def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: fl
     store = TrackingStore.of(uri)
     if store.local_path is not None:
         _check_writable(store.local_path, sqlite=store.kind == "sqlite", where=where)
+    if store.kind == "file":  # where it could be made: then whether MLflow will write it
+        _check_file_store_allowed(store.local_path, where=where)
     elif store.kind == "server":
         _check_server(uri, where=where, timeout_s=timeout_s)
     elif store.kind == "database":
         _check_database(uri, scheme=store.scheme.lower(), where=where, timeout_s=timeout_s)
+
+
+def _check_file_store_allowed(path: Path, *, where: str) -> None:
+    """MLflow 3 refuses a folder (file) store unless MLFLOW_ALLOW_FILE_STORE is set: said here,
+    with a sqlite store beside the folder (a new file, nothing overwritten) as the fix."""
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    if MLFLOW_ALLOW_FILE_STORE.get():
+        return
+    db = f"sqlite:///{path.with_name(path.name + '.db')}"
+    migrate = (f" (`mlflow migrate-filestore --source {shlex.quote(str(path))} --target {shlex.quote(db)}` "
+               "moves the runs it holds)" if path.is_dir() and any(path.iterdir()) else "")
+    raise ValueError(f"{where} is a folder (MLflow's file store), which MLflow 3 no longer writes; use "
+                     f"tracking.uri={db}{migrate}, or set MLFLOW_ALLOW_FILE_STORE=true to keep the file store")
 
 
 def _check_writable(path, *, sqlite: bool, where: str) -> None:
