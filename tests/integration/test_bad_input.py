@@ -238,7 +238,7 @@ CASES = [
       ["model.vocab_size=100", "corpus vocabulary (256, data=text)", "model.vocab_size=0"]),
     C("markov_one_state", ["data=markov", "data.vocab_size=1"], ["data.vocab_size=1", "data.vocab_size>=2"]),
     C("markov_corpus_past_memory", ["data=markov", "data.vocab_size=16", "data.num_tokens=1000000000000"],
-      ["data.num_tokens=1000000000000", "GB", "lower data.num_tokens to at most"]),
+      ["data.num_tokens=1000000000000", "GB", "lower it to data.num_tokens="]),
     C("model_past_memory", ["model.n_layers=10000", "model.dim=1000000"],
       ["model.n_layers=10000 model.dim=1000000", "GB together", "fix: a smaller model"]),
     C("sweep_with_a_trial_past_memory", ["-m", "model.n_layers=100", "model.dim=64,1000000"],

@@ -130,7 +130,7 @@ def check_markov_memory(run: RunConfig) -> None:
     raise ValueError(
         f"data.num_tokens={d.num_tokens}: generating the markov corpus takes {d.num_tokens * per_token / 1e9:,.1f} GB "
         f"on this machine ({workers} workers, each its own copy), which holds {host / 1e9:,.1f} GB; "
-        f"lower data.num_tokens to at most {most:,} (half this machine's memory)")
+        f"lower it to data.num_tokens={most} at most (half this machine's memory)")
 
 
 def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None:
