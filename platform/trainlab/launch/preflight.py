@@ -77,7 +77,7 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
     seen = set()
     try:
         for run in runs:
-            key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri)
+            key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri, run.tracking.experiment)
             if key in seen:
                 continue
             seen.add(key)
