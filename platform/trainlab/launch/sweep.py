@@ -169,8 +169,9 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
                            [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
+        # every trial's data and memory, then the services: all before the parent run opens and Ray starts
         check_sweep_trials([t.run for t in trials], [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+        check_sweep_services([t.run for t in trials])
         for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
             ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
     except ConfigError as e:

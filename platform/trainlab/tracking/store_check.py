@@ -234,25 +234,51 @@ def check_sqlite_uri(uri: str, *, field: str, elsewhere: str) -> None:
 def check_experiment(uri: str, name: str, *, field: str = "tracking.experiment") -> None:
     """ValueError if experiment `name` was deleted in the store (MLflow keeps a soft-deleted
     experiment's name: it would neither log to it nor make a new one), naming both safe fixes:
-    restore it, or another name that is free. A store not yet made holds no experiment."""
+    restore it, or another name that is free. A store not yet made holds no experiment; a sqlite
+    store is read directly, read-only (MLflow's client costs seconds to start, a refusal must not)."""
     from itertools import count
-
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     store = TrackingStore.of(uri)
     if store.local_path is not None and not store.local_path.exists():
         return
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        exp = client.get_experiment_by_name(name)
-        if exp is None or exp.lifecycle_stage != "deleted":
-            return
-        free = next(f"{name}_{i}" for i in count(2) if client.get_experiment_by_name(f"{name}_{i}") is None)
-    except MlflowException:
+    stage = _sqlite_stages(store.local_path) if store.kind == "sqlite" else _mlflow_stages(uri)
+    if stage is None:
         return  # the store's own errors are check_tracking_uri's and the tracker's to report
+    found = stage(name)
+    if found is None or found[1] != "deleted":
+        return
+    free = next(f"{name}_{i}" for i in count(2) if stage(f"{name}_{i}") is None)
     shown = redact(uri)
     raise ValueError(
-        f"{field}={name!r} was deleted in the store {shown} (experiment id {exp.experiment_id}; MLflow keeps "
+        f"{field}={name!r} was deleted in the store {shown} (experiment id {found[0]}; MLflow keeps "
         f"a deleted experiment's name until it is purged); restore it with `MLFLOW_TRACKING_URI={shlex.quote(shown)} "
-        f"mlflow experiments restore --experiment-id {exp.experiment_id}`, or use another name: {field}={free}")
+        f"mlflow experiments restore --experiment-id {found[0]}`, or use another name: {field}={free}")
+
+
+def _sqlite_stages(path: Path):
+    """name -> (experiment id, lifecycle stage) or None, read from MLflow's experiments table."""
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=CHECK_TIMEOUT_S)
+        con.execute("SELECT experiment_id, lifecycle_stage FROM experiments LIMIT 1").fetchall()
+    except sqlite3.Error:
+        return None  # empty, busy or not MLflow's yet: nothing deleted to find
+
+    def stage(name: str):
+        row = con.execute("SELECT experiment_id, lifecycle_stage FROM experiments WHERE name = ?", (name,)).fetchone()
+        return None if row is None else (str(row[0]), row[1])
+    return stage
+
+
+def _mlflow_stages(uri: str):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+
+    def stage(name: str):
+        try:
+            exp = client.get_experiment_by_name(name)
+        except MlflowException:
+            return None
+        return None if exp is None else (exp.experiment_id, exp.lifecycle_stage)
+    return stage
