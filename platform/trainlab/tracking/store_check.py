@@ -256,17 +256,16 @@ def check_experiment(uri: str, name: str, *, field: str = "tracking.experiment")
 
 
 def _sqlite_stages(path: Path):
-    """name -> (experiment id, lifecycle stage) or None, read from MLflow's experiments table."""
+    """name -> (experiment id, lifecycle stage) or None, read once from MLflow's experiments table."""
     try:
         con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=CHECK_TIMEOUT_S)
-        con.execute("SELECT experiment_id, lifecycle_stage FROM experiments LIMIT 1").fetchall()
+        try:
+            rows = con.execute("SELECT name, experiment_id, lifecycle_stage FROM experiments").fetchall()
+        finally:
+            con.close()
     except sqlite3.Error:
         return None  # empty, busy or not MLflow's yet: nothing deleted to find
-
-    def stage(name: str):
-        row = con.execute("SELECT experiment_id, lifecycle_stage FROM experiments WHERE name = ?", (name,)).fetchone()
-        return None if row is None else (str(row[0]), row[1])
-    return stage
+    return {name: (str(i), stage) for name, i, stage in rows}.get
 
 
 def _mlflow_stages(uri: str):
