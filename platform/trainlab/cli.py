@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Callable
 
@@ -81,6 +82,14 @@ def main(argv: list[str] | None = None) -> None:
         command, rest = "train", argv
     if command not in COMMANDS:
         print(f"trainlab: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)
+    try:  # every command resolves paths against it (Hydra first): say so once, not in a traceback
+        os.getcwd()
+    except FileNotFoundError:
+        was = os.environ.get("PWD", "")
+        print(f"error: the working directory{f' {was!r}' if was else ''} no longer exists (deleted or moved "
+              "after the shell entered it); cd to a folder that exists and run the command again",
+              file=sys.stderr)
         sys.exit(2)
     from trainlab.launch.ray_auth import token_mode
 

@@ -7,6 +7,10 @@ under ``by_tokens/`` stepped by tokens seen, so runs of different batch sizes li
 
 from __future__ import annotations
 
+import hashlib
+import re
+import unicodedata
+
 # -- metrics (MLflow metric keys) ------------------------------------------------------
 LOSS = "train/loss"
 LR = "train/lr"
@@ -395,3 +399,15 @@ TAG_LOSS_CURVE_SHA = "repro/loss_curve_sha256"
 """SHA-256 of the per-step train losses as float64 bytes."""
 PARAM_NORM = "repro/param_norm"
 """L2 norm of the full final parameters (a metric, logged at the last step)."""
+
+
+# -- names other systems carry (issue 28) --------------------------------------------------
+def ray_name(name: str) -> str:
+    """The form of a run name that Ray Train is handed (its run name, its metric tags: ASCII
+    only). An ASCII name as it is; any other its ASCII letters (accents taken off, the rest
+    '-') and 8 hex digits of the name's sha1, so two names stay two. MLflow keeps the user's name."""
+    if name.isascii() and name.isprintable():
+        return name
+    base = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")
+    return f"{base or 'run'}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"

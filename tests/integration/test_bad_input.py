@@ -251,6 +251,21 @@ CASES = [
       ["cluster.num_workers=1024", "needs 1024 CPUs", "local Ray cluster", "or fewer"]),
     C("sweep_with_a_trial_beyond_cpus", ["-m", "cluster.cpus_per_worker=1,4096"],
       ["cluster.cpus_per_worker=4096", "needs 8192 CPUs", "cluster.cpus_per_worker="]),
+    # issue 28: refusals
+    C("model_vocab_below_corpus", ["data=text", "model.vocab_size=100"],
+      ["model.vocab_size=100", "corpus vocabulary (256, data=text)", "model.vocab_size=0"]),
+    C("markov_one_state", ["data=markov", "data.vocab_size=1"], ["data.vocab_size=1", "data.vocab_size>=2"]),
+    C("markov_corpus_past_memory", ["data=markov", "data.vocab_size=16", "data.num_tokens=1000000000000"],
+      ["data.num_tokens=1000000000000", "GB", "lower it to data.num_tokens="]),
+    C("model_past_memory", ["model.n_layers=10000", "model.dim=1000000"],
+      ["model.n_layers=10000 model.dim=1000000", "GB together", "fix: a smaller model"]),
+    C("sweep_with_a_trial_past_memory", ["-m", "model.n_layers=100", "model.dim=64,1000000"],
+      ["the sweep has trials that cannot run; nothing was started", "model.dim=1000000", "a smaller model"]),
+    C("experiment_deleted", ["tracking.experiment=deleted_exp"],
+      ["tracking.experiment='deleted_exp' was deleted", "mlflow experiments restore --experiment-id",
+       "tracking.experiment=deleted_exp_2"]),
+    C("mlflow_folder_store", ["tracking.uri={work}/folder_store"],
+      ["tracking.uri=", "folder_store", "MLflow 3 no longer writes", "folder_store.db", "MLFLOW_ALLOW_FILE_STORE=true"]),
 ]
 
 
@@ -290,6 +305,7 @@ def world(tmp_path_factory):
     run = client.create_run(client.create_experiment("bad_input"), run_name="earlier")
     client.log_metric(run.info.run_id, "train/loss", 1.5, step=1)
     client.set_terminated(run.info.run_id, status="FINISHED")
+    client.delete_experiment(client.create_experiment("deleted_exp"))  # issue 28: a soft-deleted experiment
     # a checkpoint whose shard was cut to half the size its metadata records, and one whose
     # metadata is not JSON (engine.checkpoint's layout)
     ckpt = work / "checkpoints" / "step_00000010"

@@ -96,21 +96,31 @@ def test_a_trial_planned_in_process_carries_its_estimate():
     assert plan.estimate.tokens_per_step == expected.tokens_per_step
 
 
-def test_a_planned_estimate_refuses_a_gpu_gang_warns_a_cpu_one_and_lets_an_unknown_device_go_on():
-    """The one rule the Ray driver and torchrun apply (estimate.fit_check.checked_estimate)."""
+def test_a_planned_estimate_refuses_a_gpu_or_cpu_gang_and_lets_an_unknown_device_go_on():
+    """The one rule the Ray driver and torchrun apply (estimate.fit_check.checked_estimate): a
+    trial that does not fit is refused wherever it would run (issue 28: a CPU host's memory too,
+    which used to be a warning and then an allocation of terabytes in the worker)."""
     from trainlab.config import ConfigError
-    from trainlab.estimate.fit_check import checked_estimate
+    from trainlab.estimate.fit_check import checked_estimate, estimate_run
 
     run = compose_run_config(["model=7b", "parallel=ddp", "precision=fp16", "cluster.num_workers=2"])
     est = estimate_trial(run, ClusterSpec.of_nodes(["2xV100"]), trial_layout=plan_layout(run))
     warned: list[str] = []
     with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* holds [\d.]+ GB .*fix: parallel=fsdp"):
-        checked_estimate(run, lambda: est, gpus=True, warn=warned.append)
-    assert checked_estimate(run, lambda: est, gpus=False, warn=warned.append) is est
-    assert len(warned) == 1 and "does not fit" in warned[0]
+        checked_estimate(run, lambda: est, warn=warned.append)
+    small_host = estimate_trial(run, ClusterSpec.cpu(ranks=2), trial_layout=plan_layout(run))  # 7b on a host
+    with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* its cpu holds [\d.]+ GB"):
+        checked_estimate(run, lambda: small_host, warn=warned.append)
+    # a model no layout could hold: refused from its dimensions, without building 10,000 blocks
+    huge = _run("model.n_layers=10000", "model.dim=1000000", "cluster.num_workers=2")
+    with pytest.raises(ConfigError, match=r"model.n_layers=10000 model.dim=1000000 .* GB at 2 bytes .*"
+                                          r"\(cpu\) hold [\d,.]+ GB together; fix: a smaller model"):
+        checked_estimate(huge, lambda: estimate_run(huge, ClusterSpec.cpu(ranks=2), trial_layout=plan_layout(huge)),
+                         warn=warned.append)
+    assert not warned
 
     def unknown():
         raise ValueError("cluster.nodes entry 'X1' is not a GPU type the estimate knows")
 
-    assert checked_estimate(run, unknown, gpus=True, warn=warned.append) is None
+    assert checked_estimate(run, unknown, warn=warned.append) is None
     assert warned[-1].startswith("no estimate of the trial: cluster.nodes")

@@ -262,3 +262,87 @@ def test_default_tracking_uri_is_an_absolute_sqlite_db_in_the_cwd(monkeypatch, t
 def test_relative_sqlite_uri_is_made_absolute(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert resolve_tracking_uri("sqlite:///runs/m.db") == "sqlite:///" + str(tmp_path.resolve() / "runs" / "m.db")
+
+
+# issue 28: refusals
+def test_a_model_larger_than_this_machine_is_refused_before_ray_with_the_numbers(tmp_path):
+    """The driver's preflight (before Ray starts) estimates a local trial against this host's
+    memory: model.n_layers=10000 model.dim=1000000 used to be a warning, then a 4 TB allocation."""
+    from trainlab.estimate.hardware import host_memory_gb
+
+    run = compose_run_config(BASE + ["model.n_layers=10000", "model.dim=1000000", "cluster.num_workers=2",
+                                     f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        preflight(run, tracking_uri=None, services=False)
+    msg = str(e.value)
+    assert f"hold {host_memory_gb():,.1f} GB together" in msg, msg  # this host's memory, shared by its ranks
+    assert "model.n_layers=10000 model.dim=1000000" in msg and "fix: a smaller model" in msg, msg
+
+
+def test_a_model_larger_than_this_machine_by_its_estimate_is_refused_before_ray(tmp_path):
+    """Weights that would fit, a trial that would not (model=7b on a CPU host): the plan's
+    estimate refuses it in preflight, where it used to be a warning."""
+    from trainlab.estimate.hardware import host_memory_gb
+
+    run = compose_run_config(BASE + ["model=7b", "cluster.num_workers=2", f"output_dir={tmp_path}"])
+    if host_memory_gb() > 200:
+        pytest.skip("this host could hold a 7B trial")
+    with pytest.raises(ConfigError, match=r"rank \d needs [\d.]+ GB .* its cpu holds [\d.]+ GB .*fix: .*parallel=fsdp"):
+        preflight(run, tracking_uri=None, services=False)
+
+
+def test_a_model_that_fits_this_machine_passes_preflight(tmp_path):
+    run = compose_run_config(BASE + ["cluster.num_workers=2", f"output_dir={tmp_path}"])
+    assert preflight(run, tracking_uri=None, services=False) == "cpu"
+
+
+def test_a_sweep_holding_a_trial_too_large_for_this_machine_is_refused_whole(tmp_path):
+    from trainlab.launch.preflight import check_sweep_trials
+
+    ok = compose_run_config(BASE + [f"output_dir={tmp_path}"])
+    huge = compose_run_config(BASE + ["model.n_layers=10000", "model.dim=1000000", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"nothing was started:\n  #1 \(model.n_layers=10000\): model.n_layers=10000"):
+        check_sweep_trials([ok, huge], ["#0 (default)", "#1 (model.n_layers=10000)"])
+    check_sweep_trials([ok, ok], ["#0", "#1"])
+
+
+def test_a_markov_corpus_larger_than_this_machine_is_refused_with_the_most_it_holds(tmp_path):
+    """data.num_tokens=1e12 used to start Ray, then fail (or swap) generating a terabyte per worker."""
+    run = compose_run_config(BASE + ["data=markov", "data.num_tokens=1000000000000", f"output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=r"data.num_tokens=1000000000000: .* GB .* holds [\d,.]+ GB; "
+                                         r"lower it to data.num_tokens=\d+ at most") as e:
+        check_data(run)
+    most = int(str(e.value).rsplit("data.num_tokens=", 1)[1].split()[0])  # pasted as it is printed
+    fixed = compose_run_config(BASE + ["data=markov", f"data.num_tokens={most}", f"output_dir={tmp_path}"])
+    check_data(fixed)  # the fix it names passes
+
+
+@pytest.fixture(scope="module")
+def store_with_a_deleted_experiment(tmp_path_factory):
+    """A real sqlite store (made once: MLflow's migrations take seconds) holding 'gone', deleted."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    client.create_experiment("here")
+    return uri
+
+
+def test_a_deleted_experiment_is_refused_before_ray_naming_restore_or_another_name(store_with_a_deleted_experiment,
+                                                                                    tmp_path):
+    """tracking.experiment=X with X soft-deleted used to crash after Ray had started (MLflow will not
+    make an experiment whose name a deleted one holds)."""
+    uri = store_with_a_deleted_experiment
+    run = compose_run_config(["model=tiny", "cluster.device=cpu", f"tracking.uri={uri}", "tracking.experiment=gone",
+                              f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as e:
+        preflight(run, tracking_uri=uri)
+    msg = str(e.value)
+    assert "tracking.experiment='gone'" in msg and "deleted" in msg, msg
+    assert f"MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id 1" in msg, msg
+    assert "tracking.experiment=gone_2" in msg, msg  # another name, free in the store
+    for name in ("here", "new"):
+        ok = compose_run_config(["model=tiny", "cluster.device=cpu", f"tracking.uri={uri}",
+                                 f"tracking.experiment={name}", f"output_dir={tmp_path}"])
+        assert preflight(ok, tracking_uri=uri) == "cpu"

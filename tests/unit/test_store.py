@@ -49,3 +49,89 @@ def test_a_server_that_refuses_the_request_still_answers():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# issue 28: refusals
+def test_the_printed_mlflow_ui_command_survives_a_store_path_with_spaces(tmp_path):
+    """The `view it` line is pasted into a shell: a path with a space must stay one argument."""
+    import shlex
+
+    from trainlab.tracking.store import ui_command
+
+    uri = f"sqlite:///{tmp_path}/my runs/mlflow.db"
+    argv = shlex.split(ui_command(uri))
+    assert argv[:3] == ["mlflow", "ui", "--backend-store-uri"] and argv[3] == uri
+
+
+@pytest.mark.slow  # two Python start-ups importing MLflow and migrating a store: seconds
+def test_two_processes_making_the_same_new_sqlite_store_at_once_both_succeed(tmp_path):
+    """Two sweeps started together used to race MLflow's migrations on a new store (alembic:
+    'Online migration expected to match one row'); tracking.store.ensure_store makes it once."""
+    import os
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    (tmp_path / "new").mkdir()
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              "from trainlab.tracking.store import ensure_store\n"
+              "import mlflow.store.tracking.sqlalchemy_store  # imported before the start line: a real race\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+              f"ensure_store({uri!r})\n"
+              "from mlflow.tracking import MlflowClient\n"
+              f"MlflowClient(tracking_uri={uri!r}).create_experiment('e' + sys.argv[1])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], env=env, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    import time
+    time.sleep(8)  # both imported and waiting
+    go.touch()
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    from mlflow.tracking import MlflowClient
+
+    assert {e.name for e in MlflowClient(tracking_uri=uri).search_experiments()} >= {"e0", "e1"}
+
+
+@pytest.mark.parametrize("setting", ["tracking.uri", "MLFLOW_TRACKING_URI"])
+def test_a_folder_store_mlflow_no_longer_writes_is_refused_with_a_sqlite_store_beside_it(tmp_path, monkeypatch,
+                                                                                          setting):
+    """MLFLOW_TRACKING_URI=/some/path (a file store) used to pass, then MLflow 3 raised a traceback."""
+    from trainlab.tracking.store_check import check_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = (tmp_path / "runs").as_uri()
+    with pytest.raises(ValueError) as e:
+        check_tracking_uri(uri, setting=setting)
+    msg = str(e.value)
+    assert msg.startswith(f"{setting}={uri!r}") and "MLflow 3" in msg, msg
+    assert f"sqlite:///{tmp_path}/runs.db" in msg and "MLFLOW_ALLOW_FILE_STORE=true" in msg, msg
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    check_tracking_uri(uri, setting=setting)  # the user's opt-in is kept
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_a_blank_environment_uri_is_refused_naming_unset(tmp_path, blank):
+    """MLFLOW_TRACKING_URI=' ' used to become a folder store named '%20' in the working directory."""
+    from trainlab.tracking.store import tracking_store
+
+    with pytest.raises(ValueError) as e:
+        tracking_store("", environ={"MLFLOW_TRACKING_URI": blank}, cwd=str(tmp_path))
+    msg = str(e.value)
+    assert msg.startswith(f"MLFLOW_TRACKING_URI={blank!r} is blank") and "unset MLFLOW_TRACKING_URI" in msg, msg
+
+
+def test_a_run_from_a_deleted_working_directory_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Hydra's config loader used to end in a FileNotFoundError traceback from os.getcwd()."""
+    from trainlab.cli import main
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "model=tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
+    assert "working directory" in err and "no longer exists" in err and "cd " in err, err

@@ -315,3 +315,25 @@ def test_rollback_options_without_the_rollback_policy_are_named_as_ignored():
     notes = ignored_options(compose_run_config(["model=tiny", "train.rollback_lr_factor=0.1"]))
     assert any("train.rollback_lr_factor" in n and "train.on_divergence=rollback" in n for n in notes)
     assert ignored_options(compose_run_config(["model=tiny", "train.on_divergence=rollback"])) == []
+
+
+# issue 28: refusals
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["data=text", "model.vocab_size=100"],
+     ["model.vocab_size=100", "corpus vocabulary (256, data=text)", "model.vocab_size=0", ">= 256"]),
+    (["data=markov", "data.vocab_size=200", "model.vocab_size=100"],
+     ["model.vocab_size=100", "(200, data=markov)", ">= 200"]),
+    (["data=markov", "data.vocab_size=1"], ["data.vocab_size=1", "at least 2 states", "data.vocab_size>=2"]),
+    (["data=markov", "data.vocab_size=5000"], ["data.vocab_size=5000", "GiB", "data.vocab_size<=4096"]),
+])
+def test_a_model_or_corpus_the_worker_could_not_build_is_refused_by_the_config(overrides, says):
+    """Checks that used to run only in the worker (models.resolve_dims, data.markov), after Ray
+    had started: now the config layer's, so a sweep holding such a trial is refused whole."""
+    with pytest.raises(ConfigError) as e:
+        compose_run_config(["model=tiny", *overrides])
+    for part in says:
+        assert part in str(e.value), str(e.value)
+
+
+def test_a_larger_model_vocabulary_pads_the_corpus_one():
+    assert compose_run_config(["model=tiny", "data=text", "model.vocab_size=320"]).model.vocab_size == 320

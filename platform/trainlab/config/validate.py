@@ -126,6 +126,7 @@ def check_run(run: RunConfig) -> None:
     check_paths(run)
     check_rollback(run)
     check_debug(run)
+    check_corpus_and_vocab(run)
     if run.train.seq_len > run.model.max_seq_len:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
@@ -201,3 +202,45 @@ def check_debug(run: RunConfig) -> None:
     if d.slowdown and len(d.slowdown) != c.num_workers:
         raise ValueError(f"debug.slowdown={list(d.slowdown)} has {len(d.slowdown)} factors for "
                          f"cluster.num_workers={c.num_workers}; give one per worker or [] for none")
+
+
+# issue 28: refusals -- the corpus and the model's vocabulary, decided here (the driver's config layer),
+# not first in the worker: data.markov and models.resolve_dims call the same checks.
+TEXT_VOCAB_SIZE = 256
+"""data=text's vocabulary: byte-level tokens (data.text)."""
+MARKOV_MAX_VOCAB = 4096
+"""data=markov: the transition matrix and its cumulative table take 16 * vocab_size**2 bytes (4096: 256 MiB)."""
+
+
+def corpus_vocab(data) -> int:
+    """The vocabulary of the corpus data.* names: text is byte-level; markov and tokens have data.vocab_size."""
+    return TEXT_VOCAB_SIZE if data.name == "text" else int(data.vocab_size)
+
+
+def check_markov_states(vocab_size: int) -> None:
+    """A Markov source needs 2 to MARKOV_MAX_VOCAB states."""
+    if vocab_size > MARKOV_MAX_VOCAB:
+        raise ValueError(
+            f"data.vocab_size={vocab_size} is too large for data=markov: the transition "
+            f"matrix would take {16 * vocab_size**2 / 2**30:.1f} GiB; "
+            f"use data.vocab_size<={MARKOV_MAX_VOCAB}")
+    if vocab_size < 2:
+        raise ValueError(f"data.vocab_size={vocab_size}: a Markov source needs at least 2 states; "
+                         "set data.vocab_size>=2")
+
+
+def check_model_vocab(model_vocab: int, corpus: int, *, source: str = "") -> None:
+    """model.vocab_size 0 takes the corpus's; a larger one pads the embedding; a smaller one would
+    index past it (token ids run to corpus - 1)."""
+    if 0 < model_vocab < corpus:
+        raise ValueError(
+            f"model.vocab_size={model_vocab} is smaller than the corpus vocabulary ({corpus}{source}): "
+            f"its token ids would index past the embedding; set model.vocab_size=0 (use the corpus's) "
+            f"or a value >= {corpus}")
+
+
+def check_corpus_and_vocab(run: RunConfig) -> None:
+    d = run.data
+    if d.name == "markov":
+        check_markov_states(d.vocab_size)
+    check_model_vocab(run.model.vocab_size, corpus_vocab(d), source=f", data={d.name}")

@@ -18,13 +18,13 @@ import math
 
 import numpy as np
 
+from trainlab.config.validate import MARKOV_MAX_VOCAB, check_markov_states
 from trainlab.data.corpus import Corpus, make_corpus
 
 CHAIN_LEN = 4096
 """Target tokens per chain: few chain joins, few Python iterations (1M tokens: 4096)."""
 
-MAX_VOCAB = 4096
-"""P and its cumulative table take 16 * vocab_size**2 bytes (4096: 256 MiB)."""
+MAX_VOCAB = MARKOV_MAX_VOCAB
 
 
 def transition_matrix(*, vocab_size: int, concentration: float, rng: np.random.Generator) -> np.ndarray:
@@ -105,17 +105,7 @@ def markov_corpus(
     *, vocab_size: int, num_tokens: int, concentration: float, seed: int, val_fraction: float
 ) -> Corpus:
     """Build (once per process and argument set) the seeded Markov corpus."""
-    if vocab_size > MAX_VOCAB:
-        raise ValueError(
-            f"data.vocab_size={vocab_size} is too large for data=markov: the transition "
-            f"matrix would take {16 * vocab_size**2 / 2**30:.1f} GiB; "
-            f"use data.vocab_size<={MAX_VOCAB}"
-        )
-    if vocab_size < 2:
-        raise ValueError(
-            f"data.vocab_size={vocab_size}: a Markov source needs at least 2 states; "
-            "set data.vocab_size>=2"
-        )
+    check_markov_states(vocab_size)  # the config layer's check, again for a caller without one
     if seed < 0:
         raise ValueError(f"data.seed={seed} must be >= 0; set data.seed to a non-negative integer")
     rng = np.random.Generator(np.random.PCG64(seed))

@@ -13,9 +13,10 @@ import platform
 
 import numpy as np
 
+from trainlab.config.validate import TEXT_VOCAB_SIZE
 from trainlab.data.corpus import Corpus, make_corpus
 
-VOCAB_SIZE = 256
+VOCAB_SIZE = TEXT_VOCAB_SIZE
 """Byte-level tokens."""
 
 

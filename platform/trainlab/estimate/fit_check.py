@@ -81,8 +81,36 @@ def calibration_of(run: RunConfig) -> Calibration | None:
 
 def estimate_run(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> Estimate:
     """estimate_trial with cluster.calibration, for the layout the plan decided
-    (plan.derive_layout.plan_layout); ValueError (field, value, fix) if it cannot."""
+    (plan.derive_layout.plan_layout); ValueError (field, value, fix) if it cannot; ConfigError
+    (too_large) for a model whose weights alone overfill the whole cluster."""
+    too_large = weights_refusal(run, cluster)
+    if too_large:  # the estimate builds the model on the meta device: minutes for 10,000 layers
+        raise ConfigError(too_large)
     return estimate_trial(run, cluster, trial_layout=trial_layout, calibration=calibration_of(run))
+
+
+def weights_refusal(run: RunConfig, cluster: ClusterSpec) -> str | None:
+    """None unless the model's parameters, counted from its dimensions at 2 bytes each (the least
+    any precision keeps), exceed the memory of every device of `cluster` together (a host's once,
+    however many CPU ranks share it): a model no layout can hold, refused in microseconds."""
+    from trainlab.estimate.hardware import hardware
+    from trainlab.estimate.shape import model_shape
+    from trainlab.models.accounting import count_params
+
+    try:
+        total_gb = sum(hardware(n.type).memory_gb * (1 if n.type == CPU else n.count) for n in cluster.nodes)
+    except ValueError:
+        return None  # a device the estimate does not know: estimate_trial says so
+    params = count_params(model_shape(run).args)
+    need_gb = 2 * params / GB_SHOWN
+    if need_gb <= total_gb:
+        return None
+    m = run.model
+    where = " + ".join(sorted({n.type for n in cluster.nodes}))
+    return (f"model.n_layers={m.n_layers} model.dim={m.dim} makes a model of {params:.3g} parameters: "
+            f"{need_gb:,.1f} GB at 2 bytes each before gradients, optimizer state or activations, but "
+            f"the devices it would run on ({where}) hold {total_gb:,.1f} GB together; fix: a smaller model "
+            f"(lower model.n_layers or model.dim, or a model=OPTION such as model=small)")
 
 
 # ---- refusal ------------------------------------------------------------------------------------
@@ -119,7 +147,13 @@ def fixes(run: RunConfig, est: Estimate) -> list[str]:
         act.append(f"parallel.activation_checkpoint=block (now {run.parallel.activation_checkpoint})")
     if run.train.micro_batch_size > 1:
         act.append(f"a smaller train.micro_batch_size (now {run.train.micro_batch_size})")
-    return [shard, *act] if state >= acts else [*act, shard]
+    fixes = [shard, *act] if state >= acts else [*act, shard]
+    ranks = len(est.ranks)
+    if m.params / ranks > est.tightest.device.memory_gb * GB_SHOWN:  # not even its weights, spread over every rank
+        mc = run.model
+        fixes.insert(0, f"a smaller model (model.n_layers={mc.n_layers}, model.dim={mc.dim} now: its parameters "
+                        f"alone, spread over all {ranks} ranks, overfill them)")
+    return fixes
 
 
 def refusal(run: RunConfig, est: Estimate) -> str | None:
@@ -131,20 +165,21 @@ def refusal(run: RunConfig, est: Estimate) -> str | None:
             f"{memory_line(est)}; fix: {'; or '.join(fixes(run, est))}")
 
 
-def checked_estimate(run: RunConfig, estimate: Callable[[], Estimate], *, gpus: bool,
+def checked_estimate(run: RunConfig, estimate: Callable[[], Estimate], *,
                      warn: Callable[[str], None]) -> Estimate | None:
-    """`estimate()` where a trial is planned (the Ray driver, torchrun): ConfigError with the numbers
-    and the fix when it does not fit a GPU gang; on CPU a warning only (the host's memory is shared
-    with everything else it runs). None, warned, where it cannot be made (a device or layout it has
-    no numbers for): the trial goes on unestimated."""
+    """`estimate()` where a trial is planned (the Ray driver's preflight for this machine, launch.plan
+    for a joined cluster, torchrun): ConfigError with the numbers and the fix when it does not fit
+    its devices, GPUs or a CPU host's memory alike (a trial that overfills a host fails in its
+    workers, or takes the machine down with it). None, warned, where it cannot be made (a device
+    or layout it has no numbers for): the trial goes on unestimated."""
     try:
         est = estimate()
+    except ConfigError:
+        raise
     except (ValueError, NotImplementedError) as e:
         warn(f"no estimate of the trial: {e}")
         return None
     why = refusal(run, est)
-    if why and gpus:
-        raise ConfigError(why)
     if why:
-        warn(why)
+        raise ConfigError(why)
     return est

@@ -21,6 +21,7 @@ from typing import Callable, ContextManager, Protocol
 
 from trainlab.events import ProgressEvent, TrialResult
 from trainlab.launch import interrupt
+from trainlab.names import ray_name
 from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.runs import default_run_name
 from trainlab.tracking.trial_tracking import TrialTracking
@@ -71,7 +72,7 @@ class RayGang:
     def execute(self, plan, tracking, *, on_event, stop):
         from trainlab.launch.ray_trial import run_on_ray
 
-        return (self.runner or run_on_ray)(plan, name=default_run_name(plan.run), tracking=tracking.open(
+        return (self.runner or run_on_ray)(plan, name=ray_name(default_run_name(plan.run)), tracking=tracking.open(
             resuming=plan.resuming), on_event=on_event, stop=stop)
 
 

@@ -32,7 +32,7 @@ from trainlab.launch.ray_trial import connect
 from trainlab.plan.derive_layout import plan_layout
 from trainlab.plan.trial_plan import GangShape, TrialPlan, Where, plan_trial
 from trainlab.tracking.continued_run import unfinished_trial
-from trainlab.tracking.store import resolve_tracking_uri
+from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 
 
 def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: bool = True,
@@ -47,6 +47,8 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     device = preflight(run, tracking_uri=uri, services=services)  # 'auto' is left for a joined cluster
+    if uri is not None:  # the driver's first touch of the store: a new sqlite one made once, locked
+        ensure_store(uri)
     found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))

@@ -21,12 +21,14 @@ from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
+from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
+from trainlab.estimate.hardware import host_memory_gb
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
 from trainlab.tracking.store import resolve_tracking_uri, tracking_field
-from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
+from trainlab.tracking.store_check import check_experiment, check_sqlite_uri, check_tracking_uri
 from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
@@ -56,6 +58,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         check_module_names(run)
         device = check_device(run)
         check_layout(run)
+        check_fits_here(run, device)
         if device != "auto":
             check_comm_backend(run, device)
         if services:
@@ -64,6 +67,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
             field = tracking_field(run.tracking.uri)
             check_tracking_uri(tracking_uri, setting=field)
             check_sqlite_uri(tracking_uri, field=field, elsewhere=STORE_ELSEWHERE)
+            check_store_state(tracking_uri, run)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for note in ignored_options(run) + unordered_reductions(run) + shared_storage_notes(run):
@@ -79,7 +83,7 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
         for run in runs:  # every trial's gang fits the local cluster: one that cannot refuses the sweep
             check_gang_cpus(run)
         for run in runs:
-            key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri)
+            key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri, run.tracking.experiment)
             if key in seen:
                 continue
             seen.add(key)
@@ -88,8 +92,15 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
                 uri, field = resolve_tracking_uri(run.tracking.uri), tracking_field(run.tracking.uri)
                 check_tracking_uri(uri, setting=field)
                 check_sqlite_uri(uri, field=field, elsewhere=STORE_ELSEWHERE)
+                check_store_state(uri, run)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_store_state(uri: str, run: RunConfig) -> None:
+    """The trial's experiment not deleted in the store (a store not made yet holds none; the
+    driver makes it after the checks: tracking.store.ensure_store)."""
+    check_experiment(uri, run.tracking.experiment)
 
 
 def check_data(run: RunConfig) -> None:
@@ -102,7 +113,30 @@ def check_data(run: RunConfig) -> None:
         num_tokens = len(open_token_file(path, dtype=d.token_dtype, vocab_size=d.vocab_size))
         check_corpus_length(run, num_tokens=num_tokens, source=f"data.path={d.path!r}")
     elif d.name == "markov":
+        check_markov_memory(run)
         check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
+
+
+MARKOV_COPIES = 2
+"""Copies of its token stream a worker holds while it generates the Markov corpus (data.markov:
+the chains, then the stream read chain after chain)."""
+
+
+def check_markov_memory(run: RunConfig) -> None:
+    """Every worker of a local cluster generates the Markov corpus in its own memory: together they
+    must leave this host half its memory (for the model and everything else it runs)."""
+    if run.cluster.address:
+        return  # a joined cluster's workers generate it on their own nodes
+    d, workers = run.data, run.cluster.num_workers
+    per_token = (1 if d.vocab_size <= 256 else 2) * MARKOV_COPIES * workers  # data.markov: uint8 up to 256 states
+    host = host_memory_gb() * 1e9
+    if d.num_tokens * per_token <= host / 2:
+        return
+    most = int(host / 2 // per_token)
+    raise ValueError(
+        f"data.num_tokens={d.num_tokens}: generating the markov corpus takes {d.num_tokens * per_token / 1e9:,.1f} GB "
+        f"on this machine ({workers} workers, each its own copy), which holds {host / 1e9:,.1f} GB; "
+        f"lower it to data.num_tokens={most} at most (half this machine's memory)")
 
 
 def check_corpus_length(run: RunConfig, *, num_tokens: int, source: str) -> None:
@@ -141,6 +175,32 @@ def check_module_names(run: RunConfig) -> None:
     check_keep_hp(model, run.precision.keep_hp)
     if run.debug.nan_injection is not None:
         injection_target(model, run.debug.nan_injection[0])
+
+
+def check_fits_here(run: RunConfig, device: str) -> None:
+    """A trial on a cluster started on this machine fits its memory (the host's RAM shared by
+    its CPU ranks, or its GPUs), by the same estimate and rule the plan applies once Ray has
+    started (estimate.fit_check.checked_estimate): refused here, before Ray or any worker, with
+    the numbers and the fix. A joined cluster's nodes are only known once joined (launch.plan)."""
+    if run.cluster.address or device == "auto":
+        return
+    checked_estimate(run, lambda: estimate_run(run, local_cluster(run, device=device),
+                                               trial_layout=plan_layout(run)),
+                     warn=lambda m: None)  # 'no estimate' is warned once, by the plan
+
+
+def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> None:
+    """Every trial of a sweep has its data and fits this machine (check_data, check_fits_here) before its parent run opens or
+    Ray starts: a sweep holding a trial that cannot run is refused whole, naming each such trial."""
+    errors = []
+    for run, label in zip(runs, labels):
+        try:
+            check_data(run)
+            check_fits_here(run, check_device(run))
+        except (ValueError, ConfigError) as e:
+            errors.append(f"{label}: {e}")
+    if errors:
+        raise ConfigError("the sweep has trials that cannot run; nothing was started:\n  " + "\n  ".join(errors))
 
 
 def check_layout(run: RunConfig) -> None:

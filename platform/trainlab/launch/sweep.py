@@ -39,13 +39,13 @@ from trainlab.launch import interrupt
 from trainlab.launch.lifecycle import train
 from trainlab.launch.paths import run_config_from_hydra
 from trainlab.launch.plan import plan_launch
-from trainlab.launch.preflight import check_sweep_services
+from trainlab.launch.preflight import check_sweep_services, check_sweep_trials
 from trainlab.launch.pruner import Pruner, fmt_tokens
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.trial_plan import TrialPlan
 from trainlab.redact import redact, redact_files
 from trainlab.tracking.mlflow_ui import sweep_link_lines
-from trainlab.tracking.store import resolve_tracking_uri
+from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 from trainlab.tracking.sweep_runs import (
     close_sweep_parent,
     done_children,
@@ -180,7 +180,11 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
                            [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        check_sweep_services([t.run for t in trials])  # before the parent run opens and Ray starts
+        # every trial's data and memory, then the services: all before the parent run opens and Ray starts
+        check_sweep_trials([t.run for t in trials], [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+        check_sweep_services([t.run for t in trials])
+        for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
+            ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)

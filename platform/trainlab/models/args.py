@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from trainlab.config.schema import ModelConfig
+from trainlab.config.validate import check_model_vocab
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,7 @@ def resolve_dims(cfg: ModelConfig, *, vocab_size: int) -> ModelArgs:
             f"the corpus vocabulary size is {vocab_size}; it must be positive "
             "(check data.vocab_size)"
         )
-    if 0 < cfg.vocab_size < vocab_size:
-        raise ValueError(
-            f"model.vocab_size={cfg.vocab_size} is smaller than the corpus vocabulary "
-            f"({vocab_size}); set model.vocab_size=0 (use the corpus's) or a value "
-            f">= {vocab_size}"
-        )
+    check_model_vocab(cfg.vocab_size, vocab_size)  # the config layer's check (config.validate)
     n_heads = cfg.n_heads
     return ModelArgs(
         dim=cfg.dim,

@@ -158,7 +158,7 @@ def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = Non
     """The plan of a validated `run` on `where`; derives the rest from the config, once
     (`layout`: plan_layout(run), where the caller checked it already, before anything started).
     The estimate is made on `where.estimate_on` (estimate.fit_check.checked_estimate: ConfigError
-    where it does not fit a GPU gang, `warn`ed on CPU or where it cannot be made)."""
+    where it does not fit its devices, GPUs or a CPU host; `warn`ed where it cannot be made)."""
     device = where.device
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
@@ -170,7 +170,7 @@ def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = Non
     estimate = None
     if where.estimate_on is not None:
         estimate = checked_estimate(run, lambda: estimate_run(run, where.estimate_on(), trial_layout=layout),
-                                    gpus=gang.gpus, warn=warn or (lambda m: None))
+                                    warn=warn or (lambda m: None))
     return TrialPlan(
         run=run, device=device, dims=layout.dims, grad_accum_steps=layout.grad_accum_steps,
         pp_microbatches=layout.pp_microbatches, pp_virtual_stages=layout.pp_virtual_stages,

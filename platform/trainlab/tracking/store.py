@@ -17,13 +17,16 @@ no secret (trainlab.redact masks what is left, e.g. a database URI's password).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shlex
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 from urllib.parse import urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact, register_secret, split_userinfo
@@ -125,6 +128,10 @@ def tracking_store(configured: str, *, environ: Mapping[str, str] | None = None,
     uri = configured or environ.get(ENV_URI, "") or MLFLOW_DEFAULT_URI
     where = f"{source}={redact(uri)!r}" if source != "default" else f"the default store {uri!r}"
     fix_env = f"; or unset {ENV_URI} / give tracking.uri=..." if source == ENV_URI else ""
+    if not uri.strip():  # MLflow would read it as a folder named by the blanks, in the working directory
+        raise ValueError(f"{where} is blank; unset {ENV_URI} (MLflow's default store, {MLFLOW_DEFAULT_URI} in the "
+                         f"working directory) or give a store: {_FIXES}" if source == ENV_URI else
+                         f"{where} is blank; leave tracking.uri empty for the default store or give one: {_FIXES}")
     cwd = cwd or os.getcwd()
     try:
         parts = urlsplit(uri)
@@ -237,9 +244,41 @@ def resolve_tracking_uri(configured: str) -> str:
     return use_tracking_store(configured).uri
 
 
+@contextmanager
+def creation_lock(uri: str) -> Iterator[None]:
+    """Held while a sqlite store is first made: an exclusive flock on the sibling file
+    `<store>.lock`, so two processes making the same new store at once (two sweeps started
+    together) do not both run MLflow's migrations (alembic: 'Online migration expected to match
+    one row'). Other stores: nothing to hold (a server or database makes its own)."""
+    store = TrackingStore.of(uri)
+    if store.kind != "sqlite" or store.local_path is None:
+        yield
+        return
+    lock = store.local_path.with_name(store.local_path.name + ".lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_store(uri: str) -> None:
+    """A sqlite store made and migrated by MLflow, once, under creation_lock; the processes that
+    come after (other sweeps, the workers) open a finished store. Other stores: nothing to do."""
+    store = TrackingStore.of(uri)
+    if store.kind != "sqlite":
+        return
+    with creation_lock(uri):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # makes and migrates the store
+
+
 def ui_command(uri: str) -> str:
     """How to look at the runs: `mlflow ui` for a local store (on loopback, said explicitly:
-    pass another --host to expose it), the server's URL otherwise."""
+    pass another --host to expose it), the server's URL otherwise. Quoted for a shell: a store
+    path with a space or a quote in it stays one argument when the line is pasted."""
     if TrackingStore.of(uri).local_path is None:
         return f"open {redact(uri)} in a browser"
-    return f"mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1"
+    return f"mlflow ui --backend-store-uri {shlex.quote(redact(uri))} --host 127.0.0.1"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import socket
 import sqlite3
 import tempfile
@@ -33,10 +34,26 @@ def check_tracking_uri(uri: str, *, setting: str = "tracking.uri", timeout_s: fl
     store = TrackingStore.of(uri)
     if store.local_path is not None:
         _check_writable(store.local_path, sqlite=store.kind == "sqlite", where=where)
+    if store.kind == "file":  # where it could be made: then whether MLflow will write it
+        _check_file_store_allowed(store.local_path, where=where)
     elif store.kind == "server":
         _check_server(uri, where=where, timeout_s=timeout_s)
     elif store.kind == "database":
         _check_database(uri, scheme=store.scheme.lower(), where=where, timeout_s=timeout_s)
+
+
+def _check_file_store_allowed(path: Path, *, where: str) -> None:
+    """MLflow 3 refuses a folder (file) store unless MLFLOW_ALLOW_FILE_STORE is set: said here,
+    with a sqlite store beside the folder (a new file, nothing overwritten) as the fix."""
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    if MLFLOW_ALLOW_FILE_STORE.get():
+        return
+    db = f"sqlite:///{path.with_name(path.name + '.db')}"
+    migrate = (f" (`mlflow migrate-filestore --source {shlex.quote(str(path))} --target {shlex.quote(db)}` "
+               "moves the runs it holds)" if path.is_dir() and any(path.iterdir()) else "")
+    raise ValueError(f"{where} is a folder (MLflow's file store), which MLflow 3 no longer writes; use "
+                     f"tracking.uri={db}{migrate}, or set MLFLOW_ALLOW_FILE_STORE=true to keep the file store")
 
 
 def _check_writable(path, *, sqlite: bool, where: str) -> None:
@@ -211,3 +228,56 @@ def check_sqlite_uri(uri: str, *, field: str, elsewhere: str) -> None:
     store = TrackingStore.of(uri)
     if store.kind == "sqlite":
         check_sqlite_store(store.local_path, field=field, uri=uri, elsewhere=elsewhere)
+
+
+# issue 28: refusals -- store states met only once Ray had started
+def check_experiment(uri: str, name: str, *, field: str = "tracking.experiment") -> None:
+    """ValueError if experiment `name` was deleted in the store (MLflow keeps a soft-deleted
+    experiment's name: it would neither log to it nor make a new one), naming both safe fixes:
+    restore it, or another name that is free. A store not yet made holds no experiment; a sqlite
+    store is read directly, read-only (MLflow's client costs seconds to start, a refusal must not)."""
+    from itertools import count
+
+    store = TrackingStore.of(uri)
+    if store.local_path is not None and not store.local_path.exists():
+        return
+    stage = _sqlite_stages(store.local_path) if store.kind == "sqlite" else _mlflow_stages(uri)
+    if stage is None:
+        return  # the store's own errors are check_tracking_uri's and the tracker's to report
+    found = stage(name)
+    if found is None or found[1] != "deleted":
+        return
+    free = next(f"{name}_{i}" for i in count(2) if stage(f"{name}_{i}") is None)
+    shown = redact(uri)
+    raise ValueError(
+        f"{field}={name!r} was deleted in the store {shown} (experiment id {found[0]}; MLflow keeps "
+        f"a deleted experiment's name until it is purged); restore it with `MLFLOW_TRACKING_URI={shlex.quote(shown)} "
+        f"mlflow experiments restore --experiment-id {found[0]}`, or use another name: {field}={free}")
+
+
+def _sqlite_stages(path: Path):
+    """name -> (experiment id, lifecycle stage) or None, read once from MLflow's experiments table."""
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=CHECK_TIMEOUT_S)
+        try:
+            rows = con.execute("SELECT name, experiment_id, lifecycle_stage FROM experiments").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None  # empty, busy or not MLflow's yet: nothing deleted to find
+    return {name: (str(i), stage) for name, i, stage in rows}.get
+
+
+def _mlflow_stages(uri: str):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+
+    def stage(name: str):
+        try:
+            exp = client.get_experiment_by_name(name)
+        except MlflowException:
+            return None
+        return None if exp is None else (exp.experiment_id, exp.lifecycle_stage)
+    return stage
