@@ -6,16 +6,20 @@ header), as written by :func:`write_token_file` or ``ndarray.tofile``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from trainlab.config.schema import TOKEN_DTYPES
 from trainlab.data.corpus import Corpus, iter_chunks, make_corpus
+from trainlab.vocab.files import check_file
 
 MIN_TOKENS = 4
 """Smallest usable file: 2 tokens (one input/target pair) in each of train and val."""
+TOKEN_FILE_MAX_BYTES = 1 << 40
+"""1 TiB: 2**39 uint16 tokens, hundreds of times the corpora trainlab trains on; the preflight
+scans every id, so a bigger (or sparse, absurd) file would take hours before the trial starts."""
+_FIX = "point data.path at a raw token file (write one with trainlab.data.write_token_file)"
 
 
 def _check_dtype(dtype: str, *, field: str) -> np.dtype:
@@ -53,12 +57,7 @@ def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
     Raises ValueError naming data.path / data.token_dtype / data.vocab_size with the fix.
     """
     dt = _check_dtype(dtype, field="data.token_dtype")
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"data.path={path!r} does not exist or is not a file; point data.path at a raw "
-            "token file (write one with trainlab.data.write_token_file)"
-        )
-    size = os.path.getsize(path)
+    size = check_file(path, field="data.path", fix=_FIX, max_bytes=TOKEN_FILE_MAX_BYTES)
     if size % dt.itemsize:
         raise ValueError(
             f"data.path={path!r} has {size} bytes, not a multiple of {dt.itemsize} (the item "

@@ -27,6 +27,7 @@ from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
 from trainlab.tracking.store import resolve_tracking_uri, tracking_field
 from trainlab.tracking.store_check import check_sqlite_uri, check_tracking_uri
+from trainlab.vocab.files import read_text
 from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
@@ -227,9 +228,9 @@ def _auto_address() -> tuple[str, str]:
     if env and env != "auto":  # Ray reads RAY_ADDRESS=auto as no address at all
         return env, f"cluster.address='auto' (from RAY_ADDRESS={env!r})"
     recorded = ray_address_file()
-    try:
-        address = recorded.read_text().strip()
-    except OSError:
+    try:  # Ray's own small file; anything else there (a FIFO, a device) is no address
+        address = read_text(recorded, field="Ray's address file", fix="", max_bytes=4096).strip()
+    except (OSError, ValueError):
         address = ""
     if not address:
         raise ValueError(

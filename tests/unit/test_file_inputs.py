@@ -1,0 +1,183 @@
+"""Every file the CLI reads from a user's path (a calibration, a token file, a spill file, a
+checkpoint's metadata, a trial record) is refused in one line when it is a FIFO, a character
+device, a directory or bigger than such a file may be: no hang, no read of gigabytes, no
+IsADirectoryError traceback (issue 28: reads)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainlab.vocab import files
+
+TIMEOUT_S = 5
+
+
+@contextlib.contextmanager
+def within(seconds: float):
+    """Fail (instead of hanging the suite) when the body blocks: SIGALRM interrupts a blocked
+    open() or read() of a FIFO, and the handler's exception propagates (PEP 475)."""
+    def hung(*_):
+        raise TimeoutError(f"still reading after {seconds} s: the read blocks (a FIFO) or never ends")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _fifo(tmp_path: Path, name: str) -> Path:
+    p = tmp_path / name
+    os.mkfifo(p)
+    return p
+
+
+def _sparse(tmp_path: Path, name: str, size: int) -> Path:
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.truncate(size)  # no blocks written: the size alone is what must be refused
+    return p
+
+
+# ------------------------------------------------------------------------------- the readers
+def _calibration(path: Path):
+    from trainlab.estimate.calibration import load_calibration
+
+    return load_calibration(str(path))
+
+
+def _calibration_of_run(path: Path):
+    from trainlab.config.schema import ClusterConfig, RunConfig
+    from trainlab.estimate.fit_check import calibration_of
+
+    return calibration_of(RunConfig(cluster=ClusterConfig(calibration=str(path))))
+
+
+def _tokens(path: Path):
+    from trainlab.data.token_file import open_token_file
+
+    return open_token_file(str(path), dtype="uint16", vocab_size=100)
+
+
+def _spill(path: Path):
+    from trainlab.tracking.spill import Spill
+
+    return Spill(str(path)).check()
+
+
+def _checkpoint_meta(path: Path):
+    from trainlab.engine.resume import check_checkpoint
+
+    return check_checkpoint(path.parent)
+
+
+READERS = {
+    # name: (reader, the file name the reader takes, what its message names, the bound)
+    "calibration": (_calibration, "calibration.json", "cluster.calibration=", files.CONFIG_FILE_MAX_BYTES),
+    "calibration_of_run": (_calibration_of_run, "calibration.json", "cluster.calibration=",
+                           files.CONFIG_FILE_MAX_BYTES),
+    "token_file": (_tokens, "tokens.bin", "data.path=", None),
+    "spill_file": (_spill, "mlflow_spill.jsonl", "import-spill", None),
+    "checkpoint_meta": (_checkpoint_meta, "trainlab.json", "checkpoint", files.CONFIG_FILE_MAX_BYTES),
+}
+
+
+def _bound(name: str) -> int:
+    from trainlab.data.token_file import TOKEN_FILE_MAX_BYTES
+    from trainlab.tracking.spill import SPILL_MAX_BYTES
+
+    return READERS[name][3] or {"token_file": TOKEN_FILE_MAX_BYTES, "spill_file": SPILL_MAX_BYTES}[name]
+
+
+def _refused(name: str, path: Path, *, says: str) -> str:
+    reader, _, field, _ = READERS[name]
+    with within(TIMEOUT_S), pytest.raises(ValueError) as e:
+        reader(path)
+    message = str(e.value)
+    assert "\n" not in message, message
+    named = path.parent if name == "checkpoint_meta" else path  # the checkpoint, then its file's name
+    assert field in message and str(named) in message, message
+    assert says in message, message
+    return message
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_a_fifo_is_refused_without_waiting_for_a_writer(name, tmp_path):
+    where = tmp_path / "step_00000010" if name == "checkpoint_meta" else tmp_path
+    where.mkdir(exist_ok=True)
+    _refused(name, _fifo(where, READERS[name][1]), says="FIFO")
+
+
+@pytest.mark.parametrize("name", [n for n in READERS if n != "checkpoint_meta"])
+def test_dev_zero_is_refused_before_a_byte_is_read(name):
+    _refused(name, Path("/dev/zero"), says="character device")
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_a_directory_is_refused_as_such(name, tmp_path):
+    where = tmp_path / "step_00000010" if name == "checkpoint_meta" else tmp_path
+    (where / READERS[name][1]).mkdir(parents=True)
+    _refused(name, where / READERS[name][1], says="a directory")
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_an_oversized_file_is_refused_by_its_size(name, tmp_path):
+    where = tmp_path / "step_00000010" if name == "checkpoint_meta" else tmp_path
+    where.mkdir(exist_ok=True)
+    _refused(name, _sparse(where, READERS[name][1], _bound(name) + 2), says="more than the")
+
+
+def test_a_trial_record_that_is_a_fifo_is_no_record(tmp_path):
+    """The run recorded beside the checkpoints: a FIFO there is read as 'no record', not waited on."""
+    from trainlab.tracking.continued_run import TRIAL_RECORD, recorded_trial
+
+    _fifo(tmp_path, TRIAL_RECORD)
+    with within(TIMEOUT_S):
+        assert recorded_trial(tmp_path, "sqlite:///nowhere.db") is None
+
+
+def test_the_helper_refuses_a_fifo_swapped_in_after_the_check(tmp_path, monkeypatch):
+    """open_file checks the descriptor it opened (O_NONBLOCK): a FIFO that replaced the file
+    between the stat and the open is refused, not waited on."""
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    fifo = _fifo(tmp_path, "swapped")
+    monkeypatch.setattr(files, "check_file", lambda *a, **k: 0)  # the race: the first check saw a file
+    with within(TIMEOUT_S), pytest.raises(files.InputFileError, match="FIFO"):
+        files.read_text(fifo, field="x", fix="fix it")
+
+
+def test_a_file_that_grows_past_its_bound_while_read_is_refused(tmp_path):
+    """/proc files say size 0 and hold more: the read itself stops at the bound."""
+    with pytest.raises(files.InputFileError, match="grew past"):
+        files.read_bytes("/proc/self/maps", field="x", fix="fix it", max_bytes=16)
+
+
+def test_a_missing_calibration_says_so_once(tmp_path):
+    message = _refused("calibration_of_run", tmp_path / "absent.json", says="does not exist")
+    assert message.count(str(tmp_path / "absent.json")) == 1, message  # not wrapped in a second message
+
+
+def test_a_good_calibration_still_loads(tmp_path):
+    from trainlab.estimate.calibration import Calibration
+
+    p = tmp_path / "calibration.json"
+    Calibration().save(p)
+    assert _calibration(p).source == str(p)
+    assert json.loads(p.read_text())
+
+
+def test_a_good_token_file_still_maps(tmp_path):
+    from trainlab.data.token_file import write_token_file
+
+    p = write_token_file(tmp_path / "t.bin", np.arange(64) % 100, "uint16")
+    assert len(_tokens(p)) == 64
