@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -181,3 +182,28 @@ def test_a_good_token_file_still_maps(tmp_path):
 
     p = write_token_file(tmp_path / "t.bin", np.arange(64) % 100, "uint16")
     assert len(_tokens(p)) == 64
+
+
+# ------------------------------------------------------------------------ the user's YAML files
+@pytest.mark.parametrize("kind", ["fifo", "directory", "oversized"])
+def test_a_config_tree_yaml_that_is_no_file_is_refused_before_hydra_reads_it(kind, tmp_path, monkeypatch):
+    """A sweep file (sweeps/sweep/NAME.yaml) or a group option that is a FIFO would hang Hydra's
+    compose; one that is a directory or huge fails inside it. Refused first, naming the file."""
+    from trainlab.config import ConfigError, convert
+    from trainlab.config.overrides import check_overrides
+
+    sweeps = tmp_path / "sweeps"
+    shutil.copytree(convert.SWEEPS_DIR, sweeps)  # the real sweeps, and one more beside them
+    bad = sweeps / "sweep" / "stuck.yaml"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "directory":
+        bad.mkdir()
+    else:
+        _sparse(sweeps / "sweep", "stuck.yaml", files.CONFIG_FILE_MAX_BYTES + 1)
+    monkeypatch.setattr(convert, "SWEEPS_DIR", sweeps)
+    with within(TIMEOUT_S * 4), pytest.raises(ConfigError) as e:
+        check_overrides(["-m", "+sweep=stuck"])
+    message = str(e.value)
+    assert "\n" not in message and str(bad) in message, message
+    assert {"fifo": "FIFO", "directory": "a directory", "oversized": "more than the"}[kind] in message, message

@@ -17,7 +17,14 @@ import dataclasses
 import re
 from typing import Any, Callable, Sequence
 
-from trainlab.config.convert import CONF_DIR, ConfigError, schema_at, to_run_config, unknown_key_message
+from trainlab.config.convert import (
+    CONF_DIR,
+    ConfigError,
+    check_config_files,
+    schema_at,
+    to_run_config,
+    unknown_key_message,
+)
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
@@ -42,6 +49,10 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    try:  # before Hydra reads any of them, whichever flags follow
+        check_config_files()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if any(a.split("=")[0] in _HYDRA_ONLY_FLAGS for a in args):
         return
     multirun = any(a in _MULTIRUN_FLAGS for a in args)
