@@ -207,3 +207,41 @@ def test_a_config_tree_yaml_that_is_no_file_is_refused_before_hydra_reads_it(kin
     message = str(e.value)
     assert "\n" not in message and str(bad) in message, message
     assert {"fifo": "FIFO", "directory": "a directory", "oversized": "more than the"}[kind] in message, message
+
+
+# ------------------------------------------------------------------------ a token file's dtype
+@pytest.mark.parametrize("written, read, fix", [
+    ("int32", "uint16", "data.token_dtype=int32"),
+    ("uint32", "uint16", "data.token_dtype=int32"),
+    ("uint16", "uint8", "data.token_dtype=uint16"),
+])
+def test_a_token_file_read_with_too_narrow_a_dtype_is_refused_naming_the_dtype(written, read, fix, tmp_path):
+    """int32 ids below 65536 read as uint16 are all inside the vocabulary: every second one is the
+    zero high half of the one before. Training on that would learn from misread ids."""
+    from trainlab.data.token_file import open_token_file, write_token_file
+
+    ids = np.random.default_rng(0).integers(1, 200, size=4096)
+    path = write_token_file(tmp_path / "t.bin", ids, written)
+    with pytest.raises(ValueError) as e:
+        open_token_file(str(path), dtype=read, vocab_size=70_000)
+    message = str(e.value)
+    assert f"data.token_dtype={read}" in message and fix in message and str(path) in message, message
+
+
+def test_a_npy_file_is_refused_as_such(tmp_path):
+    """np.save writes a header the raw reader would take for token ids."""
+    from trainlab.data.token_file import open_token_file
+
+    path = tmp_path / "t.npy"
+    np.save(path, (np.arange(4096) % 100).astype(np.uint16))
+    with pytest.raises(ValueError, match=r"\.npy.*tofile"):
+        open_token_file(str(path), dtype="uint16", vocab_size=70_000)
+
+
+def test_a_token_file_read_with_its_own_dtype_still_opens(tmp_path):
+    from trainlab.data.token_file import open_token_file, write_token_file
+
+    ids = np.random.default_rng(0).integers(0, 200, size=4096)
+    for dtype in ("uint8", "uint16", "int32", "uint32"):
+        path = write_token_file(tmp_path / f"{dtype}.bin", ids, dtype)
+        assert (open_token_file(str(path), dtype=dtype, vocab_size=256)[:] == ids).all()
