@@ -190,10 +190,15 @@ def check_sqlite_store(path: Path, *, field: str, uri: str, elsewhere: str) -> N
 
 
 def check_store(uri: str, *, field: str, elsewhere: str) -> None:
-    """The checks above for whatever kind of store `uri` names (others pass). `field` says where
+    """The checks above for whatever kind of store `uri` names (others pass), for a command that
+    only reads it: a local store (sqlite file, file-store folder) must exist. `field` says where
     the URI came from (tracking.uri, --tracking-uri, MLFLOW_TRACKING_URI); `elsewhere` how to
     point at another store ("pass --tracking-uri URI")."""
     parsed = urlparse(uri)
+    local = TrackingStore.of(uri).local_path
+    if local is not None and not local.exists():  # MLflow would create an empty store at a typo
+        raise ValueError(f"{field}={redact(uri)!r}: no MLflow store at {local} (reading it would "
+                         f"create an empty one there); {elsewhere}")
     if TrackingStore.of(uri).kind == "server":
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
