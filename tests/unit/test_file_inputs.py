@@ -245,3 +245,16 @@ def test_a_token_file_read_with_its_own_dtype_still_opens(tmp_path):
     for dtype in ("uint8", "uint16", "int32", "uint32"):
         path = write_token_file(tmp_path / f"{dtype}.bin", ids, dtype)
         assert (open_token_file(str(path), dtype=dtype, vocab_size=256)[:] == ids).all()
+
+
+def test_train_refuses_a_calibration_that_is_no_file_before_anything_starts(tmp_path):
+    """`trainlab train` only warned ('no estimate of the trial') and went on; a calibration the
+    user named that cannot be read is bad input like any other: refused in preflight."""
+    from trainlab.config import ConfigError
+    from trainlab.config.schema import ClusterConfig, RunConfig
+    from trainlab.launch.preflight import preflight
+
+    fifo = _fifo(tmp_path, "calibration.json")
+    run = RunConfig(output_dir=str(tmp_path / "out"), cluster=ClusterConfig(calibration=str(fifo)))
+    with within(TIMEOUT_S), pytest.raises(ConfigError, match="cluster.calibration=.*FIFO"):
+        preflight(run, tracking_uri=None, services=False)

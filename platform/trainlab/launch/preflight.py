@@ -21,6 +21,7 @@ from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
+from trainlab.estimate.calibration import load_calibration
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
@@ -50,6 +51,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
     try:
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
         check_data(run)
+        load_calibration(run.cluster.calibration)  # the file the user named, read as the estimate will
         check_module_names(run)
         device = check_device(run)
         check_layout(run)
