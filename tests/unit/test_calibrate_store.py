@@ -26,3 +26,17 @@ def test_a_mistyped_store_is_refused_and_not_created(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 0 and err.startswith("error: "), err
     assert "--tracking-uri" in err and "no MLflow store at" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "calibrate made a store (or its folder) at a typo"
+
+
+def test_a_sqlite_store_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """sqlite opening a FIFO waits for a writer (calibrate hung in MLflow's retries)."""
+    import os
+
+    from trainlab.tracking.store_check import check_tracking_uri
+
+    fifo = tmp_path / "mlflow.db"
+    os.mkfifo(fifo)
+    for check in (lambda u: check_store(u, field="--tracking-uri", elsewhere="pass --tracking-uri"),
+                  lambda u: check_tracking_uri(u)):
+        with pytest.raises(ValueError, match=f"{fifo} is a FIFO"):
+            check(f"sqlite:///{fifo}")

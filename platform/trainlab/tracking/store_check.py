@@ -22,6 +22,7 @@ from urllib.parse import quote, urlparse, urlsplit
 
 from trainlab.redact import redact
 from trainlab.tracking.store import CHECK_TIMEOUT_S, DATABASE_PORTS, TrackingStore
+from trainlab.vocab.files import InputFileError, check_file
 
 _PROBE = "/api/2.0/mlflow/experiments/get-by-name"
 """An API call that needs the same rights as logging (a bare /health may be open to anyone)."""
@@ -48,6 +49,8 @@ def _check_writable(path, *, sqlite: bool, where: str) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
             pass
         if path.exists() and sqlite:
+            _regular_store(path, where=where, fix="choose a location you can write "
+                           "(e.g. tracking.uri=sqlite:///mlflow.db) or tracking=none")
             with path.open("r+b"):
                 pass
     except OSError as e:
@@ -55,6 +58,14 @@ def _check_writable(path, *, sqlite: bool, where: str) -> None:
             f"{where} cannot be written ({e.strerror or e}: {e.filename or folder}); "
             "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or tracking=none"
         ) from None
+
+
+def _regular_store(path: Path, *, where: str, fix: str) -> None:
+    """A sqlite store file is a regular file: sqlite would wait on a FIFO there forever."""
+    try:
+        check_file(path, field="store", max_bytes=None, fix=fix)
+    except InputFileError as e:
+        raise ValueError(f"{where}: {path} {e.what}; {fix}") from None
 
 
 def _check_server(uri: str, *, where: str, timeout_s: float) -> None:
@@ -199,6 +210,8 @@ def check_store(uri: str, *, field: str, elsewhere: str) -> None:
     if local is not None and not local.exists():  # MLflow would create an empty store at a typo
         raise ValueError(f"{field}={redact(uri)!r}: no MLflow store at {local} (reading it would "
                          f"create an empty one there); {elsewhere}")
+    if local is not None and TrackingStore.of(uri).kind == "sqlite":
+        _regular_store(local, where=f"{field}={redact(uri)!r}", fix=elsewhere)
     if TrackingStore.of(uri).kind == "server":
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
