@@ -20,12 +20,16 @@ from trainlab.vocab import files
 TIMEOUT_S = 5
 
 
+class Hung(BaseException):
+    """The read did not come back."""
+
+
 @contextlib.contextmanager
 def within(seconds: float):
     """Fail (instead of hanging the suite) when the body blocks: SIGALRM interrupts a blocked
     open() or read() of a FIFO, and the handler's exception propagates (PEP 475)."""
-    def hung(*_):
-        raise TimeoutError(f"still reading after {seconds} s: the read blocks (a FIFO) or never ends")
+    def hung(*_):  # not an OSError (TimeoutError is one): no `except OSError` may turn it into a refusal
+        raise Hung(f"still reading after {seconds} s: the read blocks or never ends")
 
     old = signal.signal(signal.SIGALRM, hung)
     signal.setitimer(signal.ITIMER_REAL, seconds)
