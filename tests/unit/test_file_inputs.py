@@ -262,3 +262,16 @@ def test_train_refuses_a_calibration_that_is_no_file_before_anything_starts(tmp_
     run = RunConfig(output_dir=str(tmp_path / "out"), cluster=ClusterConfig(calibration=str(fifo)))
     with within(TIMEOUT_S), pytest.raises(ConfigError, match="cluster.calibration=.*FIFO"):
         preflight(run, tracking_uri=None, services=False)
+
+
+@pytest.mark.parametrize("flag", ["--config-dir", "-cd", "--config-dir="])
+def test_a_config_dir_from_the_command_line_is_checked_too(flag, tmp_path):
+    """Hydra's --config-dir adds a folder of the user's YAML to the search path: its files are
+    read like conf/'s, so they are checked like conf/'s."""
+    from trainlab.config import ConfigError
+    from trainlab.config.overrides import check_overrides
+
+    os.mkfifo(tmp_path / "mine.yaml")
+    args = [f"{flag}{tmp_path}"] if flag.endswith("=") else [flag, str(tmp_path)]
+    with within(TIMEOUT_S), pytest.raises(ConfigError, match="mine.yaml.*FIFO"):
+        check_overrides([*args, "model=tiny"])

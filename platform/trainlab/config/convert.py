@@ -125,11 +125,12 @@ def group_options(group: str) -> list[str]:
     return sorted({p.stem for d in folders for p in d.glob("*.yaml")})
 
 
-def check_config_files() -> None:
-    """Every YAML of the config tree (conf/, sweeps/) is a regular file of a config's size,
-    before Hydra reads any: a FIFO there would hang compose, a directory or a huge file fail
-    inside it. Stats each name only (about 50 of them), reads nothing; ValueError naming it."""
-    for root in (CONF_DIR, SWEEPS_DIR):
+def check_config_files(extra: Sequence[str] = ()) -> None:
+    """Every YAML of the config tree (conf/, sweeps/, and `extra` folders: --config-dir) is a
+    regular file of a config's size, before Hydra reads any: a FIFO there would hang compose, a
+    directory or a huge file fail inside it. Stats each name only (about 50 of them), reads
+    nothing; ValueError naming it."""
+    for root in (CONF_DIR, SWEEPS_DIR, *map(Path, extra)):
         for path in sorted(root.rglob("*.y*ml")) if root.is_dir() else ():
             check_file(path, field="config file", max_bytes=CONFIG_FILE_MAX_BYTES,
                        fix="replace it with a YAML file, or remove it")

@@ -50,7 +50,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     from omegaconf.errors import OmegaConfBaseException
 
     try:  # before Hydra reads any of them, whichever flags follow
-        check_config_files()
+        check_config_files(_config_dirs(args))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if any(a.split("=")[0] in _HYDRA_ONLY_FLAGS for a in args):
@@ -96,6 +96,17 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+
+def _config_dirs(args: Sequence[str]) -> list[str]:
+    """The folders `--config-dir DIR` / `-cd DIR` / `--config-dir=DIR` add to Hydra's search path."""
+    dirs = []
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in ("-cd", "--config-dir"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            dirs += [value] if value else []
+    return dirs
 
 
 def _check_values(cfg: Any) -> RunConfig | None:
