@@ -266,6 +266,16 @@ CASES = [
        "tracking.experiment=deleted_exp_2"]),
     C("mlflow_folder_store", ["tracking.uri={work}/folder_store"],
       ["tracking.uri=", "folder_store", "MLflow 3 no longer writes", "folder_store.db", "MLFLOW_ALLOW_FILE_STORE=true"]),
+    # issue 28: reads (a FIFO, /dev/zero, a directory, an oversized file for every file input: tests/unit/test_file_inputs.py)
+    C("tokens_fifo", ["data=tokens", "data.path={fifo}", f"data.vocab_size={VOCAB}"],
+      ["data.path=", "fifo.bin", "FIFO", "point data.path at a raw token file"]),
+    C("tokens_int32_read_as_uint16", ["data=tokens", "data.path={wide_ids}", f"data.vocab_size={VOCAB}"],
+      ["data.path=", "data.token_dtype=uint16", "every second id 0", "set data.token_dtype=int32"]),
+    C("calibration_fifo", ["cluster.calibration={fifo}"],
+      ["cluster.calibration=", "fifo.bin", "FIFO", "trainlab calibrate -o"]),
+    C("nodes_absurd_count", ["cluster.nodes=[1000000000000xH100]"],
+      ["cluster.nodes", "1000000000000xH100", "more than 1024", "cluster.nodes=[8xH100,8xH100]"]),
+    C("nodes_count_missing", ["cluster.nodes=[xH100]"], ["cluster.nodes", "'xH100'", "no count", "8xH100"]),
 ]
 
 
@@ -318,6 +328,9 @@ def world(tmp_path_factory):
     odd.write_bytes(np.arange(20_001, dtype=np.uint8).tobytes())  # not whole uint16s
     big = write_token_file(work / "big_ids.bin", np.arange(20_000) % (VOCAB + 5), "uint16")
     short = write_token_file(work / "short.bin", np.arange(100) % VOCAB, "uint16")  # 2 train windows
+    wide = write_token_file(work / "wide_ids.bin", np.arange(20_000) % VOCAB, "int32")  # read as uint16
+    fifo = work / "fifo.bin"  # reading it would wait for a writer forever
+    os.mkfifo(fifo)
     # a group option that leads out of conf/ (and sweeps/) to a YAML elsewhere
     (work / "elsewhere").mkdir()
     (work / "elsewhere" / "evil.yaml").write_text("defaults:\n  - /model_schema@_here_\n  - _self_\nname: evil\n")
@@ -327,7 +340,7 @@ def world(tmp_path_factory):
         {"holder": "other", "host": "elsewhere.example", "pid": 4242, "started": time.time(),
          "heartbeat": time.time() + 36_000}))
     refusing = _refusing_socket()
-    files = {"work": work, "odd_size": odd, "big_ids": big, "short": short,
+    files = {"work": work, "odd_size": odd, "big_ids": big, "short": short, "wide_ids": wide, "fifo": fifo,
              "closed_port": refusing.getsockname()[1], "locked": work / "locked", "held": work / "held",
              "evil_model": os.path.relpath(work / "elsewhere" / "evil", CONF_DIR / "model"),
              "evil_sweep": os.path.relpath(work / "elsewhere" / "evil", SWEEPS_DIR / "sweep")}

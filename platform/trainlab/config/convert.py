@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainlab.config.moved import moved_key_message
 from trainlab.config.schema import AUTO_EVAL_EVERY, EVAL_AUTO, RunConfig, register_configs
 from trainlab.config.validate import check_run
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, check_file
 from trainlab.vocab.launcher import TrainlabRayLauncherConf
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -124,10 +125,22 @@ def group_options(group: str) -> list[str]:
     return sorted({p.stem for d in folders for p in d.glob("*.yaml")})
 
 
+def check_config_files(extra: Sequence[str] = ()) -> None:
+    """Every YAML of the config tree (conf/, sweeps/, and `extra` folders: --config-dir) is a
+    regular file of a config's size, before Hydra reads any: a FIFO there would hang compose, a
+    directory or a huge file fail inside it. Stats each name only (about 50 of them), reads
+    nothing; ValueError naming it."""
+    for root in (CONF_DIR, SWEEPS_DIR, *map(Path, extra)):
+        for path in sorted(root.rglob("*.y*ml")) if root.is_dir() else ():
+            check_file(path, field="config file", max_bytes=CONFIG_FILE_MAX_BYTES,
+                       fix="replace it with a YAML file, or remove it")
+
+
 def compose_run_config(overrides: Sequence[str] = (), *, config_name: str = "config") -> RunConfig:
     """Compose conf/ with Hydra's compose API (as tests and tools do) and validate."""
     from hydra import compose, initialize_config_dir
 
+    check_config_files()
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name=config_name, overrides=list(overrides))

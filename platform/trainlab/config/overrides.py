@@ -23,6 +23,7 @@ from trainlab.config.convert import (
     CONF_DIR,
     SWEEPS_DIR,
     ConfigError,
+    check_config_files,
     schema_at,
     to_run_config,
     unknown_key_message,
@@ -56,6 +57,10 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    try:  # before Hydra reads any of them, whichever flags follow
+        check_config_files(_config_dirs(args))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if any(a.split("=")[0] in _HYDRA_ONLY_FLAGS for a in args):
         return
     multirun = any(a in _MULTIRUN_FLAGS for a in args)
@@ -151,6 +156,17 @@ def _check_sweep_size(cfg: Any, texts: Sequence[str]) -> None:
                          swept=" x ".join(f"{k} ({n} values)" for k, n in swept.items()))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _config_dirs(args: Sequence[str]) -> list[str]:
+    """The folders `--config-dir DIR` / `-cd DIR` / `--config-dir=DIR` add to Hydra's search path."""
+    dirs = []
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in ("-cd", "--config-dir"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            dirs += [value] if value else []
+    return dirs
 
 
 def _check_values(cfg: Any) -> RunConfig | None:

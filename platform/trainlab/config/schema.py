@@ -143,9 +143,10 @@ class DataConfig:
     markov: a seeded synthetic Markov source whose true entropy is known exactly;
     tokens: a user's pre-tokenized binary token file (memory-mapped)."""
     path: str = ""
-    """tokens only: path to the raw token file (no header)."""
+    """tokens only: path to the raw token file (no header; a regular file of at most 1 TiB)."""
     token_dtype: str = "uint16"
-    """tokens only: element type of the token file."""
+    """tokens only: element type of the token file; a file written in a type twice as wide (int32
+    read as uint16: every second id 0) is refused, naming the dtype to set."""
     vocab_size: int = bounded(0, ge=0, note="0 = unset")
     """markov: number of states (= vocabulary); tokens: vocabulary of the file (required);
     text: ignored (256 bytes)."""
@@ -545,7 +546,7 @@ class ClusterConfig:
     # what `trainlab estimate` plans for (trainlab.estimate); none of these changes what is trained
     nodes: list[str] = field(default_factory=list)
     """The cluster to estimate for, one COUNTxTYPE per node by Ray's accelerator type names
-    (e.g. [8xH100,8xH100]; [4xcpu] for CPU ranks); empty = the running cluster when
+    (e.g. [8xH100,8xH100]; [4xcpu] for CPU ranks; COUNT at most 1024); empty = the running cluster when
     cluster.address is set, else this machine. A launched trial is estimated on the devices it
     was placed on, whatever this says."""
     nvlink_gb_s: float = bounded(0.0, ge=0, note="0 = the GPU type's own")

@@ -6,16 +6,27 @@ header), as written by :func:`write_token_file` or ``ndarray.tofile``.
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from trainlab.config.schema import TOKEN_DTYPES
 from trainlab.data.corpus import Corpus, iter_chunks, make_corpus
+from trainlab.vocab.files import check_file, open_file
 
 MIN_TOKENS = 4
 """Smallest usable file: 2 tokens (one input/target pair) in each of train and val."""
+TOKEN_FILE_MAX_BYTES = 1 << 40
+"""1 TiB: 2**39 uint16 tokens, hundreds of times the corpora trainlab trains on; the preflight
+scans every id, so a bigger (or sparse, absurd) file would take hours before the trial starts."""
+_WIDER = {"uint8": "uint16", "uint16": "int32", "int32": "int64", "uint32": "int64"}
+"""The type twice as wide as each token dtype: a file written in it and read in the narrower one
+has every second id 0 (the high halves of small ids, little-endian)."""
+MIN_PAIRS = 64
+"""Id pairs needed before 'every second id is 0' is taken as a misread dtype, not chance."""
+NPY_MAGIC = b"\x93NUMPY"
+_FIX = "point data.path at a raw token file (write one with trainlab.data.write_token_file)"
 
 
 def _check_dtype(dtype: str, *, field: str) -> np.dtype:
@@ -53,12 +64,7 @@ def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
     Raises ValueError naming data.path / data.token_dtype / data.vocab_size with the fix.
     """
     dt = _check_dtype(dtype, field="data.token_dtype")
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"data.path={path!r} does not exist or is not a file; point data.path at a raw "
-            "token file (write one with trainlab.data.write_token_file)"
-        )
-    size = os.path.getsize(path)
+    size = check_file(path, field="data.path", fix=_FIX, max_bytes=TOKEN_FILE_MAX_BYTES)
     if size % dt.itemsize:
         raise ValueError(
             f"data.path={path!r} has {size} bytes, not a multiple of {dt.itemsize} (the item "
@@ -72,16 +78,33 @@ def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
             f"data.path={path!r} holds {count} tokens of {dtype}; at least {MIN_TOKENS} are "
             "needed (a train and a val split); use a longer token file"
         )
+    with open_file(path, field="data.path", fix=_FIX, max_bytes=TOKEN_FILE_MAX_BYTES) as f:
+        if f.read(len(NPY_MAGIC)) == NPY_MAGIC:
+            raise ValueError(
+                f"data.path={path!r} is a .npy file (np.save writes a header the raw reader would "
+                "take for token ids); write the raw ids instead with ndarray.tofile or "
+                "trainlab.data.write_token_file")
     tokens = np.memmap(path, dtype=dt, mode="r", shape=(count,))
-    _check_ids(tokens, path=path, vocab_size=vocab_size)
+    _check_ids(tokens, path=path, vocab_size=vocab_size, dtype=dtype)
     return tokens
 
 
-def _check_ids(tokens: np.ndarray, *, path: str, vocab_size: int) -> None:
-    """Every id in [0, vocab_size), scanned chunk by chunk (bounded memory)."""
+def _check_ids(tokens: np.ndarray, *, path: str, vocab_size: int, dtype: str) -> None:
+    """Every id in [0, vocab_size), scanned chunk by chunk (bounded memory), and not every
+    second one 0 (a file written in a type twice as wide: its ids misread in halves)."""
     lo, hi = 0, 0
+    even_set = odd_set = False  # chunks have an even length, so odd positions stay odd
     for chunk in iter_chunks(tokens):
         lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
+        even_set = even_set or bool(chunk[0::2].any())
+        odd_set = odd_set or bool(chunk[1::2].any())
+    if even_set and not odd_set and len(tokens) >= 2 * MIN_PAIRS and sys.byteorder == "little":
+        wider = _WIDER[dtype]
+        fix = (f"set data.token_dtype={wider}" if wider in TOKEN_DTYPES else
+               f"rewrite it as int32 (trainlab.data.write_token_file), as {wider} is not read")
+        raise ValueError(
+            f"data.path={path!r} read as data.token_dtype={dtype} has every second id 0: the high "
+            f"halves of ids written as {wider}, so every id would be misread; {fix}")
     if lo < 0:
         raise ValueError(
             f"data.path={path!r} holds a negative token id ({lo}); token ids start at 0: "

@@ -52,6 +52,7 @@ from trainlab.distributed import gather_strings
 from trainlab.engine import integrity
 from trainlab.engine.resume import check_checkpoint
 from trainlab.engine.rollback import Rollback
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
 
 
 class Checkpointable(Protocol):
@@ -238,7 +239,9 @@ def rollback_of(ckpt: Checkpoint | None) -> Rollback:
     """The divergence rollbacks the trial had made when it wrote `ckpt` (none for None)."""
     if ckpt is None:
         return Rollback()
-    return Rollback.from_state(json.loads((ckpt.path / META_FILE).read_text()).get("rollback"))
+    text = read_text(ckpt.path / META_FILE, field=META_FILE, max_bytes=CONFIG_FILE_MAX_BYTES,
+                     fix="resume from an earlier checkpoint or with train.resume=never")
+    return Rollback.from_state(json.loads(text).get("rollback"))
 
 
 def elastic_layout(run) -> bool:

@@ -33,6 +33,7 @@ from trainlab.config.checkpoints import (
 from trainlab.config.moved import upgraded
 from trainlab.distributed import gather_strings
 from trainlab.engine import integrity
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, InputFileError, read_text
 
 Verify = Callable[[Path, dict], list[str]]
 """(checkpoint folder, its manifest's files) -> what is wrong with those whose content differs
@@ -222,12 +223,16 @@ def _sized_manifest(path: Path) -> dict:
         raise CheckpointError(f"{where} does not exist; give an existing step_* folder, or train.resume=auto "
                               "(the latest in train.checkpoint_dir) or train.resume=never to start afresh")
     meta_path = path / META_FILE
-    if not meta_path.is_file():
+    if not meta_path.exists() and not meta_path.is_symlink():
         raise CheckpointError(f"{where} is incomplete ({META_FILE} is missing): it was not finished "
                               f"or was copied in part; resume from an earlier one or start over with "
                               f"{start_over(path.parent)}")
+    try:  # a FIFO, a device or a huge file there is refused before it is read
+        text = read_text(meta_path, field=META_FILE, fix="", max_bytes=CONFIG_FILE_MAX_BYTES)
+    except InputFileError as e:
+        raise DamagedCheckpoint(path, f"is damaged: {META_FILE} {e.what}") from None
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(text)
         files = dict(meta["files"])
         sizes = {name: integrity.expected_size(entry) for name, entry in files.items()}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:

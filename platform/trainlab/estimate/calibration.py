@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainlab.vocab.files import read_text
+
 if TYPE_CHECKING:
     from trainlab.config.layout_types import TrialLayout
     from trainlab.config.schema import RunConfig
@@ -125,13 +127,11 @@ def load_calibration(path: str | Path | None) -> Calibration:
     ValueError naming cluster.calibration for a missing, unreadable or foreign file."""
     if not path:
         return Calibration()
-    p = Path(path)
+    text = read_text(path, field="cluster.calibration", fix="write one with `trainlab calibrate -o "
+                     "calibration.json`, or set cluster.calibration='' for the defaults")
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"cluster.calibration={str(path)!r} does not exist; write one with `trainlab "
-                         "calibrate -o calibration.json`, or set cluster.calibration='' for the defaults") from None
-    except (OSError, ValueError) as e:
+        data = json.loads(text)
+    except ValueError as e:
         raise ValueError(f"cluster.calibration={str(path)!r} is not a calibration JSON ({e}); write one "
                          "with `trainlab calibrate -o calibration.json`") from None
     known = {f.name for f in dataclasses.fields(Calibration)}

@@ -23,12 +23,14 @@ from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
 from trainlab.estimate.hardware import host_memory_gb
+from trainlab.estimate.calibration import load_calibration
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions
 from trainlab.precision.capability import check_precision_on_gpu, check_precision_supported
 from trainlab.tracking.store import resolve_tracking_uri, tracking_field
 from trainlab.tracking.store_check import check_experiment, check_sqlite_uri, check_tracking_uri
+from trainlab.vocab.files import read_text
 from trainlab.vocab.precision import emulates
 
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
@@ -55,6 +57,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         check_gang_cpus(run)
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
         check_data(run)
+        load_calibration(run.cluster.calibration)  # the file the user named, read as the estimate will
         check_module_names(run)
         device = check_device(run)
         check_layout(run)
@@ -321,9 +324,9 @@ def _auto_address() -> tuple[str, str]:
     if env and env != "auto":  # Ray reads RAY_ADDRESS=auto as no address at all
         return env, f"cluster.address='auto' (from RAY_ADDRESS={env!r})"
     recorded = ray_address_file()
-    try:
-        address = recorded.read_text().strip()
-    except OSError:
+    try:  # Ray's own small file; anything else there (a FIFO, a device) is no address
+        address = read_text(recorded, field="Ray's address file", fix="", max_bytes=4096).strip()
+    except (OSError, ValueError):
         address = ""
     if not address:
         raise ValueError(

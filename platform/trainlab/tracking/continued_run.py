@@ -19,6 +19,7 @@ from trainlab.config import RunConfig, config_hash
 from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint
 from trainlab.redact import redact
 from trainlab.tracking.runs import TrialRun, open_trial_run, tracker_options, trial_tags
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
 
 TRIAL_RECORD = "trial.json"
 
@@ -36,10 +37,11 @@ def recorded_trial(root: Path, tracking_uri: str) -> TrialRun | None:
     from mlflow.tracking import MlflowClient
 
     try:
-        record = json.loads((root / TRIAL_RECORD).read_text())
+        # bounded and checked: a FIFO or a device there is no record, never waited on
+        record = json.loads(read_text(root / TRIAL_RECORD, field=TRIAL_RECORD, fix="", max_bytes=CONFIG_FILE_MAX_BYTES))
     except (OSError, ValueError):
         return None
-    if record.get("tracking_uri") not in (tracking_uri, redact(tracking_uri)):
+    if not isinstance(record, dict) or record.get("tracking_uri") not in (tracking_uri, redact(tracking_uri)):
         return None
     try:
         MlflowClient(tracking_uri=tracking_uri).get_run(record["run_id"])

@@ -22,8 +22,16 @@ import json
 import os
 import uuid
 
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, open_file, read_text
+
 MAX_BATCH = 1000
 """MLflow's limit of metrics per log_batch call; a metrics record holds at most this many."""
+SPILL_MAX_BYTES = 16 << 30
+"""16 GiB: tens of millions of metric points, far past what a trial spills during an outage
+(delivering more would take MLflow days); a bigger file is not one trainlab wrote."""
+MAX_LINE_BYTES = 64 << 20
+"""The longest record line read: a metrics record of MAX_BATCH points is about 100 KB."""
+_FIX = ("pass `trainlab import-spill` the mlflow_spill.jsonl a trial left in its output folder")
 
 
 class SpillError(ValueError):
@@ -65,10 +73,10 @@ class Spill:
         if not self.exists():
             return []
         got, total = [], 0
-        with open(self.path, "rb") as f:
+        with self._open() as f:
             spill_id, start = self._start(f)
             f.seek(start)
-            for line in f:
+            for line in self._lines(f):
                 if not line.endswith(b"\n"):
                     break  # a line still being written, or torn by a crash: see check()
                 record = self._parse(line, f.tell())
@@ -84,10 +92,10 @@ class Spill:
         if not self.exists():
             raise SpillError(f"{self.path} does not exist")
         records = total = 0
-        with open(self.path, "rb") as f:
+        with self._open() as f:
             _, start = self._start(f)
             f.seek(start)
-            for line in f:
+            for line in self._lines(f):
                 if not line.endswith(b"\n"):
                     raise SpillError(f"{self.path} ends in an incomplete line at byte {f.tell() - len(line)} "
                                      "(a crash while writing it); remove that line and import again")
@@ -101,12 +109,12 @@ class Spill:
         if not self.exists():
             return []
         runs = []
-        with open(self.path, "rb") as f:
+        with self._open() as f:
             _, start = self._start(f)
             f.seek(0)
-            f.readline()
+            f.readline(MAX_LINE_BYTES)
             while f.tell() < start:
-                line = f.readline()
+                line = self._line(f)
                 if b'"resume"' in line:
                     record = self._parse(line, f.tell())
                     if record["op"] == "resume" and record not in runs:
@@ -138,6 +146,23 @@ class Spill:
         return True
 
     # -- internals -------------------------------------------------------------------------
+    def _open(self):
+        """The file opened for reading: a regular file of at most SPILL_MAX_BYTES (a FIFO, a
+        device or a directory is refused in one line, never waited on or read)."""
+        return open_file(self.path, field="spill file", fix=_FIX, max_bytes=SPILL_MAX_BYTES)
+
+    def _line(self, f) -> bytes:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if len(line) > MAX_LINE_BYTES:
+            raise SpillError(f"{self.path}: the line at byte {f.tell() - len(line)} is longer than "
+                             f"{MAX_LINE_BYTES >> 20} MiB, which no spill record is; the file was changed "
+                             "by something other than trainlab")
+        return line
+
+    def _lines(self, f):
+        while line := self._line(f):
+            yield line
+
     def _locked(self, mode: str):
         """The file opened and exclusively locked, retried if another process removed it
         between our open and our lock (then we would hold a lock on a deleted file)."""
@@ -154,7 +179,7 @@ class Spill:
     def _start(self, f) -> tuple[str, int]:
         """(the header's id, where undelivered lines start) of the open file `f`."""
         f.seek(0)
-        first = f.readline()
+        first = f.readline(MAX_LINE_BYTES)
         try:
             header = json.loads(first)
             spill_id = header["id"] if header.get("trainlab_spill") == 1 else None
@@ -164,13 +189,18 @@ class Spill:
             raise SpillError(f"{self.path} is not a trainlab spill file (its first line is not the "
                              "header trainlab writes)")
         start = f.tell()
+        if not os.path.lexists(self.marker):
+            return spill_id, start  # nothing delivered yet
+        # a marker that is there but no file (a FIFO, a directory) is refused: taking it for
+        # "nothing delivered" would deliver everything twice
+        text = read_text(self.marker, field="delivery marker", max_bytes=CONFIG_FILE_MAX_BYTES,
+                         fix=f"remove it only if nothing of {self.path} was delivered yet")
         try:
-            with open(self.marker) as m:
-                mark = json.load(m)
+            mark = json.loads(text)
             if mark.get("id") == spill_id:
                 start = max(start, int(mark["offset"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # no marker, or one of an earlier file of that name: nothing delivered yet
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a marker of an earlier file of that name: nothing delivered yet
         return spill_id, start
 
     def _parse(self, line: bytes, end: int) -> dict:

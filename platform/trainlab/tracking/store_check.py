@@ -23,6 +23,7 @@ from urllib.parse import quote, urlparse, urlsplit
 
 from trainlab.redact import redact
 from trainlab.tracking.store import CHECK_TIMEOUT_S, DATABASE_PORTS, TrackingStore
+from trainlab.vocab.files import InputFileError, check_file
 
 _PROBE = "/api/2.0/mlflow/experiments/get-by-name"
 """An API call that needs the same rights as logging (a bare /health may be open to anyone)."""
@@ -65,6 +66,8 @@ def _check_writable(path, *, sqlite: bool, where: str) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainlab-probe"):
             pass
         if path.exists() and sqlite:
+            _regular_store(path, where=where, fix="choose a location you can write "
+                           "(e.g. tracking.uri=sqlite:///mlflow.db) or tracking=none")
             with path.open("r+b"):
                 pass
     except OSError as e:
@@ -72,6 +75,14 @@ def _check_writable(path, *, sqlite: bool, where: str) -> None:
             f"{where} cannot be written ({e.strerror or e}: {e.filename or folder}); "
             "choose a location you can write (e.g. tracking.uri=sqlite:///mlflow.db) or tracking=none"
         ) from None
+
+
+def _regular_store(path: Path, *, where: str, fix: str) -> None:
+    """A sqlite store file is a regular file: sqlite would wait on a FIFO there forever."""
+    try:
+        check_file(path, field="store", max_bytes=None, fix=fix)
+    except InputFileError as e:
+        raise ValueError(f"{where}: {path} {e.what}; {fix}") from None
 
 
 def _check_server(uri: str, *, where: str, timeout_s: float) -> None:
@@ -207,10 +218,17 @@ def check_sqlite_store(path: Path, *, field: str, uri: str, elsewhere: str) -> N
 
 
 def check_store(uri: str, *, field: str, elsewhere: str) -> None:
-    """The checks above for whatever kind of store `uri` names (others pass). `field` says where
+    """The checks above for whatever kind of store `uri` names (others pass), for a command that
+    only reads it: a local store (sqlite file, file-store folder) must exist. `field` says where
     the URI came from (tracking.uri, --tracking-uri, MLFLOW_TRACKING_URI); `elsewhere` how to
     point at another store ("pass --tracking-uri URI")."""
     parsed = urlparse(uri)
+    local = TrackingStore.of(uri).local_path
+    if local is not None and not local.exists():  # MLflow would create an empty store at a typo
+        raise ValueError(f"{field}={redact(uri)!r}: no MLflow store at {local} (reading it would "
+                         f"create an empty one there); {elsewhere}")
+    if local is not None and TrackingStore.of(uri).kind == "sqlite":
+        _regular_store(local, where=f"{field}={redact(uri)!r}", fix=elsewhere)
     if TrackingStore.of(uri).kind == "server":
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 CPU = "cpu"
 """The device type of a CPU node (gloo ranks on one host)."""
+MAX_NODE_DEVICES = 1024
+"""Most devices one cluster.nodes entry may hold: GPU nodes hold 8 or 16, a CPU node's gloo
+ranks at most its cores; past this a count is a typo (and was expanded device by device)."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +55,34 @@ class ClusterSpec:
         if world > self.devices:
             raise ValueError(f"the cluster has {self.devices} devices ({self.describe()}) for "
                              f"cluster.num_workers={world}; describe more nodes or use fewer workers")
-        return [i for i, node in enumerate(self.nodes) for _ in range(node.count)][:world]
+        ranks: list[int] = []
+        for i, node in enumerate(self.nodes):  # node by node: never a list of every device
+            ranks += [i] * min(node.count, world - len(ranks))
+            if len(ranks) == world:
+                break
+        return ranks
 
     def describe(self) -> str:
         return " + ".join(f"{n.count}x{n.type}" for n in self.nodes)
 
 
 _NODE = re.compile(r"(?:(\d+)\s*[xX*]\s*)?([A-Za-z0-9][A-Za-z0-9_.-]*)")
+_NO_COUNT = re.compile(r"[xX*]\s*[A-Z0-9]")
+"""'xH100', '*A100', 'x 8': a COUNTxTYPE whose count is missing (no type starts so)."""
+_FORMAT = "write e.g. cluster.nodes=[8xH100,8xH100] (Ray accelerator type names) or [4xcpu]"
 
 
 def parse_node(item: str) -> NodeSpec:
     """'8xH100' -> NodeSpec('H100', 8); 'A100' -> one device; ValueError naming cluster.nodes."""
-    m = _NODE.fullmatch(str(item).strip())
-    if m is None or (m.group(1) is not None and int(m.group(1)) < 1):
-        raise ValueError(f"cluster.nodes entry {item!r} is not COUNTxTYPE; write e.g. "
-                         "cluster.nodes=[8xH100,8xH100] (Ray accelerator type names) or [4xcpu]")
-    return NodeSpec(m.group(2), int(m.group(1) or 1))
+    text = str(item).strip()
+    if _NO_COUNT.match(text):
+        raise ValueError(f"cluster.nodes entry {item!r} has no count before its 'x'; {_FORMAT}")
+    m = _NODE.fullmatch(text)
+    digits = (m.group(1) or "1").lstrip("0") if m else ""
+    if m is None or not digits:
+        raise ValueError(f"cluster.nodes entry {item!r} is not COUNTxTYPE; {_FORMAT}")
+    if len(digits) > len(str(MAX_NODE_DEVICES)) or int(digits) > MAX_NODE_DEVICES:  # no int of 10**4300
+        raise ValueError(f"cluster.nodes entry {item!r} gives one node {digits} devices, more than "
+                         f"{MAX_NODE_DEVICES}; give each node's own count and list the nodes "
+                         "(e.g. cluster.nodes=[8xH100,8xH100])")
+    return NodeSpec(m.group(2), int(digits))
