@@ -61,7 +61,7 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
     plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id)
     run, root = plan.run, Path(plan.paths.checkpoint_root)
     if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
-        return interrupt.before_start(plan.tracking_uri)
+        return interrupt.before_start(plan.tracking_uri, show=show_progress)
     out_dir = Path(plan.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
