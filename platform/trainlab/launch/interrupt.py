@@ -350,7 +350,7 @@ def sweep_stopped_lines(trials, *, signum: int, forced: bool) -> list[str]:
 
     stopped = [t for t in trials if t.status == names.STATUS_PREEMPTED and t.run_id]
     waiting = sum(t.status == "pending" or (t.status == names.STATUS_PREEMPTED and not t.run_id) for t in trials)
-    how = f", then again: stopped at once" if forced else ""
+    how = ", then again: stopped at once" if forced else ""
     lines = [f"interrupted by {signal.Signals(signum).name}{how}: {len(stopped)} trials stopped (runs KILLED), "
              f"{waiting} not started; run the same command to resume them (finished trials are skipped)"]
     for t in stopped:
