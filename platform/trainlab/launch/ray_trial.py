@@ -46,10 +46,24 @@ def local_node_options(host: str) -> dict:
     return {"dashboard_host": host, "_node_ip_address": host}
 
 
+def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashboard: bool = True,
+                        runtime_env: dict | None = None):
+    """ray.init of a local cluster of this process's own, listening on `host`: never one that
+    `ray start` runs on this machine, RAY_ADDRESS names, or a crashed one's `ray_current_cluster`
+    file in Ray's temp folder points at (joining one is cluster.address's, connect()). The one
+    way trainlab, and the tests' fixtures, start Ray here."""
+    node = local_node_options(host)  # before Ray is imported
+    import ray
+
+    return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                    runtime_env=runtime_env, log_to_driver=False, **node)
+
+
 def connect(run: RunConfig) -> None:
     """ray.init: join cluster.address, or start a local cluster sized to this machine that
     listens on cluster.host (loopback unless told otherwise)."""
-    node = {} if run.cluster.address else local_node_options(run.cluster.host)
+    if not run.cluster.address:
+        local_node_options(run.cluster.host)  # before Ray is imported
     import ray
 
     if ray.is_initialized():
@@ -64,11 +78,8 @@ def connect(run: RunConfig) -> None:
         rearm()  # ray.init set its own SIGTERM handler: the driver's stops trials after a checkpoint
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
-    context = ray.init(
-        address="local",  # a cluster of our own, even when `ray start` left one on this machine
-        num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
-        include_dashboard=True, runtime_env=runtime_env, log_to_driver=False, **node,
-    )
+    context = start_local_cluster(num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
+                                  host=run.cluster.host, include_dashboard=True, runtime_env=runtime_env)
     rearm()
     node_ip = context.address_info.get("node_ip_address", "")
     if is_loopback(run.cluster.host) and not is_loopback(node_ip):
