@@ -91,10 +91,11 @@ class Preemption:
     def _on_signal(self, signum, frame) -> None:
         if self.signum is None:
             self._asked, self.signum = True, signum
-            return
-        # asked again: stop at once, as this process would have without the trainer
-        self._give_back()
-        signal.raise_signal(signum)
+        elif signum == self.signum:  # the same again: stop at once, as without the trainer
+            self._give_back()
+            signal.raise_signal(signum)
+        # another one (torchrun's agent passes the terminal's SIGHUP or Ctrl-C on as SIGTERM):
+        # already asked, the checkpoint is on its way
 
     def _give_back(self) -> None:
         for s, previous in self._previous.items():

@@ -9,6 +9,7 @@ whose calls never fail); the driver renders them while `fit()` runs in a thread.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Callable
 
@@ -55,8 +56,17 @@ def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashb
     node = local_node_options(host)  # before Ray is imported
     import ray
 
-    return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
-                    runtime_env=runtime_env, log_to_driver=False, **node)
+    # a terminal that closes sends SIGHUP to every process of the command, Ray's services
+    # included, which would die at once: started with it blocked (a thread's mask is inherited),
+    # they leave it to the driver, whose handler stops the trials after a checkpoint and then
+    # ends them (launch.interrupt)
+    hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, hangup)
+    try:
+        return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                        runtime_env=runtime_env, log_to_driver=False, **node)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def connect(run: RunConfig) -> None:
