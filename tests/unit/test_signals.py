@@ -125,7 +125,7 @@ def _trial(tmp_path, idx: int, *, status: str, run_id: str | None, steps: int | 
         (step_dir(root, step) / META_FILE).write_text("{}")
     return SimpleNamespace(idx=idx, label=f"tiny-s{idx}", status=status, run_id=run_id,
                            result=SimpleNamespace(steps=steps) if steps is not None else None,
-                           extra={"last_step": last_step}, plan=SimpleNamespace(paths=SimpleNamespace(checkpoint_root=root)),
+                           extra={"last_step": last_step}, plan=SimpleNamespace(paths=SimpleNamespace(checkpoint_root=str(root))),
                            run=SimpleNamespace(train=SimpleNamespace(max_steps=100, checkpoint_dir=None)))
 
 

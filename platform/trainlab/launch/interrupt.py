@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 from trainlab.config.checkpoints import latest_checkpoint
@@ -357,7 +358,7 @@ def sweep_stopped_lines(trials, *, signum: int, forced: bool) -> list[str]:
         at_once = t.result is None
         step = t.result.steps if t.result else t.extra.get("last_step") or 0
         root = t.plan.paths.checkpoint_root if t.plan else t.run.train.checkpoint_dir
-        ckpt = latest_checkpoint(root) if root else None
+        ckpt = latest_checkpoint(Path(root)) if root else None
         if ckpt is None:
             where = "no checkpoint yet: starts over"
         elif ckpt.step == step and not at_once:
