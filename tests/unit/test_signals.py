@@ -149,3 +149,18 @@ def test_an_interrupted_sweep_says_which_trial_was_checkpointed_where_and_how_to
     head, *each = interrupt.sweep_stopped_lines(trials[:1], signum=signal.SIGHUP, forced=False)
     assert head.startswith("interrupted by SIGHUP: 1 trials stopped (runs KILLED), 0 not started")
     assert each == ["  #0 tiny-s0: at step 12 of 100; checkpoint of step 12 saved: resumes there"]
+
+
+def test_a_save_cut_off_by_stopping_at_once_leaves_no_tmp(tmp_path, monkeypatch):
+    """Ctrl-C twice: the gang is let go while it may be writing step_N.tmp; once every process
+    of the command has ended, that half-written folder goes and the checkpoints stay."""
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: [])
+    root = tmp_path / "checkpoints"
+    step_dir(root, 5).mkdir(parents=True)
+    (step_dir(root, 5) / META_FILE).write_text("{}")
+    (root / "step_00000008.tmp").mkdir()
+    with interrupt.interruptible() as it:
+        it.cut_off.append(root)  # as launch.lifecycle records a trial let go before its save
+        interrupt.release_cluster()
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000005"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -57,6 +58,10 @@ class DriverInterrupt:
         self.forced = False
         self.count = 0
         """How many stop signals came (release_cluster hurries when one comes while it waits)."""
+        self.cut_off: list[Path] = []
+        """Checkpoint folders of trials let go before their last save (launch.lifecycle): a
+        worker may have been writing step_N.tmp there; release_cluster removes it once every
+        process has ended."""
         self._previous: dict[int, object] = {}
         self._announced = threading.Lock()
         self._said = False
@@ -308,6 +313,9 @@ def release_cluster() -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(alive, timeout=RELEASE_TIMEOUT_S)
+    for root in it.cut_off:  # nobody writes there any more: a save cut off is never complete
+        for stale in Path(root).glob("step_*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _when(step: int, max_steps: int, *, at_once: bool) -> str:
@@ -342,7 +350,7 @@ def before_start(tracking_uri: str | None, *, show: bool = True):
                         interrupted=current().signum)
 
 
-def sweep_stopped_lines(trials, *, signum: int, forced: bool) -> list[str]:
+def sweep_stopped_lines(trials, *, signum: int, forced: bool, labels: dict[int, str] | None = None) -> list[str]:
     """What an interrupted sweep says at its end (launch.sweep's trials): how many trials were
     stopped and how many never started, then, for each stopped trial, where it stopped and
     where it resumes (its checkpoint: saved at its last step, or an older one when it was
@@ -365,11 +373,13 @@ def sweep_stopped_lines(trials, *, signum: int, forced: bool) -> list[str]:
             where = f"checkpoint of step {step} saved: resumes there"
         else:
             where = f"resumes from its checkpoint of step {ckpt.step}"
-        lines.append(f"  #{t.idx} {t.label}: {_when(step, t.run.train.max_steps, at_once=at_once)}; {where}")
+        label = (labels or {}).get(t.idx) or t.label
+        lines.append(f"  #{t.idx} {label}: {_when(step, t.run.train.max_steps, at_once=at_once)}; {where}")
     return lines
 
 
-def say_sweep_stopped(trials, *, signum: int) -> None:
-    """The lines an interrupted sweep ends with (sweep_stopped_lines)."""
-    for line in sweep_stopped_lines(trials, signum=signum, forced=current().forced):
+def say_sweep_stopped(trials, *, signum: int, labels: dict[int, str] | None = None) -> None:
+    """The lines an interrupted sweep ends with (sweep_stopped_lines; `labels`: each trial's
+    swept values by its index, as the sweep's table names it)."""
+    for line in sweep_stopped_lines(trials, signum=signum, forced=current().forced, labels=labels):
         say(line)

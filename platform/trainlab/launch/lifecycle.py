@@ -92,6 +92,7 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
         status = result.status if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED
+            interrupt.current().cut_off.append(root)  # its save in progress, if any, is removed at the end
         elif result is None:
             error = "the workers ended without reporting a result"
     except Exception as e:  # a worker failed: record it, never lose the run

@@ -180,7 +180,8 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
                                     config.hydra.sweeper.get("params") or OmegaConf.create()))
         _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
         if outcome.interrupted:  # its trials' runs and the parent ended KILLED; nothing outlives the command
-            interrupt.say_sweep_stopped(trials, signum=outcome.interrupted)
+            interrupt.say_sweep_stopped(trials, signum=outcome.interrupted,
+                                        labels={t.idx: _pick(t.overrides, keys) for t in trials})
             interrupt.release_cluster()
     if outcome.interrupted:
         sys.exit(128 + outcome.interrupted)
