@@ -198,16 +198,16 @@ def recording_tracker() -> RecordingTracker:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for every test that needs one (as `trainlab train` starts it: on
-    loopback, so a trial's group listens and connects there too)."""
-    from trainlab.launch.ray_trial import local_node_options
-
-    node = local_node_options("127.0.0.1")  # before Ray is imported
-    import ray
+    """One local Ray cluster for every test that needs one, started as `trainlab train` starts
+    its own (launch.ray_trial.start_local_cluster: on loopback, so a trial's group listens and
+    connects there too; never a `ray start` cluster nor a crashed one's ray_current_cluster)."""
+    from trainlab.launch.ray_trial import start_local_cluster
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}}, **node)
+    start_local_cluster(num_cpus=4, include_dashboard=False,
+                        runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}})
+    import ray
+
     yield ray
     ray.shutdown()
 

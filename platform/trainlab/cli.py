@@ -40,10 +40,10 @@ def _train(_command: str, rest: list[str]) -> None:
 
         train.main()
     except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
-        from trainlab.launch.interrupt import release_cluster
+        from trainlab.launch.interrupt import after_interrupt, release_cluster
 
         release_cluster()
-        print("interrupted before training started", file=sys.stderr)
+        print(after_interrupt(), file=sys.stderr)
         sys.exit(130)
 
 

@@ -13,6 +13,7 @@ path read the same types. Every event has a `kind`:
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -23,6 +24,14 @@ NOTICE_KINDS = (WARNING, RESUMED, RESIZED, ROLLBACK)
 PREEMPT, PRUNE = "preempt", "prune"
 """Why the driver stops a running trial: PREEMPT after a checkpoint (a signal), PRUNE without
 one (the sweep's pruner); a PRUNE never weakens a PREEMPT."""
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""The signals that mean "stop after a checkpoint" (PREEMPT), on the driver (launch.interrupt)
+and in a worker that can take signals (engine.preemption): Ctrl-C, `kill` or a scheduler's
+notice, and the terminal closing (SIGHUP, whose default would end the process at once and
+leave its run RUNNING and a half-written checkpoint behind). The same signal again stops at
+once. SIGKILL cannot be handled: the next start cleans up after it."""
 
 
 @dataclass

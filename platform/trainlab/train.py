@@ -38,13 +38,15 @@ def app(cfg: DictConfig) -> float | None:
     executor = Torchrun() if under_torchrun() else RayGang()
     try:
         run = run_config_from_hydra(cfg)
-        with executor.signals():  # Ray's driver: Ctrl-C / SIGTERM stop after a checkpoint, end the run KILLED
+        # Ray's driver: a stop signal (events.STOP_SIGNALS) stops after a checkpoint, ends the run KILLED
+        with executor.signals():
             outcome = train(run, executor=executor)
+            if outcome.interrupted:  # nothing of the trial outlives the command (inside: a signal again hurries it)
+                release_cluster()
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    if outcome.interrupted:  # nothing of the trial outlives the command
-        release_cluster()
+    if outcome.interrupted:
         sys.exit(128 + outcome.interrupted)
     if outcome.status == names.STATUS_FAILED:
         sys.exit(1)

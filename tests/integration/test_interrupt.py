@@ -169,3 +169,51 @@ def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, r
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 5
     assert _checkpoints(Path(child.data.tags[names.TAG_CHECKPOINT_DIR]))[-1] == steps[-1]
     print(f"SIGTERM: sweep exited {seconds:.1f} s after the signal, trial #0 at step {steps[-1]}")
+
+
+# issue 28: signals -------------------------------------------------------------------------
+def _tmp_left(root: Path) -> list[str]:
+    """Half-written checkpoints (engine.checkpoint writes step_N.tmp, then renames it)."""
+    return [str(p) for p in root.rglob("step_*.tmp")]
+
+
+def test_the_terminal_closing_ends_the_run_killed_after_a_checkpoint(tmp_path, ray_tmp):
+    """SIGHUP to the command's whole process group, as a terminal that closes sends it: treated as
+    SIGTERM is (before, the driver died at once: no line, no checkpoint, the run left RUNNING, a
+    step_N.tmp behind, Ray's processes orphaned)."""
+    first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
+    first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
+    code, seconds = first.stop(signal.SIGHUP, group=True)
+    out = _assert_clean_exit(first, code, signal.SIGHUP)
+    assert "SIGHUP: stopping each running trial after a checkpoint" in out, out[-4000:]
+    stopped = _stopped_at(out, "SIGHUP")
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = _runs(client)
+    assert run.info.status == "KILLED" and run.data.tags[names.TAG_STATUS] == names.STATUS_PREEMPTED
+    root = Path(run.data.tags[names.TAG_CHECKPOINT_DIR])
+    assert _checkpoints(root)[-1] == stopped  # the final checkpoint: the step it stopped at
+    assert not _tmp_left(tmp_path)
+    print(f"SIGHUP: stopped at step {stopped}, exit {seconds:.1f} s after the signal")
+
+
+def test_ctrl_c_twice_on_a_sweep_says_what_was_stopped_and_how_to_resume(tmp_path, ray_tmp):
+    """Ctrl-C, then Ctrl-C again while the sweep ends (its line said, Ray's processes ending):
+    the command must not claim training never started, nor leave a run RUNNING."""
+    sweep = Driver(["-m", *TRIAL, "seed=0,1", "hydra.launcher.max_concurrent_trials=1", f"sweep_name={EXP}"],
+                   cwd=tmp_path, ray_tmp=ray_tmp)
+    sweep.wait_for(lambda: _checkpoints(next(iter(tmp_path.glob("multirun/*/*/0/checkpoints")), tmp_path)),
+                   "checkpoint of trial #0")
+    os.killpg(sweep.proc.pid, signal.SIGINT)
+    sweep.wait_for(lambda: "interrupted by SIGINT" in sweep.output(), "the sweep's line", timeout=180)
+    code, seconds = sweep.stop(signal.SIGINT, group=True)
+    out = _assert_clean_exit(sweep, code, signal.SIGINT)
+    assert "before training started" not in out, out[-4000:]
+    assert "1 trials stopped (runs KILLED), 1 not started; run the same command to resume them" in out, out[-4000:]
+    assert re.search(r"  #0 \S+: at step \d+ of 100000; checkpoint of step \d+ saved: resumes there", out), out[-4000:]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = _runs(client)
+    assert len(runs) == 2 and all(r.info.status == "KILLED" for r in runs), [r.info.status for r in runs]
+    assert not _tmp_left(tmp_path)
+    print(f"SIGINT twice: sweep exited {seconds:.1f} s after the second")

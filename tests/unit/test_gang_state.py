@@ -68,9 +68,11 @@ def test_a_trial_that_failed_before_training_gives_sigterm_back(state):
         state = GangState.capture()  # this test's handler is the gang's
         _one_trainer()  # ... and the trial fails here, before train()
         assert "signal:SIGTERM handler" in state.changed()
+        assert "signal:SIGHUP handler" in state.changed()  # issue 28: signals: every stop signal's
         state.after_trial()
         os.kill(os.getpid(), signal.SIGTERM)
         assert seen == [signal.SIGTERM]
+        assert state.changed() == []
     finally:
         signal.signal(signal.SIGTERM, previous)
 

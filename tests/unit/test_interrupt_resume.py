@@ -81,3 +81,45 @@ def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path
     (tmp_path / "new" / "checkpoints" / "step_00000001").mkdir(parents=True)
     (tmp_path / "new" / "checkpoints" / "step_00000001" / "trainlab.json").write_text("{}")
     assert unfinished_trial(run, tracking_uri=uri, parent_run_id=None) is None
+
+
+# issue 28: signals ------------------------------------------------------------------------
+@pytest.mark.slow  # a sqlite MLflow store with three runs: seconds on a loaded machine
+def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, monkeypatch):
+    """SIGKILL cannot be handled: the driver's run stays RUNNING and its cut-off save leaves a
+    step_N.tmp. The next start of the same config ends that run FAILED with a note and removes
+    the .tmp; a run whose driver still runs, and the run this start goes on in, stay RUNNING."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    from trainlab.tracking.continued_run import end_orphaned_runs
+    from trainlab.tracking.runs import driver_id
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
+    gone = subprocess.Popen(["sleep", "30"])
+    dead_driver = driver_id(gone.pid)
+    gone.kill()
+    gone.wait()
+
+    def left_running(name: str, driver: str, *, ckpt_step: int | None = None) -> str:
+        run_id = _trial(uri, run, tmp_path / name, status=names.STATUS_RUNNING, ckpt_step=ckpt_step)
+        MlflowClient(tracking_uri=uri).set_tag(run_id, names.TAG_DRIVER, driver)
+        (tmp_path / name / "step_00000007.tmp").mkdir(parents=True)
+        return run_id
+
+    orphan = left_running("killed", dead_driver)
+    continued = left_running("continued", dead_driver, ckpt_step=5)
+    alive = left_running("alive", driver_id())
+    said = end_orphaned_runs(run, tracking_uri=uri, keep=continued)
+
+    client = MlflowClient(tracking_uri=uri)
+    ended = client.get_run(orphan)
+    assert ended.info.status == "FAILED" and ended.data.tags[names.TAG_STATUS] == names.STATUS_FAILED
+    assert "ended without closing it (SIGKILL or a crash)" in ended.data.tags[names.TAG_ERROR]
+    assert said == [f"run {orphan} was left RUNNING: {ended.data.tags[names.TAG_ERROR]}; marked FAILED"]
+    assert client.get_run(continued).info.status == "RUNNING" and client.get_run(alive).info.status == "RUNNING"
+    assert not list((tmp_path / "killed").glob("*.tmp")) and not list((tmp_path / "continued").glob("*.tmp"))
+    assert list((tmp_path / "alive").glob("*.tmp"))  # a live driver's save in progress is never touched

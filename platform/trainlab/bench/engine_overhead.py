@@ -164,8 +164,8 @@ def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
     trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
     t0, cpu0 = time.perf_counter(), time.process_time()
     result = trainer.train()
-    if result.status == names.STATUS_PREEMPTED:  # the trainer took the SIGTERM: stop here too
-        raise Stopped(signal.SIGTERM)
+    if result.status == names.STATUS_PREEMPTED:  # the trainer took the stop signal: stop here too
+        raise Stopped(trainer.preemption.signum or signal.SIGTERM)
     t_close = time.perf_counter()
     if tracker is not None:
         tracker.close()  # the final flush is part of the engine's cost

@@ -36,7 +36,7 @@ and torchao 0.18, and what `after_trial` does with it:
   close_distributed does); the world group stays.
 - memory: garbage collected, CUDA's cached blocks released and its peak reset, so the next
   trial's sys/peak_mem_gb counts only its own tensors (the trainer resets it again at start).
-- the SIGTERM handler (a Trainer installs one on the main thread; a trial that fails between
+- the stop signals' handlers (events.STOP_SIGNALS; a Trainer installs them on the main thread; a trial that fails between
   its construction and train() never gives it back) and engine.preemption's stop-from-outside
   request and arming.
 
@@ -68,6 +68,7 @@ import torch.distributed as dist
 from trainlab.config.schema import RunConfig
 from trainlab.distributed import clear_dtensor_caches
 from trainlab.engine import preemption
+from trainlab.events import STOP_SIGNALS
 from trainlab.plan.derive_layout import compile_unit
 from trainlab.vocab.precision import emulates, spec_of
 
@@ -135,8 +136,9 @@ class GangState:
     groups: set = field(default_factory=set)
     """The process groups that existed at capture (the world, and any the launcher made)."""
     rng: dict[str, Any] = field(default_factory=dict)
-    sigterm: Any = None
-    """The SIGTERM handler at capture (None: captured off the main thread, where none can be set)."""
+    handlers: dict[int, Any] = field(default_factory=dict)
+    """The handler of each stop signal (events.STOP_SIGNALS: a Trainer takes them all) at capture
+    ({}: captured off the main thread, where none can be set)."""
     preemption: tuple[bool, bool] = (False, False)
 
     @classmethod
@@ -147,7 +149,7 @@ class GangState:
 
         return cls(flags={name: read() for name, read, _ in FLAGS}, environ=dict(os.environ),
                    configs=_configs(), groups=set(_groups()), rng=_rng_states(),
-                   sigterm=signal.getsignal(signal.SIGTERM) if _main_thread() else None,
+                   handlers={s: signal.getsignal(s) for s in STOP_SIGNALS} if _main_thread() else {},
                    preemption=preemption.outside_state())
 
     def after_trial(self, *, barrier: bool = True) -> None:
@@ -172,14 +174,19 @@ class GangState:
                 setattr(module, key, value)
         _restore_environ(self.environ)
         _restore_rng(self.rng)
-        if self.sigterm is not None and _main_thread() and signal.getsignal(signal.SIGTERM) is not self.sigterm:
-            signal.signal(signal.SIGTERM, self.sigterm)
+        for s in self._changed_handlers():
+            signal.signal(s, self.handlers[s])
         preemption.restore_outside(self.preemption)
         gc.collect()  # the trial's model, optimizer and graphs are unreachable by now
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+
+    def _changed_handlers(self) -> list[int]:
+        if not _main_thread():
+            return []
+        return [s for s, handler in self.handlers.items() if handler is not None and signal.getsignal(s) is not handler]
 
     def changed(self) -> list[str]:
         """What differs from capture now, by name (values left out: the environment may hold
@@ -193,8 +200,7 @@ class GangState:
         out += [f"rng:{k}" for k, v in _rng_states().items() if not _same_rng(v, self.rng.get(k))]
         if _compiled_frames():
             out.append("dynamo:compiled code cached")
-        if self.sigterm is not None and _main_thread() and signal.getsignal(signal.SIGTERM) is not self.sigterm:
-            out.append("signal:SIGTERM handler")
+        out += [f"signal:{signal.Signals(s).name} handler" for s in self._changed_handlers()]
         if preemption.outside_state() != self.preemption:
             out.append("preemption:outside request")
         return out

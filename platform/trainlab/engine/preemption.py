@@ -1,18 +1,20 @@
-"""SIGTERM as a request to stop after a checkpoint (preemption, `kill`, a scheduler's notice).
+"""A signal of events.STOP_SIGNALS (SIGTERM: preemption, `kill`, a scheduler's notice; SIGINT:
+Ctrl-C; SIGHUP: the terminal closed) as a request to stop after a checkpoint; the same signal
+again stops at once (its handler from before runs).
 
 The handler only sets a flag; at the end of each optimizer step the ranks agree (one tiny
 all-reduce) whether any of them was asked, so they all save the same step and stop together.
 A signal handler can only be installed from a process's main thread: under torchrun it is;
 where it is not (Ray Train runs the loop in a thread, and Ray restarts lost workers itself)
 nothing is installed and no collective is spent. The handler lives from the trainer's
-construction to the end of its train(): after that SIGTERM does what it did before (stops a
+construction to the end of its train(): after that each signal does what it did before (stops a
 bench between its loops, ends the process), instead of setting a flag nobody reads.
 
 A launcher whose workers cannot take signals (Ray) asks from outside instead: it calls
 listen_outside() in each worker before the trainer is built, which arms the vote there too,
 and stop_from_outside() (from any thread) when the driver was interrupted.
 
-The request says why (the vote carries it): PREEMPT (SIGTERM, the driver interrupted) stops
+The request says why (the vote carries it): PREEMPT (a stop signal, the driver interrupted) stops
 after a checkpoint, to resume; PRUNE (the sweep's pruner gave the trial up) stops at once,
 nothing to resume. Asked both ways, PREEMPT wins: the trial must be resumable.
 """
@@ -25,7 +27,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from trainlab.events import PREEMPT, PRUNE
+from trainlab.events import PREEMPT, PRUNE, STOP_SIGNALS
 
 _KINDS = ("", PRUNE, PREEMPT)
 """Why the ranks stop, weakest first: the vote's all-reduce (MAX) of the index picks the strongest."""
@@ -75,17 +77,35 @@ def restore_outside(state: tuple[bool, bool]) -> None:
 class Preemption:
     def __init__(self) -> None:
         self._asked = False
+        self.signum: int | None = None
+        """The first signal of STOP_SIGNALS that asked (None: none did)."""
         self._group: dist.ProcessGroup | None = None
         self._handles_signal = threading.current_thread() is threading.main_thread()
         self.armed = self._handles_signal or _listening
+        self._previous: dict[int, object] = {}
         if self._handles_signal:
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for s in STOP_SIGNALS:
+                if signal.getsignal(s) != signal.SIG_IGN:  # ignored (nohup, a background job) stays so
+                    self._previous[s] = signal.signal(s, self._on_signal)
 
-    def _on_sigterm(self, signum, frame) -> None:
-        self._asked = True
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is None:
+            self._asked, self.signum = True, signum
+        elif signum == self.signum:  # the same again: stop at once, as without the trainer
+            self._give_back()
+            signal.raise_signal(signum)
+        # another one (torchrun's agent passes the terminal's SIGHUP or Ctrl-C on as SIGTERM):
+        # already asked, the checkpoint is on its way
+
+    def _give_back(self) -> None:
+        for s, previous in self._previous.items():
+            # None: the previous handler was not set from Python; the default is the closest
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+        self._handles_signal = False
 
     def requested(self) -> str:
-        """Why the ranks stop after this step: PREEMPT (any rank got SIGTERM or a PREEMPT from
+        """Why the ranks stop after this step: PREEMPT (any rank got a stop signal or a PREEMPT from
         outside), PRUNE, or "" to go on (a collective when armed: every rank calls it per step)."""
         if not self.armed:
             return ""
@@ -101,9 +121,7 @@ class Preemption:
         return _KINDS[int(flag.item())]
 
     def close(self) -> None:
-        """Give SIGTERM back to whatever handled it before."""
+        """Give each signal back to whatever handled it before."""
         if self._handles_signal:
-            # None: the previous handler was not set from Python; the default is the closest
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-            self._handles_signal = False
+            self._give_back()
         self.armed = False

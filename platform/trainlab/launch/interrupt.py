@@ -1,5 +1,6 @@
-"""Ctrl-C (SIGINT) or SIGTERM on the driver: stop the running trials after a checkpoint, end
-their MLflow runs as KILLED (trial status `preempted`), leave nothing running.
+"""A stop signal on the driver (events.STOP_SIGNALS: Ctrl-C, SIGTERM, SIGHUP when the terminal
+closes): stop the running trials after a checkpoint, end their MLflow runs as KILLED (trial
+status `preempted`), leave nothing running.
 
 The first signal asks: each trial's gang saves a checkpoint at the end of its current step
 and stops (engine.preemption; the workers run in Ray's threads, which cannot take signals,
@@ -8,7 +9,8 @@ its workers or building its model has nothing to save and is let go at once. A s
 signal, or STOP_GRACE_S without an answer, stops at once: the latest periodic checkpoint is
 then where the trial resumes. Either way the same command resumes the trial (launch.lifecycle
 finds it by its config hash). The command exits 128 + the signal's number after Ray's
-processes it started have ended (release_cluster).
+processes it started have ended (release_cluster, still inside the handlers: a signal while
+Ray's processes end kills what is left at once, never a traceback nor a wrong message).
 
 The same flag stops one trial for the sweep's pruner (hydra.launcher.prune, launch.pruner): the
 pruner calls the trial's StopRequest.stop(reason), the gang loop raises the flag as PRUNE, and
@@ -23,14 +25,17 @@ and exit 130.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 from trainlab.config.checkpoints import latest_checkpoint, start_over
-from trainlab.events import START, STEP, ProgressEvent
+from trainlab.events import START, STEP, STOP_SIGNALS, ProgressEvent
 from trainlab.launch.outcome import TrialOutcome
 
 STOP_GRACE_S = 120.0
@@ -42,11 +47,8 @@ RELEASE_TIMEOUT_S = 10.0
 """After Ray's shutdown, how long the driver waits for the processes it started to end
 before it kills them."""
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 class DriverInterrupt:
-    """The driver's record of SIGINT / SIGTERM: the first sets `signum`, the second `forced`.
+    """The driver's record of the stop signals: the first sets `signum`, the next `forced`.
 
     The handler only sets fields (it may run while the main thread is inside Ray or MLflow):
     the loops that wait on the trials read them and act."""
@@ -54,6 +56,12 @@ class DriverInterrupt:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.forced = False
+        self.count = 0
+        """How many stop signals came (release_cluster hurries when one comes while it waits)."""
+        self.cut_off: list[Path] = []
+        """Checkpoint folders of trials let go before their last save (launch.lifecycle): a
+        worker may have been writing step_N.tmp there; release_cluster removes it once every
+        process has ended."""
         self._previous: dict[int, object] = {}
         self._announced = threading.Lock()
         self._said = False
@@ -63,18 +71,23 @@ class DriverInterrupt:
         return signal.Signals(self.signum).name if self.signum else ""
 
     def _on_signal(self, signum, frame) -> None:
+        if signum == getattr(signal, "SIGHUP", None):
+            _detach_hung_up_terminal()
+        self.count += 1
         if self.signum is None:
             self.signum = signum
         else:
             self.forced = True
 
     def install(self) -> None:
-        """Take SIGINT and SIGTERM (main thread only; again after ray.init, which sets its own
-        SIGTERM handler)."""
+        """Take the stop signals (main thread only; again after ray.init, which sets its own
+        SIGTERM handler); one ignored when the command started (nohup) stays ignored."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for s in _SIGNALS:
+        for s in STOP_SIGNALS:
             current = signal.getsignal(s)
+            if current == signal.SIG_IGN and s not in self._previous:
+                continue
             if current != self._on_signal:
                 self._previous.setdefault(s, current)
                 signal.signal(s, self._on_signal)
@@ -92,11 +105,32 @@ class DriverInterrupt:
             if self._said:
                 return
             self._said = True
-        print(f"{self.name}: stopping each running trial after a checkpoint at its next step (at most "
-              f"{STOP_GRACE_S:.0f} s); {self.name} again stops at once", file=sys.stderr, flush=True)
+        say(f"{self.name}: stopping each running trial after a checkpoint at its next step (at most "
+            f"{STOP_GRACE_S:.0f} s); {self.name} again stops at once")
+
+
+def say(line: str) -> None:
+    """One line on stderr that never fails: after SIGHUP the terminal may be gone (EIO), and
+    what the command does next (the checkpoint, the run's end) matters more than the line."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _detach_hung_up_terminal() -> None:
+    """SIGHUP: a terminal that closed fails every write with EIO; the command's output goes to
+    /dev/null from here on so that saving and ending the runs is never stopped by a print.
+    Output to a file or a pipe (nohup, a scheduler's log) is left as it is."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(null, fd)
+        os.close(null)
 
 
 _active: DriverInterrupt | None = None
+_last: DriverInterrupt | None = None
+"""The interrupt of the command's trials once they ended by a signal (after_interrupt)."""
 _INERT = DriverInterrupt()  # never signalled: trials run where no handler could be installed
 
 
@@ -113,9 +147,11 @@ def rearm() -> None:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[DriverInterrupt]:
-    """SIGINT / SIGTERM as a request to stop the trials run inside (see the module docstring);
-    nested uses share the outer one (a sweep's trials)."""
-    global _active
+    """The stop signals as a request to stop the trials run inside (see the module docstring);
+    nested uses share the outer one (a sweep's trials). The command's end after a signal
+    (its line, release_cluster) belongs inside too: a signal after the handlers are given back
+    would be Python's KeyboardInterrupt, or end the command before Ray's processes."""
+    global _active, _last
     if _active is not None:
         yield _active
         return
@@ -125,7 +161,18 @@ def interruptible() -> Iterator[DriverInterrupt]:
         yield _active
     finally:
         _active.restore()
+        if _active.signum:
+            _last = _active
         _active = None
+
+
+def after_interrupt() -> str:
+    """The line for a KeyboardInterrupt that reached the command itself (cli): what really
+    happened, by whether the command's trials had already been stopped by a signal."""
+    if _last is None:
+        return "interrupted before training started"
+    return (f"interrupted again while ending after {_last.name}: the trials were already stopped "
+            "(see above); run the same command to resume them")
 
 
 # -- one trial's gang -----------------------------------------------------------------------
@@ -252,16 +299,29 @@ def release_cluster() -> None:
     import psutil
 
     started = psutil.Process().children(recursive=True)  # now: a worker's writer is orphaned once it ends
+    it = current()
+    signals_before = it.count  # a signal from here on (Ctrl-C again while it waits) kills what is left at once
     if "ray" in sys.modules:
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
-    _, alive = psutil.wait_procs(started, timeout=RELEASE_TIMEOUT_S)
+    alive, deadline = started, time.monotonic() + RELEASE_TIMEOUT_S
+    while alive and time.monotonic() < deadline and it.count == signals_before:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(alive, timeout=RELEASE_TIMEOUT_S)
+    for root in it.cut_off:  # nobody writes there any more: a save cut off is never complete
+        for stale in Path(root).glob("step_*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _when(step: int, max_steps: int, *, at_once: bool) -> str:
+    if not at_once:
+        return f"at step {step} of {max_steps}"
+    return f"after step {step} of {max_steps} (stopped at once)" if step else "before its first step"
 
 
 def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
@@ -276,26 +336,50 @@ def say_stopped(run, *, step: int, root, tracked: bool, at_once: bool) -> None:
         how = f"checkpoint saved; {again} to resume" + (f" ({start_over(root)} starts over)" if tracked else "")
     else:
         how = f"{again} to resume from its checkpoint of step {ckpt.step}"
-    when = f"at step {step} of {run.train.max_steps}"
-    if at_once:
-        when = f"after step {step} of {run.train.max_steps} (stopped at once)" if step else "before its first step"
-    print(f"interrupted by {current().name} {when}: {how}", file=sys.stderr, flush=True)
+    say(f"interrupted by {current().name} {_when(step, run.train.max_steps, at_once=at_once)}: {how}")
 
 
-def before_start(tracking_uri: str | None):
-    """The outcome of a trial interrupted before it opened its run (launch.lifecycle)."""
+def before_start(tracking_uri: str | None, *, show: bool = True):
+    """The outcome of a trial interrupted before it opened its run (launch.lifecycle); `show`:
+    its own line (a single trial's; a sweep counts it among those not started)."""
     from trainlab import names
 
-    print(f"interrupted by {current().name} before training started", file=sys.stderr, flush=True)
+    if show:
+        say(f"interrupted by {current().name} before training started")
     return TrialOutcome(status=names.STATUS_PREEMPTED, result=None, run_id=None, tracking_uri=tracking_uri,
                         interrupted=current().signum)
 
 
-def say_sweep_stopped(trials, *, signum: int) -> None:
-    """The line an interrupted sweep ends with (launch.sweep's trials)."""
+def sweep_stopped_lines(trials, *, signum: int, forced: bool, labels: dict[int, str] | None = None) -> list[str]:
+    """What an interrupted sweep says at its end (launch.sweep's trials): how many trials were
+    stopped and how many never started, then, for each stopped trial, where it stopped and
+    where it resumes (its checkpoint: saved at its last step, or an older one when it was
+    stopped at once)."""
     from trainlab import names
 
-    stopped = sum(t.status == names.STATUS_PREEMPTED for t in trials)
-    waiting = sum(t.status == "pending" for t in trials)
-    print(f"interrupted by {signal.Signals(signum).name}: {stopped} trials stopped (runs KILLED), {waiting} not "
-          "started; run the same command to resume them (finished trials are skipped)", file=sys.stderr, flush=True)
+    stopped = [t for t in trials if t.status == names.STATUS_PREEMPTED and t.run_id]
+    waiting = sum(t.status == "pending" or (t.status == names.STATUS_PREEMPTED and not t.run_id) for t in trials)
+    how = ", then again: stopped at once" if forced else ""
+    lines = [f"interrupted by {signal.Signals(signum).name}{how}: {len(stopped)} trials stopped (runs KILLED), "
+             f"{waiting} not started; run the same command to resume them (finished trials are skipped)"]
+    for t in stopped:
+        at_once = t.result is None
+        step = t.result.steps if t.result else t.extra.get("last_step") or 0
+        root = t.plan.paths.checkpoint_root if t.plan else t.run.train.checkpoint_dir
+        ckpt = latest_checkpoint(Path(root)) if root else None
+        if ckpt is None:
+            where = "no checkpoint yet: starts over"
+        elif ckpt.step == step and not at_once:
+            where = f"checkpoint of step {step} saved: resumes there"
+        else:
+            where = f"resumes from its checkpoint of step {ckpt.step}"
+        label = (labels or {}).get(t.idx) or t.label
+        lines.append(f"  #{t.idx} {label}: {_when(step, t.run.train.max_steps, at_once=at_once)}; {where}")
+    return lines
+
+
+def say_sweep_stopped(trials, *, signum: int, labels: dict[int, str] | None = None) -> None:
+    """The lines an interrupted sweep ends with (sweep_stopped_lines; `labels`: each trial's
+    swept values by its index, as the sweep's table names it)."""
+    for line in sweep_stopped_lines(trials, signum=signum, forced=current().forced, labels=labels):
+        say(line)

@@ -77,7 +77,7 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
                                                                claim=claim)
         claim(Path(plan.paths.checkpoint_root))  # planned elsewhere (a sweep) or here (no Ray)
         if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
-            return interrupt.before_start(plan.tracking_uri)
+            return interrupt.before_start(plan.tracking_uri, show=show_progress)
         return _train_owned(plan, executor=executor, parent_run_id=parent_run_id, extra_tags=extra_tags,
                             show_progress=show_progress, on_event=on_event, stop=stop)
     finally:
@@ -125,6 +125,7 @@ def _train_owned(plan: TrialPlan, *, executor: Executor, parent_run_id: str | No
         status = result.status if result else names.STATUS_FAILED
         if result is None and interrupt.current().signum:  # let go before it could save
             status = names.STATUS_PREEMPTED
+            interrupt.current().cut_off.append(root)  # its save in progress, if any, is removed at the end
         elif result is None:
             error = "the workers ended without reporting a result"
     except Exception as e:  # a worker failed: record it, never lose the run

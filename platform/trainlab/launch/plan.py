@@ -31,7 +31,7 @@ from trainlab.launch.preflight import check_comm_backend, check_gang_cpus, prefl
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.derive_layout import plan_layout
 from trainlab.plan.trial_plan import GangShape, TrialPlan, Where, plan_trial
-from trainlab.tracking.continued_run import unfinished_trial
+from trainlab.tracking.continued_run import end_orphaned_runs, unfinished_trial
 from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 
 
@@ -50,6 +50,9 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     if uri is not None:  # the driver's first touch of the store: a new sqlite one made once, locked
         ensure_store(uri)
     found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
+    if uses_mlflow and not parent_run_id:  # a driver killed with SIGKILL left its run RUNNING
+        for line in end_orphaned_runs(run, tracking_uri=uri, keep=found.run_id if found else None):
+            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
     try:  # every file read back against its digest at save; another config's checkpoint refused

@@ -21,9 +21,9 @@ from trainlab.data.batches import num_windows
 from trainlab.data.corpus import split_point
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
+from trainlab.estimate.calibration import load_calibration
 from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
 from trainlab.estimate.hardware import host_memory_gb
-from trainlab.estimate.calibration import load_calibration
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
 from trainlab.plan.derive_layout import plan_layout, unordered_reductions

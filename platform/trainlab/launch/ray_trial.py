@@ -9,6 +9,7 @@ whose calls never fail); the driver renders them while `fit()` runs in a thread.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Callable
 
@@ -46,10 +47,33 @@ def local_node_options(host: str) -> dict:
     return {"dashboard_host": host, "_node_ip_address": host}
 
 
+def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashboard: bool = True,
+                        runtime_env: dict | None = None):
+    """ray.init of a local cluster of this process's own, listening on `host`: never one that
+    `ray start` runs on this machine, RAY_ADDRESS names, or a crashed one's `ray_current_cluster`
+    file in Ray's temp folder points at (joining one is cluster.address's, connect()). The one
+    way trainlab, and the tests' fixtures, start Ray here."""
+    node = local_node_options(host)  # before Ray is imported
+    import ray
+
+    # a terminal that closes sends SIGHUP to every process of the command, Ray's services
+    # included, which would die at once: started with it blocked (a thread's mask is inherited),
+    # they leave it to the driver, whose handler stops the trials after a checkpoint and then
+    # ends them (launch.interrupt)
+    hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, hangup)
+    try:
+        return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                        runtime_env=runtime_env, log_to_driver=False, **node)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def connect(run: RunConfig) -> None:
     """ray.init: join cluster.address, or start a local cluster sized to this machine that
     listens on cluster.host (loopback unless told otherwise)."""
-    node = {} if run.cluster.address else local_node_options(run.cluster.host)
+    if not run.cluster.address:
+        local_node_options(run.cluster.host)  # before Ray is imported
     import ray
 
     if ray.is_initialized():
@@ -64,11 +88,8 @@ def connect(run: RunConfig) -> None:
         rearm()  # ray.init set its own SIGTERM handler: the driver's stops trials after a checkpoint
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
-    context = ray.init(
-        address="local",  # a cluster of our own, even when `ray start` left one on this machine
-        num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
-        include_dashboard=True, runtime_env=runtime_env, log_to_driver=False, **node,
-    )
+    context = start_local_cluster(num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
+                                  host=run.cluster.host, include_dashboard=True, runtime_env=runtime_env)
     rearm()
     node_ip = context.address_info.get("node_ip_address", "")
     if is_loopback(run.cluster.host) and not is_loopback(node_ip):

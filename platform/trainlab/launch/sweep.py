@@ -188,13 +188,17 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun, prune=prune,
-                            reuse_gangs=reuse_gangs, sweeper_params=OmegaConf.to_container(
-                                config.hydra.sweeper.get("params") or OmegaConf.create()))
-    _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
-    if outcome.interrupted:  # its trials' runs and the parent ended KILLED; nothing outlives the command
-        interrupt.say_sweep_stopped(trials, signum=outcome.interrupted)
-        interrupt.release_cluster()
+    # the sweep's end after a signal stays inside its handlers (launch.interrupt.interruptible)
+    with interrupt.interruptible():
+        outcome = execute_sweep(trials, max_concurrent_trials=max_concurrent_trials, rerun=rerun, prune=prune,
+                                reuse_gangs=reuse_gangs, sweeper_params=OmegaConf.to_container(
+                                    config.hydra.sweeper.get("params") or OmegaConf.create()))
+        _write_timing(trials, outcome, Path(str(config.hydra.sweep.dir)))
+        if outcome.interrupted:  # its trials' runs and the parent ended KILLED; nothing outlives the command
+            interrupt.say_sweep_stopped(trials, signum=outcome.interrupted,
+                                        labels={t.idx: _pick(t.overrides, keys) for t in trials})
+            interrupt.release_cluster()
+    if outcome.interrupted:
         sys.exit(128 + outcome.interrupted)
     for t in trials:
         t.job_return.return_value = t.result.final_val_loss if t.result else t.extra.get("val_loss")
@@ -377,6 +381,7 @@ def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str
                             on_event=on_event, stop=requests[t.idx], runner=runner)
             t.status, t.result, t.run_id, t.error = outcome.status, outcome.result, outcome.run_id, outcome.error
             t.pruned_reason = outcome.pruned_reason
+            t.extra["last_step"] = outcome.last_step  # where an interrupted trial was (interrupt.sweep_stopped_lines)
         except Exception as e:  # anything unexpected: this trial failed, the others go on
             t.status, t.error = names.STATUS_FAILED, f"{type(e).__name__}: {e}"
         if pruner is not None:

@@ -18,7 +18,14 @@ from trainlab import names
 from trainlab.config import RunConfig, config_hash
 from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint
 from trainlab.redact import redact
-from trainlab.tracking.runs import TrialRun, open_trial_run, tracker_options, trial_tags
+from trainlab.tracking.runs import (
+    TrialRun,
+    driver_gone,
+    driver_id,
+    open_trial_run,
+    tracker_options,
+    trial_tags,
+)
 from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
 
 TRIAL_RECORD = "trial.json"
@@ -56,7 +63,8 @@ def reopen_trial_run(trial: TrialRun) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=trial.tracking_uri)
-    client.log_batch(trial.run_id, tags=[RunTag(names.TAG_STATUS, names.STATUS_RUNNING)])
+    client.log_batch(trial.run_id, tags=[RunTag(names.TAG_STATUS, names.STATUS_RUNNING),
+                                         RunTag(names.TAG_DRIVER, driver_id())])
     client.update_run(trial.run_id, status="RUNNING")
 
 
@@ -109,6 +117,45 @@ def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTri
         if ckpt is not None:
             return UnfinishedTrial(run_id=r.info.run_id, root=root, step=ckpt.step)
     return None
+
+
+def end_orphaned_runs(run: RunConfig, *, tracking_uri: str, keep: str | None = None) -> list[str]:
+    """Runs of this config (a single trial's, not a sweep's) left RUNNING by a process of this
+    machine that is gone (its driver SIGKILLed or crashed: no handler ran): each loses the
+    half-written step_N.tmp its checkpoint folder holds and, unless it is `keep` (the run this
+    start goes on in), ends FAILED with a note. Returns one line per run ended."""
+    import shutil
+
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(run.tracking.experiment)
+    if exp is None:
+        return []
+    found = client.search_runs([exp.experiment_id], max_results=100,
+                               filter_string=f"tags.{names.TAG_CONFIG_HASH} = '{config_hash(run)}' "
+                                             "and attributes.status = 'RUNNING'")
+    said = []
+    for r in found:
+        tags = r.data.tags
+        driver = tags.get(names.TAG_DRIVER, "")
+        if names.TAG_PARENT_RUN_ID in tags or not driver or not driver_gone(driver):
+            continue
+        root = Path(tags.get(names.TAG_CHECKPOINT_DIR, ""))
+        if root.is_absolute():
+            for stale in root.glob("step_*.tmp"):  # its save was cut off: never complete
+                shutil.rmtree(stale, ignore_errors=True)
+        if r.info.run_id == keep:
+            continue
+        pid = driver.split(" ")[1]
+        note = (f"its driver (pid {pid}) ended without closing it (SIGKILL or a crash); ended by the "
+                "next start of the same config")
+        client.log_batch(r.info.run_id, tags=[RunTag(names.TAG_STATUS, names.STATUS_FAILED),
+                                              RunTag(names.TAG_ERROR, note)])
+        client.set_terminated(r.info.run_id, status="FAILED")
+        said.append(f"run {r.info.run_id} was left RUNNING: {note}; marked FAILED")
+    return said
 
 
 def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | None) -> UnfinishedTrial | None:
