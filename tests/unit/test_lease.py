@@ -100,6 +100,15 @@ def test_a_corrupt_lease_file_is_refused_not_overwritten(tmp_path):
     assert (tmp_path / LEASE_FILE).read_text() == "{half"
 
 
+def test_a_fifo_where_the_lease_belongs_is_refused_in_one_line_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / LEASE_FILE)  # reading it would wait for a writer forever
+    with pytest.raises(LeaseHeld) as e:
+        acquire(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and LEASE_FILE in msg and "FIFO" in msg and "move it out" in msg
+    assert (tmp_path / LEASE_FILE).exists()  # refused, not replaced
+
+
 def test_the_lifecycle_refuses_a_held_trial_before_writing_anything_of_it(tmp_path):
     from trainlab.config import compose_run_config
     from trainlab.launch.executors import InProcess

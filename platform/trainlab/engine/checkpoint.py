@@ -215,8 +215,9 @@ def owned(path: Path, config_hash: str) -> bool:
     """Whether the checkpoint folder `path` is the trial's of `config_hash` (its manifest says
     so): only those are ever deleted or replaced; another config's stay as they are."""
     try:
-        return json.loads((path / META_FILE).read_text()).get("config_hash") == config_hash
-    except (OSError, ValueError, AttributeError):
+        text = read_text(path / META_FILE, field=META_FILE, fix="", max_bytes=CONFIG_FILE_MAX_BYTES)
+        return json.loads(text).get("config_hash") == config_hash
+    except (OSError, ValueError, AttributeError):  # InputFileError is a ValueError: not provably the trial's
         return False
 
 

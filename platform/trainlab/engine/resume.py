@@ -151,8 +151,8 @@ def _refuse_foreign(root: Path, *, expect_hash: str | None, expect_config: dict 
     over there would replace its step_* folders and trial.json), suggesting a fresh folder."""
     for ckpt in reversed(complete_checkpoints(root)):
         try:
-            meta = json.loads((ckpt.path / META_FILE).read_text())
-        except (OSError, ValueError):
+            meta = json.loads(read_text(ckpt.path / META_FILE, field=META_FILE, fix="", max_bytes=CONFIG_FILE_MAX_BYTES))
+        except (OSError, ValueError):  # InputFileError is a ValueError: unreadable, so no proof it is ours
             meta = {}
         saved = meta.get("config") if isinstance(meta, dict) else None
         if isinstance(saved, dict) and expect_config is not None:

@@ -31,10 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab.config import ConfigError
+from trainlab.vocab.files import InputFileError, read_text
 
 LEASE_FILE = "lease.json"
 HEARTBEAT_S = 10.0
 """How often the holder renews its heartbeat."""
+LEASE_MAX_BYTES = 64 * 1024
+"""A lease record is a few hundred bytes: a bigger file there is no lease."""
 STALE_AFTER_S = 120.0
 """A heartbeat older than this is a dead holder's (many missed beats: not a busy machine)."""
 
@@ -106,10 +109,15 @@ def check_free(root: Path) -> None:
 def _refuse_if_held(root: Path) -> None:
     path = root / LEASE_FILE
     try:
-        text = path.read_text()
-        mtime = path.stat().st_mtime
+        mtime = path.lstat().st_mtime
+        text = read_text(path, field=LEASE_FILE, max_bytes=LEASE_MAX_BYTES,
+                         fix="it is no lease trainlab wrote: move it out of the checkpoint folder")
     except FileNotFoundError:
         return
+    except InputFileError as e:  # a FIFO, a device or a huge file where the lease belongs
+        if e.what == "does not exist":  # released between the two looks
+            return
+        raise LeaseHeld(str(e)) from None
     try:
         record = json.loads(text)
         host, pid, beat = str(record["host"]), int(record["pid"]), float(record["heartbeat"])
@@ -147,8 +155,8 @@ def _alive(pid: int) -> bool:
 
 def _read(root: Path) -> dict:
     try:
-        found = json.loads((root / LEASE_FILE).read_text())
-    except (OSError, ValueError):
+        found = json.loads(read_text(root / LEASE_FILE, field=LEASE_FILE, fix="", max_bytes=LEASE_MAX_BYTES))
+    except (OSError, ValueError):  # InputFileError is a ValueError
         return {}
     return found if isinstance(found, dict) else {}
 
