@@ -6,6 +6,8 @@ header), as written by :func:`write_token_file` or ``ndarray.tofile``.
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from pathlib import Path
 
@@ -85,20 +87,33 @@ def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
                 "take for token ids); write the raw ids instead with ndarray.tofile or "
                 "trainlab.data.write_token_file")
     tokens = np.memmap(path, dtype=dt, mode="r", shape=(count,))
-    _check_ids(tokens, path=path, vocab_size=vocab_size, dtype=dtype)
+    st = os.stat(path)  # the scan is kept for this file as it is now: a changed file is scanned again
+    lo, hi, even_set, odd_set = _scan_ids(os.path.realpath(path), dtype,
+                                          (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    _check_ids(lo, hi, even_set, odd_set, count=count, path=path, vocab_size=vocab_size, dtype=dtype)
     return tokens
 
 
-def _check_ids(tokens: np.ndarray, *, path: str, vocab_size: int, dtype: str) -> None:
-    """Every id in [0, vocab_size), scanned chunk by chunk (bounded memory), and not every
-    second one 0 (a file written in a type twice as wide: its ids misread in halves)."""
+@functools.lru_cache(maxsize=32)
+def _scan_ids(real_path: str, dtype: str, identity: tuple) -> tuple[int, int, bool, bool]:
+    """(lowest id, highest id, any even-position id set, any odd-position id set) of the file,
+    read chunk by chunk (bounded memory); once per file version and dtype in this process (a
+    sweep's driver checks every trial's data, then plans each)."""
+    tokens = np.memmap(real_path, dtype=np.dtype(dtype), mode="r", shape=(identity[2] // np.dtype(dtype).itemsize,))
     lo, hi = 0, 0
     even_set = odd_set = False  # chunks have an even length, so odd positions stay odd
     for chunk in iter_chunks(tokens):
         lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
         even_set = even_set or bool(chunk[0::2].any())
         odd_set = odd_set or bool(chunk[1::2].any())
-    if even_set and not odd_set and len(tokens) >= 2 * MIN_PAIRS and sys.byteorder == "little":
+    return lo, hi, even_set, odd_set
+
+
+def _check_ids(lo: int, hi: int, even_set: bool, odd_set: bool, *, count: int, path: str, vocab_size: int,
+               dtype: str) -> None:
+    """Every id in [0, vocab_size), and not every second one 0 (a file written in a type twice as
+    wide: its ids misread in halves)."""
+    if even_set and not odd_set and count >= 2 * MIN_PAIRS and sys.byteorder == "little":
         wider = _WIDER[dtype]
         fix = (f"set data.token_dtype={wider}" if wider in TOKEN_DTYPES else
                f"rewrite it as int32 (trainlab.data.write_token_file), as {wider} is not read")
@@ -119,7 +134,8 @@ def _check_ids(tokens: np.ndarray, *, path: str, vocab_size: int, dtype: str) ->
 
 
 def token_file_corpus(*, path: str, dtype: str, vocab_size: int, val_fraction: float) -> Corpus:
-    """Corpus over a memory-mapped token file (checked; not cached: the file may change)."""
+    """Corpus over a memory-mapped token file (checked; the scan is reused only while the file is
+    unchanged: open_token_file)."""
     tokens = open_token_file(path, dtype=dtype, vocab_size=vocab_size)
     return make_corpus(
         tokens,
