@@ -176,12 +176,12 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         trials = _prepare(hydra_context, config, job_overrides, initial_job_idx)
         try:
             keys = varied_keys([t.overrides for t in trials])
-            check_prunable(prune or PruneConfig(), [t.run for t in trials],
-                           [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+            labels = [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials]
+            check_prunable(prune or PruneConfig(), [t.run for t in trials], labels)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         # every trial's data and memory, then the services: all before the parent run opens and Ray starts
-        check_sweep_trials([t.run for t in trials], [f"#{t.idx} ({_pick(t.overrides, keys)})" for t in trials])
+        check_sweep_trials([t.run for t in trials], labels)
         check_sweep_services([t.run for t in trials])
         for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
             ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
