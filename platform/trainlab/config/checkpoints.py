@@ -9,6 +9,7 @@ resume?), so the naming sits below both.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def start_over(folder: Path) -> str:
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
+
+
+def remove_unfinished_saves(root: Path) -> None:
+    """Remove the ``step_*.tmp`` folders under `root`: saves cut off before their rename (a crash,
+    a SIGKILL, a second Ctrl-C) are never complete. Only where nothing writes there any more."""
+    for stale in Path(root).glob("step_*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def complete_checkpoints(root: Path) -> list[Checkpoint]:

@@ -45,6 +45,7 @@ from trainlab.config.checkpoints import (
     CheckpointError,
     complete_checkpoints,
     latest_checkpoint,
+    remove_unfinished_saves,
     start_over,
     step_dir,
 )
@@ -90,8 +91,7 @@ class Checkpointer:
         """Pipeline layouts: this rank's stages' key (each pipeline rank holds other modules)."""
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            for stale in self.root.glob("step_*.tmp"):  # a save that crashed: never complete
-                shutil.rmtree(stale, ignore_errors=True)
+            remove_unfinished_saves(self.root)  # a save that crashed: never complete
         _barrier()
 
     # -- save ------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from trainlab.config.checkpoints import latest_checkpoint, start_over
+from trainlab.config.checkpoints import latest_checkpoint, remove_unfinished_saves, start_over
 from trainlab.events import START, STEP, STOP_SIGNALS, ProgressEvent
 from trainlab.launch.outcome import TrialOutcome
 
@@ -314,8 +313,7 @@ def release_cluster() -> None:
             p.kill()
     psutil.wait_procs(alive, timeout=RELEASE_TIMEOUT_S)
     for root in it.cut_off:  # nobody writes there any more: a save cut off is never complete
-        for stale in Path(root).glob("step_*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_unfinished_saves(root)
 
 
 def _when(step: int, max_steps: int, *, at_once: bool) -> str:

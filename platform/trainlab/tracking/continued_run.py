@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.config import RunConfig, config_hash
-from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint
+from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint, remove_unfinished_saves
 from trainlab.redact import redact
 from trainlab.tracking.runs import (
     TrialRun,
@@ -124,8 +124,6 @@ def end_orphaned_runs(run: RunConfig, *, tracking_uri: str, keep: str | None = N
     machine that is gone (its driver SIGKILLed or crashed: no handler ran): each loses the
     half-written step_N.tmp its checkpoint folder holds and, unless it is `keep` (the run this
     start goes on in), ends FAILED with a note. Returns one line per run ended."""
-    import shutil
-
     from mlflow.entities import RunTag
     from mlflow.tracking import MlflowClient
 
@@ -143,9 +141,8 @@ def end_orphaned_runs(run: RunConfig, *, tracking_uri: str, keep: str | None = N
         if names.TAG_PARENT_RUN_ID in tags or not driver or not driver_gone(driver):
             continue
         root = Path(tags.get(names.TAG_CHECKPOINT_DIR, ""))
-        if root.is_absolute():
-            for stale in root.glob("step_*.tmp"):  # its save was cut off: never complete
-                shutil.rmtree(stale, ignore_errors=True)
+        if root.is_absolute():  # its driver is gone: nothing writes there any more
+            remove_unfinished_saves(root)
         if r.info.run_id == keep:
             continue
         pid = driver.split(" ")[1]
