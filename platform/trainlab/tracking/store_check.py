@@ -222,14 +222,14 @@ def check_store(uri: str, *, field: str, elsewhere: str) -> None:
     only reads it: a local store (sqlite file, file-store folder) must exist. `field` says where
     the URI came from (tracking.uri, --tracking-uri, MLFLOW_TRACKING_URI); `elsewhere` how to
     point at another store ("pass --tracking-uri URI")."""
-    parsed = urlparse(uri)
-    local = TrackingStore.of(uri).local_path
+    parsed, store = urlparse(uri), TrackingStore.of(uri)
+    local = store.local_path
     if local is not None and not local.exists():  # MLflow would create an empty store at a typo
         raise ValueError(f"{field}={redact(uri)!r}: no MLflow store at {local} (reading it would "
                          f"create an empty one there); {elsewhere}")
-    if local is not None and TrackingStore.of(uri).kind == "sqlite":
+    if local is not None and store.kind == "sqlite":
         _regular_store(local, where=f"{field}={redact(uri)!r}", fix=elsewhere)
-    if TrackingStore.of(uri).kind == "server":
+    if store.kind == "server":
         try:
             port = parsed.port or (443 if parsed.scheme == "https" else 80)
         except ValueError:  # 'http://host:99999', 'http://host:abc'
@@ -248,7 +248,6 @@ def check_sqlite_uri(uri: str, *, field: str, elsewhere: str) -> None:
         check_sqlite_store(store.local_path, field=field, uri=uri, elsewhere=elsewhere)
 
 
-# issue 28: refusals -- store states met only once Ray had started
 def check_experiment(uri: str, name: str, *, field: str = "tracking.experiment") -> None:
     """ValueError if experiment `name` was deleted in the store (MLflow keeps a soft-deleted
     experiment's name: it would neither log to it nor make a new one), naming both safe fixes:
