@@ -262,16 +262,19 @@ def test_corpus_vocab_size_is_what_build_corpus_gives(cfg):
     assert corpus_vocab_size(cfg) == build_corpus(cfg).vocab_size
 
 
-def test_a_token_file_is_scanned_once_while_unchanged_and_again_once_changed(tmp_path):
+def test_a_token_file_is_scanned_once_while_unchanged_and_again_once_changed(tmp_path, monkeypatch):
     """A sweep's driver checks every trial's data, then plans each: one scan per file version."""
     from trainlab.data import token_file
+    from trainlab.data.corpus import iter_chunks
 
     path = write_token_file(tmp_path / "ids.bin", np.arange(1000) % 50, "uint16")
-    token_file._scan_ids.cache_clear()
+    scans = []
+    monkeypatch.setattr(token_file, "iter_chunks", lambda t: scans.append(1) or iter_chunks(t))
     for _ in range(3):
         token_file.open_token_file(str(path), dtype="uint16", vocab_size=50)
-    assert token_file._scan_ids.cache_info().misses == 1
+    assert len(scans) == 1
     write_token_file(path, np.arange(1000) % 60, "uint16")  # rewritten: ids up to 59 now
     os.utime(path, ns=(0, 10**9))  # a new mtime even where the clock's grain would hide the rewrite
     with pytest.raises(ValueError, match="data.vocab_size=60"):
         token_file.open_token_file(str(path), dtype="uint16", vocab_size=50)
+    assert len(scans) == 2

@@ -6,7 +6,6 @@ header), as written by :func:`write_token_file` or ``ndarray.tofile``.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -88,25 +87,33 @@ def open_token_file(path: str, *, dtype: str, vocab_size: int) -> np.memmap:
                 "trainlab.data.write_token_file")
     tokens = np.memmap(path, dtype=dt, mode="r", shape=(count,))
     st = os.stat(path)  # the scan is kept for this file as it is now: a changed file is scanned again
-    lo, hi, even_set, odd_set = _scan_ids(os.path.realpath(path), dtype,
-                                          (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    lo, hi, even_set, odd_set = _scan_ids(tokens, (os.path.realpath(path), dtype, st.st_dev, st.st_ino,
+                                                   st.st_size, st.st_mtime_ns))
     _check_ids(lo, hi, even_set, odd_set, count=count, path=path, vocab_size=vocab_size, dtype=dtype)
     return tokens
 
 
-@functools.lru_cache(maxsize=32)
-def _scan_ids(real_path: str, dtype: str, identity: tuple) -> tuple[int, int, bool, bool]:
-    """(lowest id, highest id, any even-position id set, any odd-position id set) of the file,
-    read chunk by chunk (bounded memory); once per file version and dtype in this process (a
-    sweep's driver checks every trial's data, then plans each)."""
-    tokens = np.memmap(real_path, dtype=np.dtype(dtype), mode="r", shape=(identity[2] // np.dtype(dtype).itemsize,))
+_SCANS: dict[tuple, tuple[int, int, bool, bool]] = {}
+"""_scan_ids' results by (real path, dtype, file identity): a sweep's driver checks every trial's
+data, then plans each; the same file version is scanned once in a process."""
+MAX_SCANS_KEPT = 32
+
+
+def _scan_ids(tokens: np.ndarray, key: tuple) -> tuple[int, int, bool, bool]:
+    """(lowest id, highest id, any even-position id set, any odd-position id set) of `tokens`,
+    read chunk by chunk (bounded memory); once per `key` (file version and dtype)."""
+    if key in _SCANS:
+        return _SCANS[key]
     lo, hi = 0, 0
     even_set = odd_set = False  # chunks have an even length, so odd positions stay odd
     for chunk in iter_chunks(tokens):
         lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
         even_set = even_set or bool(chunk[0::2].any())
         odd_set = odd_set or bool(chunk[1::2].any())
-    return lo, hi, even_set, odd_set
+    if len(_SCANS) >= MAX_SCANS_KEPT:
+        _SCANS.pop(next(iter(_SCANS)))  # the oldest
+    _SCANS[key] = lo, hi, even_set, odd_set
+    return _SCANS[key]
 
 
 def _check_ids(lo: int, hi: int, even_set: bool, odd_set: bool, *, count: int, path: str, vocab_size: int,
