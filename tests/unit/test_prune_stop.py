@@ -20,7 +20,7 @@ from trainlab.engine.run import Attempt
 from trainlab.events import StepDone
 from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.tracking.runs import open_trial_run, trial_tags
-from trainlab.tracking.sweep_runs import done_children, open_sweep_parent, unfinished_checkpoints
+from trainlab.tracking.sweep_runs import done_children, job_key, open_sweep_parent, unfinished_checkpoints
 from trainlab.vocab.tracker import NullTracker
 
 TINY_RUN = ["model=tiny", "data=markov", "train.max_steps=6", "train.global_batch_size=4",
@@ -93,8 +93,30 @@ def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path, monkeypatc
         (root / "step_00000002" / "trainlab.json").write_text(json.dumps({"step": 2, "files": {}}))
         tags = {**trial_tags(run), names.TAG_STATUS: status, names.TAG_CHECKPOINT_DIR: str(root)}
         open_trial_run(run, tracking_uri=uri, tags=tags, parent_run_id=parent)
-        hashes[status] = tags[names.TAG_CONFIG_HASH]
+        hashes[status] = job_key(tags)
     done = done_children(tracking_uri=uri, parent_run_id=parent)
     assert set(done) == {hashes[names.STATUS_FINISHED], hashes[names.STATUS_PRUNED]}
     resumable = unfinished_checkpoints(tracking_uri=uri, parent_run_id=parent)
     assert set(resumable) == {hashes[names.STATUS_PREEMPTED], hashes[names.STATUS_FAILED]}
+
+
+def test_two_jobs_that_train_one_config_stay_two_jobs(tmp_path, monkeypatch):
+    """`cluster.max_failures=1,0` sweeps a field the config hash leaves out: both jobs have one hash.
+    The one that failed must still count as failed in the sweep's answer, and a rerun must retry it
+    rather than take the other's finished run as its own."""
+    from trainlab.compare.compare_sweep import sweep_answer
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = open_sweep_parent(tracking_uri=uri, experiment="same_hash", sweep_name="s", sid="y",
+                                  definition={})
+    for overrides, status in (("cluster.max_failures=1", names.STATUS_FINISHED),
+                              ("cluster.max_failures=0", names.STATUS_FAILED)):
+        run = compose_run_config([*TINY_RUN, "tracking.experiment=same_hash", overrides])
+        tags = {**trial_tags(run), names.TAG_STATUS: status, names.TAG_OVERRIDES: overrides,
+                names.TAG_CONFIG_LABEL: overrides}
+        open_trial_run(run, tracking_uri=uri, tags=tags, parent_run_id=parent)
+    counts = dict(sweep_answer(tracking_uri=uri, parent_run_id=parent).trials_by_status)
+    assert (counts[names.STATUS_FINISHED], counts[names.STATUS_FAILED]) == (1, 1)
+    done = done_children(tracking_uri=uri, parent_run_id=parent)
+    assert [r.data.tags[names.TAG_OVERRIDES] for r in done.values()] == ["cluster.max_failures=1"]

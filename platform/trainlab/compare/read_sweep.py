@@ -13,6 +13,7 @@ from trainlab import names
 from trainlab.compare.records import Series, SweepData, Trial
 from trainlab.tracking.runs import config_of
 from trainlab.tracking.store import TrackingStore
+from trainlab.tracking.sweep_runs import job_key
 
 # the histories compare uses; other metrics stay in MLflow
 METRICS = (
@@ -147,7 +148,7 @@ def read_trial(client, run) -> Trial:
         precision=precision, run_name=run.info.run_name or "",
         diverged_step=_int_or_none(tags.get(names.TAG_DIVERGED_STEP)), error=tags.get(names.TAG_ERROR, ""),
         pruned_step=_int_or_none(tags.get(names.TAG_PRUNED_STEP)), pruned_reason=tags.get(names.TAG_PRUNED_REASON, ""),
-        attempt_key=tags.get(names.TAG_CONFIG_HASH) or tags.get(names.TAG_OVERRIDES) or run.info.run_id,
+        attempt_key=job_key(tags) if {names.TAG_CONFIG_HASH, names.TAG_OVERRIDES} & set(tags) else run.info.run_id,
         device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
         world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,
         metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},

@@ -49,6 +49,7 @@ from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 from trainlab.tracking.sweep_runs import (
     close_sweep_parent,
     done_children,
+    job_key,
     open_sweep_parent,
     sweep_id,
     unfinished_checkpoints,
@@ -245,16 +246,16 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
         done = {} if rerun else done_children(tracking_uri=uri, parent_run_id=parent_id)
         cut = {} if rerun else unfinished_checkpoints(tracking_uri=uri, parent_run_id=parent_id)
         for t in trials:
-            prior = done.get(config_hash(t.run))
+            key = job_key({names.TAG_CONFIG_HASH: config_hash(t.run), names.TAG_OVERRIDES: _pick(t.overrides, keys)})
+            prior = done.get(key)
             if prior is not None:
                 t.skipped, t.run_id, t.status = True, prior.info.run_id, prior.data.tags[names.TAG_STATUS]
                 t.extra["val_loss"] = prior.data.metrics.get(names.VAL_LOSS)
                 t.extra["tokens_per_s"] = prior.data.metrics.get(names.TOKENS_PER_S)
                 t.pruned_reason = prior.data.tags.get(names.TAG_PRUNED_REASON, "")
-            elif config_hash(t.run) in cut and t.run.train.resume == "auto":
+            elif key in cut and t.run.train.resume == "auto":
                 # stopped before its end: go on from its checkpoints, in the run it started
-                t.run = dataclasses.replace(t.run, train=dataclasses.replace(
-                    t.run.train, checkpoint_dir=cut[config_hash(t.run)]))
+                t.run = dataclasses.replace(t.run, train=dataclasses.replace(t.run.train, checkpoint_dir=cut[key]))
                 t.resumed = True
         console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")

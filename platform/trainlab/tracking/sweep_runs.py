@@ -56,6 +56,13 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
     return run.info.run_id, False
 
 
+def job_key(tags: dict[str, str]) -> str:
+    """Which job of its sweep a trial run is: its config hash and its overrides. Two jobs may
+    train the same config (a sweep over `cluster.max_failures` or a `debug.*` field, which the
+    hash leaves out): only both together tell them apart, in a rerun and in `trainlab compare`."""
+    return f"{tags.get(names.TAG_CONFIG_HASH, '')} {tags.get(names.TAG_OVERRIDES, '')}"
+
+
 def _children(tracking_uri: str, parent_run_id: str) -> list:
     client = _client(tracking_uri)
     parent = client.get_run(parent_run_id)
@@ -65,17 +72,17 @@ def _children(tracking_uri: str, parent_run_id: str) -> list:
 
 
 def done_children(*, tracking_uri: str, parent_run_id: str) -> dict[str, object]:
-    """Children that need no rerun (finished, diverged or pruned: names.DONE_STATUSES), by config hash."""
+    """Children that need no rerun (finished, diverged or pruned: names.DONE_STATUSES), by job_key."""
     done = {}
     for r in _children(tracking_uri, parent_run_id):
         if r.data.tags.get(names.TAG_STATUS) in names.DONE_STATUSES:
-            done.setdefault(r.data.tags.get(names.TAG_CONFIG_HASH, ""), r)
+            done.setdefault(job_key(r.data.tags), r)
     return done
 
 
 def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str, str]:
     """Children that stopped before their end (the driver was killed, a worker failed past
-    cluster.max_failures, preempted) and left a checkpoint folder, by config hash: a rerun
+    cluster.max_failures, preempted) and left a checkpoint folder, by job_key: a rerun
     of the sweep resumes each from there, into the same run. The newest run of a config wins."""
     found = {}
     for r in _children(tracking_uri, parent_run_id):
@@ -84,7 +91,7 @@ def unfinished_checkpoints(*, tracking_uri: str, parent_run_id: str) -> dict[str
             continue
         root = tags.get(names.TAG_CHECKPOINT_DIR)
         if root and latest_checkpoint(Path(root)) is not None:
-            found[tags.get(names.TAG_CONFIG_HASH, "")] = root
+            found[job_key(tags)] = root
     return found
 
 
