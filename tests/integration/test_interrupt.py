@@ -217,3 +217,28 @@ def test_ctrl_c_twice_on_a_sweep_says_what_was_stopped_and_how_to_resume(tmp_pat
     assert len(runs) == 2 and all(r.info.status == "KILLED" for r in runs), [r.info.status for r in runs]
     assert not _tmp_left(tmp_path)
     print(f"SIGINT twice: sweep exited {seconds:.1f} s after the second")
+
+
+def _starting_ray(driver: Driver) -> bool:
+    """Ray's GCS is up as the driver's child, its raylet not yet: ray.init is half way."""
+    try:
+        kids = {p.name() for p in psutil.Process(driver.proc.pid).children(recursive=True)}
+    except psutil.Error:
+        return False
+    return "gcs_server" in kids and "raylet" not in kids
+
+
+def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, ray_tmp):
+    """SIGTERM (a scheduler's) while ray.init starts the local cluster: ray.init sets a SIGTERM
+    handler of its own that exits at once, so the command ended with code 15 and no word. The
+    driver's handler must keep the signal: the trial ends before it starts, in one line."""
+    driver = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
+    driver.wait_for(lambda: _starting_ray(driver), "Ray's GCS starting", timeout=120)
+    code, seconds = driver.stop(signal.SIGTERM, group=False)
+    out = _assert_clean_exit(driver, code, signal.SIGTERM)
+    assert "interrupted by SIGTERM before training started" in out, out[-4000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(EXP)
+    assert exp is None or not client.search_runs([exp.experiment_id])  # no run opened, none left RUNNING
+    assert not list(tmp_path.glob("outputs/*/*/checkpoints/lease.json"))  # the trial's lease let go
+    print(f"SIGTERM while Ray started: exit {seconds:.1f} s after the signal")

@@ -138,6 +138,11 @@ def current() -> DriverInterrupt:
     return _active or _INERT
 
 
+def handling() -> bool:
+    """Whether the driver's handlers take the stop signals now (inside `interruptible`)."""
+    return _active is not None
+
+
 def rearm() -> None:
     """Put the handlers back after something replaced them (ray.init's SIGTERM handler)."""
     if _active is not None:

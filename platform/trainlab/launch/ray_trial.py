@@ -8,6 +8,7 @@ whose calls never fail); the driver renders them while `fit()` runs in a thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -15,7 +16,7 @@ from typing import Callable
 
 from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
-from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, rearm, stop_flag
+from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, handling, rearm, stop_flag
 from trainlab.launch.placement import accelerator_type, scaling
 from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
@@ -63,10 +64,33 @@ def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashb
     hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, hangup)
     try:
-        return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
-                        runtime_env=runtime_env, log_to_driver=False, **node)
+        with driver_keeps_sigterm():
+            return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                            runtime_env=runtime_env, log_to_driver=False, **node)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextlib.contextmanager
+def driver_keeps_sigterm():
+    """ray.init (and the head node it starts) sets a SIGTERM handler that exits at once,
+    sys.exit(15): a SIGTERM while Ray starts (seconds on a small machine) ended the command with
+    no line. While the driver's handlers take the stop signals (launch.interrupt), Ray's is not
+    set: the signal is recorded, and the lifecycle ends the trial before it starts, in its line.
+    Ray sets it through one function (ray._private.utils.set_sigterm_handler, ray 2.60), made a
+    no-op for the call; its atexit hook still ends the processes it started."""
+    if not handling():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    original = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+        rearm()
 
 
 def connect(run: RunConfig) -> None:
@@ -84,13 +108,12 @@ def connect(run: RunConfig) -> None:
     # worker stdout is Ray's internal chatter; what a person needs (progress, warnings,
     # errors with tracebacks) comes back through the event queue and Ray Train's exception
     if run.cluster.address:
-        ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=False)
-        rearm()  # ray.init set its own SIGTERM handler: the driver's stops trials after a checkpoint
+        with driver_keeps_sigterm():
+            ray.init(address=run.cluster.address, runtime_env=runtime_env, log_to_driver=False)
         return
     need = run.cluster.num_workers * run.cluster.cpus_per_worker
     context = start_local_cluster(num_cpus=max(os.cpu_count() or 1, need),  # logical CPUs: oversubscribe rather than hang
                                   host=run.cluster.host, include_dashboard=True, runtime_env=runtime_env)
-    rearm()
     node_ip = context.address_info.get("node_ip_address", "")
     if is_loopback(run.cluster.host) and not is_loopback(node_ip):
         from trainlab.console import console
