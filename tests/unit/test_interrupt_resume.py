@@ -94,13 +94,13 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
     from mlflow.tracking import MlflowClient
 
     from trainlab.tracking.continued_run import end_orphaned_runs
-    from trainlab.tracking.runs import driver_id
+    from trainlab.vocab.processes import process_id
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
     gone = subprocess.Popen(["sleep", "30"])
-    dead_driver = driver_id(gone.pid)
+    dead_driver = process_id(gone.pid)
     gone.kill()
     gone.wait()
 
@@ -112,7 +112,7 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
 
     orphan = left_running("killed", dead_driver)
     continued = left_running("continued", dead_driver, ckpt_step=5)
-    alive = left_running("alive", driver_id())
+    alive = left_running("alive", process_id())
     said = end_orphaned_runs(run, tracking_uri=uri, keep=continued)
 
     client = MlflowClient(tracking_uri=uri)
