@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import pytest
 import torch
 
@@ -231,6 +232,36 @@ def assert_refused(proc: subprocess.CompletedProcess, says, *, sessions, context
         assert part in errors[0], f"{part!r} not in the message{shown}"
     assert "Traceback" not in proc.stdout + proc.stderr, shown
     assert not sessions, f"a Ray session was started: {sessions}"
+
+
+def kill_what_ray_left(ray_tmp: Path, *, timeout: float = 60) -> None:
+    """SIGKILL every process of the Ray cluster a killed driver started under `ray_tmp`, and wait
+    until they are gone. Ray renames its workers' command lines (`ray::RayTrainWorker`), so they
+    are found by the RAY_TMPDIR they inherited, not by `pkill -f`: a worker that outlived the kill
+    went on writing checkpoints (step 21 after the newest was step 3 at the kill)."""
+    mine = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get("RAY_TMPDIR") == str(ray_tmp) or str(ray_tmp) in " ".join(proc.cmdline()):
+                mine.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    for proc in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    deadline = time.monotonic() + timeout
+    while running := [p for p in mine if _run_state(p) not in (psutil.STATUS_ZOMBIE, None)]:  # a zombie runs nothing
+        assert time.monotonic() < deadline, f"still running {timeout:.0f} s after SIGKILL: {running}"
+        time.sleep(0.2)
+
+
+def _run_state(proc: psutil.Process) -> str | None:
+    try:
+        return proc.status()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def trainlab_cmd(*args: str) -> list[str]:

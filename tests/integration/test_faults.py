@@ -6,7 +6,6 @@ asserts what MLflow holds afterwards: one run per trial, every step exactly once
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -15,11 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import trainlab_cmd
+from conftest import kill_what_ray_left, trainlab_cmd
 from trainlab import names
 from trainlab.config.checkpoints import complete_checkpoints, latest_checkpoint
 
@@ -36,38 +34,8 @@ def ray_tmp():
     killed driver leaves behind is found by its path and removed."""
     path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     yield path
-    _kill_what_ray_left(path)
+    kill_what_ray_left(path)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _kill_what_ray_left(ray_tmp: Path, *, timeout: float = 60) -> None:
-    """SIGKILL every process of the Ray cluster a killed driver started under `ray_tmp`, and wait
-    until they are gone. Ray renames its workers' command lines (`ray::RayTrainWorker`), so they
-    are found by the RAY_TMPDIR they inherited, not by `pkill -f`: a worker that outlived the kill
-    went on writing checkpoints (step 21 after the newest was step 3 at the kill)."""
-    mine = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get("RAY_TMPDIR") == str(ray_tmp) or str(ray_tmp) in " ".join(proc.cmdline()):
-                mine.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    for proc in mine:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    deadline = time.monotonic() + timeout
-    while running := [p for p in mine if _status(p) not in (psutil.STATUS_ZOMBIE, None)]:  # a zombie runs nothing
-        assert time.monotonic() < deadline, f"still running {timeout:.0f} s after SIGKILL: {running}"
-        time.sleep(0.2)
-
-
-def _status(proc: psutil.Process) -> str | None:
-    try:
-        return proc.status()
-    except psutil.NoSuchProcess:
-        return None
 
 
 def _env(uri: str, ray_tmp: Path) -> dict:
@@ -150,7 +118,7 @@ def test_a_rerun_of_a_killed_sweep_resumes_its_unfinished_trial(mlflow_server, t
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     driver.stdout.close()
-    _kill_what_ray_left(ray_tmp)  # the gang too: a worker left running would go on checkpointing
+    kill_what_ray_left(ray_tmp)  # the gang too: a worker left running would go on checkpointing
     (root,) = tmp_path.glob("multirun/*/*/0/checkpoints")
     kept = latest_checkpoint(root)  # the newest one the kill left whole: the rerun must start there
     assert kept is not None and 0 < kept.step < 24, kept

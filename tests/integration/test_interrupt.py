@@ -26,6 +26,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import kill_what_ray_left
 from trainlab import names
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -242,3 +243,50 @@ def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, ray_tmp
     assert exp is None or not client.search_runs([exp.experiment_id])  # no run opened, none left RUNNING
     assert not list(tmp_path.glob("outputs/*/*/checkpoints/lease.json"))  # the trial's lease let go
     print(f"SIGTERM while Ray started: exit {seconds:.1f} s after the signal")
+
+
+def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_path, ray_tmp):
+    """SIGKILL, which no handler sees, to the sweep's whole process group once trial #1 has a
+    complete checkpoint while #0 (checkpoint_every=0) has none: the parent and both trials stay
+    RUNNING. The same command again goes on in the parent, resumes #1 in its run, ends #0's old
+    run FAILED with a note (one warning line) and runs #0 afresh: no run is left RUNNING (before,
+    #0's old run stayed RUNNING for ever)."""
+    trial = [o for o in TRIAL if not o.startswith(("train.max_steps=", "train.checkpoint_every="))]
+    # checkpoint_every is not hashed (two trials differing only there would be one config to the
+    # sweep): it follows the seed, so #0 (seed 0) never saves and #1 (seed 3) saves every 3 steps
+    args = ["-m", *trial, "train.max_steps=150", "train.checkpoint_every=${seed}", "seed=0,3",
+            "cluster.num_workers=1", "hydra.launcher.max_concurrent_trials=2", f"sweep_name={EXP}"]
+    first = Driver(args, cwd=tmp_path, ray_tmp=ray_tmp)
+    try:
+        # #0's run is open once its trial.json is written
+        first.wait_for(lambda: list(tmp_path.glob("multirun/*/*/0/checkpoints/trial.json"))
+                       and _checkpoints(next(iter(tmp_path.glob("multirun/*/*/1/checkpoints")), tmp_path)),
+                       "a checkpoint of #1 while #0 runs")
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=30)
+    finally:
+        kill_what_ray_left(ray_tmp)  # Ray's own processes too: a worker left would go on checkpointing
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    left = {r.info.run_id: r for r in _runs(client)}
+    assert [r.info.status for r in left.values()] == ["RUNNING"] * 3, "the kill left 3 runs RUNNING"
+    (parent,) = [r for r in left.values() if r.data.tags.get(names.TAG_ROLE) == names.ROLE_SWEEP]
+    by_seed = {r.data.params["seed"]: r for r in left.values() if r is not parent}
+    cut_off = by_seed["0"]
+
+    again = Driver(args, cwd=tmp_path, ray_tmp=ray_tmp)
+    code = again.proc.wait(timeout=400)
+    out = again.output()
+    assert code == 0, out[-4000:]
+    runs = _runs(client)
+    assert not [r for r in runs if r.info.status == "RUNNING"], [(r.info.run_name, r.info.status) for r in runs]
+    ended = client.get_run(cut_off.info.run_id)
+    note = ended.data.tags[names.TAG_ERROR]
+    assert ended.info.status == "FAILED" and ended.data.tags[names.TAG_STATUS] == names.STATUS_FAILED
+    assert "ended without closing it" in note and "ended by the next start of its sweep" in note, note
+    assert f"warning: run {cut_off.info.run_id} was left RUNNING: {note}; marked FAILED" in out, out[-4000:]
+    assert out.count("was left RUNNING") == 1, out[-4000:]  # the parent and #1 go on: not ended
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"  # the same parent, continued
+    assert client.get_run(by_seed["3"].info.run_id).info.status == "FINISHED"  # #1 resumed in its run
+    fresh = [r for r in runs if r.info.run_id not in left]
+    assert [(r.data.params["seed"], r.info.status) for r in fresh] == [("0", "FINISHED")]
+    assert not _tmp_left(tmp_path)

@@ -94,13 +94,13 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
     from mlflow.tracking import MlflowClient
 
     from trainlab.tracking.continued_run import end_orphaned_runs
-    from trainlab.tracking.runs import driver_id
+    from trainlab.vocab.processes import process_id
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
     gone = subprocess.Popen(["sleep", "30"])
-    dead_driver = driver_id(gone.pid)
+    dead_driver = process_id(gone.pid)
     gone.kill()
     gone.wait()
 
@@ -112,7 +112,7 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
 
     orphan = left_running("killed", dead_driver)
     continued = left_running("continued", dead_driver, ckpt_step=5)
-    alive = left_running("alive", driver_id())
+    alive = left_running("alive", process_id())
     said = end_orphaned_runs(run, tracking_uri=uri, keep=continued)
 
     client = MlflowClient(tracking_uri=uri)
@@ -123,3 +123,58 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
     assert client.get_run(continued).info.status == "RUNNING" and client.get_run(alive).info.status == "RUNNING"
     assert not list((tmp_path / "killed").glob("*.tmp")) and not list((tmp_path / "continued").glob("*.tmp"))
     assert list((tmp_path / "alive").glob("*.tmp"))  # a live driver's save in progress is never touched
+
+
+@pytest.mark.slow  # a sqlite MLflow store with seven runs: seconds on a loaded machine
+def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path, monkeypatch):
+    """The sweep's side of the same: of the runs of one sweep left RUNNING, the rerun ends FAILED
+    the trial it does not resume, and a parent of the sweep it does not continue with its trial
+    (a checkpoint under that parent is not resumed); it goes on in the parent it found and the
+    trial it resumes; a trial whose driver runs, or ran on another host, is never touched."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    from trainlab.tracking.sweep_runs import end_orphaned_sweep_runs, open_sweep_parent
+    from trainlab.vocab.processes import process_id
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
+    gone = subprocess.Popen(["sleep", "30"])
+    dead = process_id(gone.pid)
+    gone.kill()
+    gone.wait()
+    client = MlflowClient(tracking_uri=uri)
+    sweep = {"tracking_uri": uri, "experiment": "orphans", "sweep_name": "s", "sid": "abc", "definition": {}}
+    parent, _ = open_sweep_parent(**sweep)
+    client.set_tag(parent, names.TAG_DRIVER, dead)
+    other = client.create_run(client.get_run(parent).info.experiment_id, tags={  # a later parent of the same sweep
+        names.TAG_ROLE: names.ROLE_SWEEP, names.TAG_SWEEP_ID: "abc", names.TAG_DRIVER: dead}).info.run_id
+
+    def left_running(name: str, under: str, driver: str, *, ckpt_step: int | None = None) -> str:
+        run_id = _trial(uri, run, tmp_path / name, status=names.STATUS_RUNNING, ckpt_step=ckpt_step, parent=under)
+        client.set_tag(run_id, names.TAG_DRIVER, driver)
+        (tmp_path / name / "step_00000007.tmp").mkdir(parents=True)
+        return run_id
+
+    cut_off = left_running("cut_off", parent, dead)
+    resumed = left_running("resumed", parent, dead, ckpt_step=3)
+    alive = left_running("alive", parent, process_id())
+    far = left_running("far", parent, f"elsewhere.example {gone.pid} 1")
+    stray = left_running("stray", other, dead, ckpt_step=3)
+
+    assert open_sweep_parent(**sweep) == (parent, True)  # the rerun goes on in the first parent
+    said = end_orphaned_sweep_runs(tracking_uri=uri, sid="abc", parent_run_id=parent,
+                                   resumed_roots={str(tmp_path / "resumed")})
+
+    status = {k: client.get_run(v).info.status for k, v in
+              {"parent": parent, "other": other, "cut_off": cut_off, "resumed": resumed, "alive": alive,
+               "far": far, "stray": stray}.items()}
+    assert status == {"parent": "RUNNING", "other": "FAILED", "cut_off": "FAILED", "resumed": "RUNNING",
+                      "alive": "RUNNING", "far": "RUNNING", "stray": "FAILED"}
+    note = client.get_run(cut_off).data.tags[names.TAG_ERROR]
+    assert "ended without closing it" in note and note.endswith("ended by the next start of its sweep")
+    assert sorted(said) == sorted(f"run {r} was left RUNNING: {note}; marked FAILED" for r in (cut_off, stray, other))
+    assert [n for n in ("cut_off", "resumed", "alive", "far", "stray") if list((tmp_path / n).glob("*.tmp"))] \
+        == ["alive", "far"]  # a gone driver's cut-off saves removed; a live or far one's never touched

@@ -60,6 +60,23 @@ def test_a_dead_holders_lease_is_taken_over(tmp_path, capsys):
         held.release()
 
 
+def test_a_lease_whose_holders_pid_was_reused_is_taken_over(tmp_path):
+    """The holder is named by its process (vocab.processes): a live process that took over a dead
+    holder's pid (this one, started later than the holder) holds nothing, though its heartbeat is fresh."""
+    from trainlab.vocab.processes import process_id
+
+    host, pid, start = process_id().split(" ")
+    record = {"holder": "gone", "host": host, "pid": int(pid), "process": f"{host} {pid} {int(start) - 1000}",
+              "started": time.time() - 50, "heartbeat": time.time()}
+    (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+    held = acquire(tmp_path)
+    try:
+        taken = json.loads((tmp_path / LEASE_FILE).read_text())
+        assert taken["holder"] == held.holder and taken["process"] == process_id()
+    finally:
+        held.release()
+
+
 def test_a_lease_whose_heartbeat_stopped_long_ago_is_stale_on_another_host(tmp_path):
     old = time.time() - 10 * lease.STALE_AFTER_S
     record = {"holder": "far", "host": "elsewhere.example", "pid": 1, "started": old, "heartbeat": old}

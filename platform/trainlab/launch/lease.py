@@ -8,11 +8,13 @@ takes the lease before it writes anything of the trial, and gives it back on eve
     ...                       # a thread renews its heartbeat every HEARTBEAT_S
     held.release()            # the file is gone (only if it is still this holder's)
 
-The lease is one file, ``<checkpoint folder>/lease.json``: holder id, host, pid, when it was
-taken, its last heartbeat. It is decided under an exclusive flock on the folder itself (one
-decision at a time, so a takeover is atomic) and written whole (a temporary file renamed over
-it). A lease is stale, and taken over, when its holder is on this host and its pid is gone, or
-when its heartbeat is older than STALE_AFTER_S (a holder on another host, or a reused pid).
+The lease is one file, ``<checkpoint folder>/lease.json``: holder id, host, pid, the holder's
+process ('HOST PID START': vocab.processes), when it was taken, its last heartbeat. It is decided
+under an exclusive flock on the folder itself (one decision at a time, so a takeover is atomic)
+and written whole (a temporary file renamed over it). A lease is stale, and taken over, when
+its holder's process is gone (on this host: its pid ended or was reused; a lease written before
+the process field by its host and pid alone), or when its heartbeat is older than STALE_AFTER_S
+(a holder on another host).
 A sweep's trials each hold their own (each has its own folder).
 """
 
@@ -22,7 +24,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from trainlab.config import ConfigError
 from trainlab.vocab.files import InputFileError, read_text
+from trainlab.vocab.processes import host_name, process_gone, process_id
 
 LEASE_FILE = "lease.json"
 HEARTBEAT_S = 10.0
@@ -44,10 +46,6 @@ STALE_AFTER_S = 120.0
 
 class LeaseHeld(ConfigError):
     """Another driver trains this trial now (its checkpoint folder's lease is held)."""
-
-
-def host_name() -> str:
-    return socket.gethostname()
 
 
 @dataclass
@@ -89,7 +87,8 @@ def acquire(root: Path) -> Lease:
     root.mkdir(parents=True, exist_ok=True)
     holder = f"{host_name()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     now = time.time()
-    record = {"holder": holder, "host": host_name(), "pid": os.getpid(), "started": now, "heartbeat": now}
+    record = {"holder": holder, "host": host_name(), "pid": os.getpid(), "process": process_id(), "started": now,
+              "heartbeat": now}
     with _locked(root):
         _refuse_if_held(root)
         _write(root, record)
@@ -122,35 +121,20 @@ def _refuse_if_held(root: Path) -> None:
         record = json.loads(text)
         host, pid, beat = str(record["host"]), int(record["pid"]), float(record["heartbeat"])
         started = float(record.get("started", beat))
+        holder = str(record.get("process") or f"{host} {pid}")  # an older lease: its host and pid
     except (ValueError, KeyError, TypeError):
         if time.time() - mtime > STALE_AFTER_S:
             return  # unreadable and untouched for long: no holder renews it
         raise LeaseHeld(f"train.checkpoint_dir={root} has an unreadable {LEASE_FILE} written "
                         f"{time.time() - mtime:.0f} s ago (another driver may be taking it); retry in "
                         f"{STALE_AFTER_S:.0f} s, or give this run its own train.checkpoint_dir") from None
-    if _stale(host, pid, beat):
+    if time.time() - beat > STALE_AFTER_S or process_gone(holder):
         return
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
     raise LeaseHeld(f"train.checkpoint_dir={root} is in use: another driver trains this trial (host {host}, "
                     f"pid {pid}, since {since}, heartbeat {max(0.0, time.time() - beat):.0f} s ago); one "
                     "trial has one driver: wait for it to end or stop it, then run the same command again, "
                     "or give this run its own train.checkpoint_dir")
-
-
-def _stale(host: str, pid: int, heartbeat: float) -> bool:
-    if time.time() - heartbeat > STALE_AFTER_S:
-        return True
-    return host == host_name() and not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def _read(root: Path) -> dict:

@@ -49,6 +49,7 @@ from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 from trainlab.tracking.sweep_runs import (
     close_sweep_parent,
     done_children,
+    end_orphaned_sweep_runs,
     job_key,
     open_sweep_parent,
     sweep_id,
@@ -257,6 +258,10 @@ def execute_sweep(trials: list[Trial], *, max_concurrent_trials: int = 0, rerun:
                 # stopped before its end: go on from its checkpoints, in the run it started
                 t.run = dataclasses.replace(t.run, train=dataclasses.replace(t.run.train, checkpoint_dir=cut[key]))
                 t.resumed = True
+        # a driver killed with SIGKILL left runs of this sweep RUNNING: those not resumed now end FAILED
+        for line in end_orphaned_sweep_runs(tracking_uri=uri, sid=sid, parent_run_id=parent_id,
+                                            resumed_roots={t.run.train.checkpoint_dir for t in trials if t.resumed}):
+            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
         console.print(f"sweep [bold]{sweep_name}[/]: {len(trials)} trials over {', '.join(keys) or '-'}; "
                       f"parent run {parent_id}{' (resumed)' if reused else ''} in {redact(uri)}")
 

@@ -18,15 +18,9 @@ from trainlab import names
 from trainlab.config import RunConfig, config_hash
 from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint, remove_unfinished_saves
 from trainlab.redact import redact
-from trainlab.tracking.runs import (
-    TrialRun,
-    driver_gone,
-    driver_id,
-    open_trial_run,
-    tracker_options,
-    trial_tags,
-)
+from trainlab.tracking.runs import TrialRun, open_trial_run, tracker_options, trial_tags
 from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
+from trainlab.vocab.processes import process_gone, process_id
 
 TRIAL_RECORD = "trial.json"
 
@@ -64,7 +58,7 @@ def reopen_trial_run(trial: TrialRun) -> None:
 
     client = MlflowClient(tracking_uri=trial.tracking_uri)
     client.log_batch(trial.run_id, tags=[RunTag(names.TAG_STATUS, names.STATUS_RUNNING),
-                                         RunTag(names.TAG_DRIVER, driver_id())])
+                                         RunTag(names.TAG_DRIVER, process_id())])
     client.update_run(trial.run_id, status="RUNNING")
 
 
@@ -120,11 +114,9 @@ def find_unfinished_trial(run: RunConfig, *, tracking_uri: str) -> UnfinishedTri
 
 
 def end_orphaned_runs(run: RunConfig, *, tracking_uri: str, keep: str | None = None) -> list[str]:
-    """Runs of this config (a single trial's, not a sweep's) left RUNNING by a process of this
-    machine that is gone (its driver SIGKILLed or crashed: no handler ran): each loses the
-    half-written step_N.tmp its checkpoint folder holds and, unless it is `keep` (the run this
-    start goes on in), ends FAILED with a note. Returns one line per run ended."""
-    from mlflow.entities import RunTag
+    """Runs of this config (a single trial's, not a sweep's: tracking.sweep_runs finds those) left
+    RUNNING by a process of this machine that is gone: end_left_running, by the next start of
+    the same config, keeping `keep` (the run this start goes on in). One line per run ended."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -134,20 +126,32 @@ def end_orphaned_runs(run: RunConfig, *, tracking_uri: str, keep: str | None = N
     found = client.search_runs([exp.experiment_id], max_results=100,
                                filter_string=f"tags.{names.TAG_CONFIG_HASH} = '{config_hash(run)}' "
                                              "and attributes.status = 'RUNNING'")
+    single = [r for r in found if names.TAG_PARENT_RUN_ID not in r.data.tags]
+    return end_left_running(client, single, keep={keep} if keep else set(), by="the next start of the same config")
+
+
+def end_left_running(client, found: list, *, keep: set[str], by: str) -> list[str]:
+    """Of the MLflow runs `found`, those still RUNNING whose driver (tag trainlab.driver) is a
+    process of this machine that is gone (SIGKILLed or crashed: no handler ran): each loses the
+    half-written step_N.tmp its checkpoint folder holds and, unless its id is in `keep` (a run
+    this start goes on in), ends FAILED with a note saying its driver left it and `by` whom it
+    was ended. A run whose driver runs, or ran on another host, is never touched. Returns one
+    line per run ended."""
+    from mlflow.entities import RunTag
+
     said = []
     for r in found:
         tags = r.data.tags
         driver = tags.get(names.TAG_DRIVER, "")
-        if names.TAG_PARENT_RUN_ID in tags or not driver or not driver_gone(driver):
+        if r.info.status != "RUNNING" or not driver or not process_gone(driver):
             continue
         root = Path(tags.get(names.TAG_CHECKPOINT_DIR, ""))
         if root.is_absolute():  # its driver is gone: nothing writes there any more
             remove_unfinished_saves(root)
-        if r.info.run_id == keep:
+        if r.info.run_id in keep:
             continue
         pid = driver.split(" ")[1]
-        note = (f"its driver (pid {pid}) ended without closing it (SIGKILL or a crash); ended by the "
-                "next start of the same config")
+        note = f"its driver (pid {pid}) ended without closing it (SIGKILL or a crash); ended by {by}"
         client.log_batch(r.info.run_id, tags=[RunTag(names.TAG_STATUS, names.STATUS_FAILED),
                                               RunTag(names.TAG_ERROR, note)])
         client.set_terminated(r.info.run_id, status="FAILED")

@@ -7,7 +7,6 @@ the run failed even if every worker dies); rank 0 then logs metrics into it.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from trainlab.tracking.mlflow_ui import training_experiment
 from trainlab.tracking.spill import Spill
 from trainlab.tracking.store import TrackingStore
 from trainlab.vocab.precision import spec_of
+from trainlab.vocab.processes import process_id
 
 
 @dataclass(frozen=True)
@@ -31,29 +31,6 @@ class TrialRun:
     run_id: str
     experiment_id: str
     tracking_uri: str
-
-
-def driver_id(pid: int | None = None) -> str:
-    """'HOST PID START' of a process (this one by default): who holds a run open. The start time
-    tells a live process from a later one that reuses a dead one's pid."""
-    import psutil
-
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()} {pid} {int(psutil.Process(pid).create_time())}"
-
-
-def driver_gone(driver: str) -> bool:
-    """Whether the process named by driver_id() has ended (False for another host's: unknown)."""
-    import psutil
-
-    host, _, rest = driver.partition(" ")
-    pid, _, start = rest.partition(" ")
-    if host != socket.gethostname() or not pid.isdigit() or not start.isdigit():
-        return False
-    try:
-        return int(psutil.Process(int(pid)).create_time()) != int(start)
-    except psutil.NoSuchProcess:
-        return True
 
 
 def trial_tags(run: RunConfig) -> dict[str, str]:
@@ -67,7 +44,7 @@ def trial_tags(run: RunConfig) -> dict[str, str]:
         names.TAG_CONFIG_HASH: config_hash(run),
         names.TAG_CORPUS: run.data.name,
         names.TAG_STATUS: names.STATUS_RUNNING,
-        names.TAG_DRIVER: driver_id(),
+        names.TAG_DRIVER: process_id(),
     }
     if spec_of(run.precision.name).low_precision_params:  # its update variants train differently
         tags[names.TAG_BF16_UPDATE] = run.precision.bf16_update

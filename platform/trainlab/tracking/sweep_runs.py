@@ -1,4 +1,8 @@
-"""A sweep's parent MLflow run: found again by its definition hash, so a rerun never duplicates it."""
+"""A sweep's parent MLflow run: found again by its definition hash, so a rerun never duplicates it.
+
+A rerun of a sweep whose driver was SIGKILLed (no handler ran) ends what that driver left
+RUNNING (end_orphaned_sweep_runs): the trials it does not resume and any parent it does not
+continue end FAILED with a note; it goes on in the rest."""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from pathlib import Path
 from trainlab import names
 from trainlab.config.checkpoints import latest_checkpoint
 from trainlab.ray_job import job_run_name, submission_id
+from trainlab.tracking.continued_run import end_left_running
 from trainlab.tracking.mlflow_ui import training_experiment
 from trainlab.tracking.runs import mlflow_status
+from trainlab.vocab.processes import process_id
 
 
 def sweep_id(*, sweep_name: str, experiment: str, job_overrides: list[list[str]]) -> str:
@@ -34,19 +40,16 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
     Returns (run_id, reused)."""
     client = _client(tracking_uri)
     exp_id = training_experiment(client, experiment)
-    found = client.search_runs(
-        [exp_id],
-        filter_string=f"tags.{names.TAG_SWEEP_ID} = '{sid}' and tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'",
-        max_results=1, order_by=["attributes.start_time ASC"],
-    )
+    found = _parents(client, exp_id, sid)[:1]
     if found:
         run_id = found[0].info.run_id
+        client.set_tag(run_id, names.TAG_DRIVER, process_id())  # this driver holds it open now
         client.update_run(run_id, status="RUNNING")
         return run_id, True
     job_id = submission_id()
     run = client.create_run(exp_id, run_name=job_run_name(sweep_name), tags={
         names.TAG_ROLE: names.ROLE_SWEEP, names.TAG_SWEEP: sweep_name, names.TAG_SWEEP_ID: sid,
-        names.TAG_STATUS: names.STATUS_RUNNING,
+        names.TAG_STATUS: names.STATUS_RUNNING, names.TAG_DRIVER: process_id(),
         **({names.TAG_RAY_JOB: job_id} if job_id else {}),
     })
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,6 +64,33 @@ def job_key(tags: dict[str, str]) -> str:
     train the same config (a sweep over `cluster.max_failures` or a `debug.*` field, which the
     hash leaves out): only both together tell them apart, in a rerun and in `trainlab compare`."""
     return f"{tags.get(names.TAG_CONFIG_HASH, '')} {tags.get(names.TAG_OVERRIDES, '')}"
+
+
+def _parents(client, exp_id: str, sid: str) -> list:
+    """The parent runs of sweep `sid`, oldest first: a rerun goes on in the oldest."""
+    return client.search_runs(
+        [exp_id],
+        filter_string=f"tags.{names.TAG_SWEEP_ID} = '{sid}' and tags.`{names.TAG_ROLE}` = '{names.ROLE_SWEEP}'",
+        max_results=1000, order_by=["attributes.start_time ASC"])
+
+
+def end_orphaned_sweep_runs(*, tracking_uri: str, sid: str, parent_run_id: str, resumed_roots: set[str]) -> list[str]:
+    """The runs of sweep `sid` that an earlier start left RUNNING, its driver a process of this
+    machine that is gone (SIGKILLed, crashed): each parent and trial run loses its step_N.tmp
+    and ends FAILED with a note (continued_run.end_left_running), except the parent this start
+    goes on in (`parent_run_id`) and its trials that this start resumes from their checkpoint
+    folders (`resumed_roots`: they go on in their runs). One line per run ended."""
+    client = _client(tracking_uri)
+    exp_id = client.get_run(parent_run_id).info.experiment_id
+    keep, left = {parent_run_id}, []
+    for parent in _parents(client, exp_id, sid):
+        pid = parent.info.run_id
+        trials = client.search_runs([exp_id], max_results=10_000,
+                                    filter_string=f"tags.{names.TAG_PARENT_RUN_ID} = '{pid}' and attributes.status = 'RUNNING'")
+        if pid == parent_run_id:
+            keep |= {r.info.run_id for r in trials if r.data.tags.get(names.TAG_CHECKPOINT_DIR) in resumed_roots}
+        left += [*trials, parent]
+    return end_left_running(client, left, keep=keep, by="the next start of its sweep")
 
 
 def _children(tracking_uri: str, parent_run_id: str) -> list:
