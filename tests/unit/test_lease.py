@@ -88,6 +88,25 @@ def test_a_lease_whose_heartbeat_stopped_long_ago_is_stale_on_another_host(tmp_p
         acquire(tmp_path)
 
 
+def test_a_live_holder_on_this_host_keeps_its_lease_however_old_its_heartbeat(tmp_path):
+    """A holder here whose heartbeat stalled (SIGSTOP, a suspended machine) still runs: taking its
+    lease would give the trial two drivers the moment it wakes. Only its end frees the lease."""
+    from trainlab.vocab.processes import process_id
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        old = time.time() - 10 * lease.STALE_AFTER_S
+        record = {"holder": "stalled", "host": lease.host_name(), "pid": sleeper.pid,
+                  "process": process_id(sleeper.pid), "started": old, "heartbeat": old}
+        (tmp_path / LEASE_FILE).write_text(json.dumps(record))
+        with pytest.raises(LeaseHeld, match=f"pid {sleeper.pid}, .* heartbeat \\d+ s ago"):
+            acquire(tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    acquire(tmp_path).release()  # gone: taken over
+
+
 def test_release_leaves_a_lease_taken_over_by_another_alone(tmp_path):
     held = acquire(tmp_path)
     other = {"holder": "other", "host": "elsewhere.example", "pid": 1, "started": time.time(),

@@ -13,8 +13,9 @@ process ('HOST PID START': vocab.processes), when it was taken, its last heartbe
 under an exclusive flock on the folder itself (one decision at a time, so a takeover is atomic)
 and written whole (a temporary file renamed over it). A lease is stale, and taken over, when
 its holder's process is gone (on this host: its pid ended or was reused; a lease written before
-the process field by its host and pid alone), or when its heartbeat is older than STALE_AFTER_S
-(a holder on another host).
+the process field by its host and pid alone), or, for a holder on another host (whose process
+nothing here can see), when its heartbeat is older than STALE_AFTER_S. A live holder on this
+host keeps its lease however old its heartbeat.
 A sweep's trials each hold their own (each has its own folder).
 """
 
@@ -58,16 +59,18 @@ class Lease:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     lost: bool = False
-    """Another driver took the lease over (this one's heartbeat stalled past STALE_AFTER_S)."""
+    """Another driver took the lease over: a driver on another host, after this one's heartbeat
+    stalled past STALE_AFTER_S (the lease on a shared folder; one on this host never takes a
+    live holder's)."""
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             with contextlib.suppress(OSError), _locked(self.root):
                 if _read(self.root).get("holder") != self.holder:
                     self.lost = True
-                    print(f"warning: the lease on {self.root} was taken over by another driver (this one's "
-                          f"heartbeat stalled past {STALE_AFTER_S:.0f} s); stop this command: two drivers now "
-                          "train the trial", file=sys.stderr, flush=True)
+                    print(f"warning: the lease on {self.root} was taken over by a driver on another host "
+                          f"(this one's heartbeat stalled past {STALE_AFTER_S:.0f} s); stop this command: two "
+                          "drivers now train the trial", file=sys.stderr, flush=True)
                     return
                 _write(self.root, {**self.record, "heartbeat": time.time()})
 
@@ -128,7 +131,10 @@ def _refuse_if_held(root: Path) -> None:
         raise LeaseHeld(f"train.checkpoint_dir={root} has an unreadable {LEASE_FILE} written "
                         f"{time.time() - mtime:.0f} s ago (another driver may be taking it); retry in "
                         f"{STALE_AFTER_S:.0f} s, or give this run its own train.checkpoint_dir") from None
-    if time.time() - beat > STALE_AFTER_S or process_gone(holder):
+    # here, whether the holder runs is known: only its end frees the lease (a holder stopped
+    # with SIGSTOP or a suspended machine would wake to a trial with two drivers); elsewhere
+    # nothing tells, and a heartbeat silent for STALE_AFTER_S is taken for its end
+    if process_gone(holder) or (host != host_name() and time.time() - beat > STALE_AFTER_S):
         return
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
     raise LeaseHeld(f"train.checkpoint_dir={root} is in use: another driver trains this trial (host {host}, "
