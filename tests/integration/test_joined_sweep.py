@@ -77,3 +77,11 @@ def test_a_sweep_with_a_trial_beyond_the_joined_clusters_cpus_is_refused_whole(h
     assert "planning trials" not in proc.stderr and "running " not in proc.stdout, shown
     assert _trial_runs(db) == [], shown
     assert not list((tmp_path / "multirun").rglob("ray")), shown
+    # a single trial on the same cluster: the same check (launch.plan.check_joined_gangs), its line alone
+    one = subprocess.run(
+        trainlab_cmd("train", "cluster=ray", f"cluster.address={head.address}", "cluster.num_workers=4", "model=tiny",
+                     "train.global_batch_size=8", "train.micro_batch_size=2", "tracking=none",
+                     f"hydra.run.dir={tmp_path / 'single'}"),
+        env=head.env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [line for line in one.stderr.splitlines() if line.startswith("error: ")]
+    assert one.returncode == 2 and errors == [f"error: {line.split(': ', 1)[1]}"], one.stdout[-2000:] + one.stderr[-2000:]
