@@ -264,6 +264,29 @@ def _run_state(proc: psutil.Process) -> str | None:
         return None
 
 
+def kill_tree(marker: str) -> None:
+    """SIGKILL the processes with `marker` on their command line and all their descendants: Ray
+    renames its workers and agents (ray::RayTrainWorker), so only their parent raylet shows the
+    node's temp dir; rank 0's MLflow writer is a worker's child. (-ww: ps cuts long command lines
+    to 80 columns when not writing to a terminal.)"""
+    ps = subprocess.run(["ps", "-ewwo", "pid=,ppid=,args="], capture_output=True, text=True, check=True)
+    procs = []
+    for line in ps.stdout.splitlines():
+        pid, ppid, *args = line.split(None, 2)
+        procs.append((int(pid), int(ppid), args[0] if args else ""))
+    doomed = {pid for pid, _, args in procs if marker in args}
+    while True:
+        children = {pid for pid, ppid, _ in procs if ppid in doomed} - doomed
+        if not children:
+            break
+        doomed |= children
+    for pid in doomed - {os.getpid()}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def trainlab_cmd(*args: str) -> list[str]:
     """The installed console script, next to this interpreter."""
     return [str(Path(sys.executable).parent / "trainlab"), *args]

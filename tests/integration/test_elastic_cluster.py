@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import free_port, trainlab_cmd
+from conftest import free_port, kill_tree, trainlab_cmd
 from trainlab import names
 from trainlab.config.checkpoints import complete_checkpoints
 
@@ -68,36 +67,13 @@ class Cluster:
 
     def kill_node(self) -> None:
         """SIGKILL every process of the second node, as a lost machine takes them all."""
-        _kill_tree(self.node)
+        kill_tree(self.node)
 
     def stop(self) -> None:
         for d in self.dirs:  # only this cluster's processes: `ray stop` would stop every cluster here
-            _kill_tree(d)
+            kill_tree(d)
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _kill_tree(marker: str) -> None:
-    """SIGKILL the processes with `marker` on their command line and all their descendants: Ray
-    renames its workers and agents (ray::RayTrainWorker), so only their parent raylet shows the
-    node's temp dir; rank 0's MLflow writer is a worker's child. (-ww: ps cuts long command lines
-    to 80 columns when not writing to a terminal.)"""
-    ps = subprocess.run(["ps", "-ewwo", "pid=,ppid=,args="], capture_output=True, text=True, check=True)
-    procs = []
-    for line in ps.stdout.splitlines():
-        pid, ppid, *args = line.split(None, 2)
-        procs.append((int(pid), int(ppid), args[0] if args else ""))
-    doomed = {pid for pid, _, args in procs if marker in args}
-    while True:
-        children = {pid for pid, ppid, _ in procs if ppid in doomed} - doomed
-        if not children:
-            break
-        doomed |= children
-    for pid in doomed - {os.getpid()}:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture

@@ -48,3 +48,30 @@ def test_each_trial_of_a_sweep_is_planned_and_placed_once(ray_cluster, tmp_path,
             tags.update(json.loads(line).get("tags", {}))
         assert tags[names.TAG_DEVICE_NAME].startswith("cpu")  # what the workers computed on: the plan's
     assert trials[0].plan.config_hash != trials[1].plan.config_hash  # seeds differ: two trials
+
+
+def test_a_trial_is_estimated_once_and_a_swept_one_is_not_checked_again(ray_cluster, tmp_path, monkeypatch):
+    """A local trial's memory estimate is made once, by its preflight, and is its plan's; a
+    sweep's trial planned with what the sweep's checks found of it is neither checked nor
+    estimated again."""
+    from trainlab.launch import preflight
+    from trainlab.plan import trial_plan
+
+    calls: list[str] = []
+    for module, name in ((preflight, "estimate_run"), (trial_plan, "estimate_run"), (preflight, "check_data"),
+                         (preflight, "check_device"), (preflight, "check_gang_cpus")):
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    alone = compose_run_config([*TRIAL, f"output_dir={tmp_path / 'alone'}"])
+    plan = launch_plan.plan_launch(alone)
+    assert plan.estimate is not None and calls.count("estimate_run") == 1, calls
+    swept = compose_run_config([*TRIAL, "seed=1", f"output_dir={tmp_path / 'swept'}"])
+    (checks,) = preflight.check_sweep_trials([swept], ["#0 (seed=1)"])
+    calls.clear()
+    plan = launch_plan.plan_launch(swept, services=False, swept=checks)
+    assert plan.estimate is checks.estimate and calls == [], calls

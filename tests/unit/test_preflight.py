@@ -51,7 +51,7 @@ def _tokens_run(path, vocab: int = 100, dtype: str = "uint16"):
 # ---------------------------------------------------------------------------- data
 def test_a_good_token_file_passes(tmp_path):
     path = write_token_file(tmp_path / "t.bin", ENOUGH_TOKENS, "uint16")
-    assert preflight(_tokens_run(path), tracking_uri=None) == "cpu"
+    assert preflight(_tokens_run(path), tracking_uri=None).device == "cpu"
 
 
 def test_missing_token_file_names_data_path(tmp_path):
@@ -189,7 +189,7 @@ def test_unreachable_tracking_server(no_proxy):
 
 def test_writable_sqlite_store_passes_and_leaves_no_probe(tmp_path):
     db = tmp_path / "mlflow.db"
-    assert preflight(compose_run_config(BASE), tracking_uri=f"sqlite:///{db}") == "cpu"
+    assert preflight(compose_run_config(BASE), tracking_uri=f"sqlite:///{db}").device == "cpu"
     assert list(tmp_path.iterdir()) == []  # the check wrote nothing it did not clean up
 
 
@@ -293,7 +293,7 @@ def test_a_model_larger_than_this_machine_by_its_estimate_is_refused_before_ray(
 
 def test_a_model_that_fits_this_machine_passes_preflight(tmp_path):
     run = compose_run_config(BASE + ["cluster.num_workers=2", f"output_dir={tmp_path}"])
-    assert preflight(run, tracking_uri=None, services=False) == "cpu"
+    assert preflight(run, tracking_uri=None, services=False).device == "cpu"
 
 
 def test_a_sweep_holding_a_trial_too_large_for_this_machine_is_refused_whole(tmp_path):
@@ -345,4 +345,4 @@ def test_a_deleted_experiment_is_refused_before_ray_naming_restore_or_another_na
     for name in ("here", "new"):
         ok = compose_run_config(["model=tiny", "cluster.device=cpu", f"tracking.uri={uri}",
                                  f"tracking.experiment={name}", f"output_dir={tmp_path}"])
-        assert preflight(ok, tracking_uri=uri) == "cpu"
+        assert preflight(ok, tracking_uri=uri).device == "cpu"

@@ -184,3 +184,56 @@ def test_a_missing_sweep_names_the_folder_sweeps_live_in():
     with pytest.raises(ConfigError) as e:
         check_overrides(["-m", "+sweep=nope"], folders=False)
     assert "sweep=nope" in str(e.value) and "sweeps/sweep/" in str(e.value) and "conf/sweep" not in str(e.value)
+
+
+def test_a_joined_clusters_cpus_refuse_each_trial_beyond_them_on_a_line_of_its_own():
+    """Once joined, the cluster's CPUs (as ray.cluster_resources() reports them) against every
+    trial's gang: a sweep names each trial that cannot fit; a single trial gets its line alone."""
+    from trainlab.launch.plan import check_joined_gangs
+
+    head = "cluster.address=127.0.0.1:7"
+    runs = [compose_run_config(["model=tiny", "tracking=none", head, f"cluster.num_workers={n}"]) for n in (2, 4, 3)]
+    labels = [f"#{i} (cluster.num_workers={n})" for i, n in enumerate((2, 4, 3))]
+    with pytest.raises(ConfigError) as e:
+        check_joined_gangs(runs, labels, resources={"CPU": 2.0})
+    lines = str(e.value).splitlines()
+    assert lines[0] == "the sweep has trials that cannot run; nothing was started:"
+    assert [line.strip().split(": ")[0] for line in lines[1:]] == labels[1:]
+    assert ("#1 (cluster.num_workers=4): cluster.num_workers=4 x cluster.cpus_per_worker=1 needs 4 CPUs, "
+            "but the Ray cluster at cluster.address=127.0.0.1:7 has 2; use cluster.num_workers=2 or fewer") in lines[1]
+    with pytest.raises(ConfigError) as one:  # a single trial (launch.plan.plan_gang): the same check, its line
+        check_joined_gangs(runs[1:2], resources={"CPU": 2.0})
+    assert str(one.value) == lines[1].strip().split(": ", 1)[1]
+    check_joined_gangs(runs[:1], labels[:1], resources={"CPU": 2.0})  # the fix it names, followed
+    logical = compose_run_config(["model=tiny", "tracking=none", head, "cluster.num_workers=4", "debug.logical_gpus=true"])
+    check_joined_gangs([logical], resources={"CPU": 2.0, "GPU": 4.0})  # a GPU gang is placed by its GPUs
+
+
+def test_a_sweeps_trials_are_checked_once_each_and_their_gangs_once_per_shape(monkeypatch, tmp_path):
+    """check_sweep_services checks each gang shape once; what check_sweep_trials found of a trial
+    (device, estimate) is what its plan's preflight returns, nothing of it checked again."""
+    from trainlab.launch import preflight
+
+    calls: dict[str, int] = {}
+    for name in ("check_gang_cpus", "check_data", "check_device", "check_fits_here", "estimate_run"):
+        real = getattr(preflight, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(preflight, name, counted)
+    runs = [compose_run_config(["model=tiny", "tracking=none", "cluster.device=cpu", f"seed={s}",
+                                f"cluster.num_workers={n}", f"output_dir={tmp_path}"]) for s in (0, 1) for n in (1, 2)]
+    preflight.check_sweep_services(runs)
+    assert calls == {"check_gang_cpus": 2}  # two shapes, four trials
+    found = preflight.check_sweep_trials(runs, [f"#{i}" for i in range(len(runs))])
+    assert all(f.device == "cpu" and f.estimate is not None for f in found)
+    once = dict(calls)
+    assert once == {"check_gang_cpus": 2, "check_data": 4, "check_device": 4, "check_fits_here": 4, "estimate_run": 4}
+    for run, checks in zip(runs, found):
+        assert preflight.preflight(run, tracking_uri=None, services=False, swept=checks) is checks
+    assert calls == once  # the sweep's trials: not again
+    alone = preflight.preflight(runs[0], tracking_uri=None, services=False)  # a single trial checks it all, once
+    assert alone.device == "cpu" and alone.estimate is not None
+    assert calls == {name: n + 1 for name, n in once.items()}

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import torch
@@ -33,6 +35,9 @@ from trainlab.tracking.store_check import check_experiment, check_sqlite_uri, ch
 from trainlab.vocab.files import read_text
 from trainlab.vocab.precision import emulates
 
+if TYPE_CHECKING:
+    from trainlab.estimate.result import Estimate
+
 STORE_ELSEWHERE = "set tracking.uri to another store (or tracking=none)"
 DEFAULT_GCS_PORT = 6379
 DEFAULT_CLIENT_PORT = 10001
@@ -49,19 +54,37 @@ def ray_address_file() -> Path:
     return Path(base) / "ray" / "ray_current_cluster"
 
 
-def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True) -> str:
-    """Run every environment check; returns the resolved device ('cpu' or 'cuda'; 'auto' for
-    a joined cluster, resolved against its resources once connected: launch.plan).
-    `services=False`: the cluster and the tracking store were checked (check_sweep_services)."""
+@dataclass(frozen=True)
+class TrialChecks:
+    """What a trial's checks found before anything of it started, handed to its plan
+    (launch.plan.plan_launch) so that nothing of it is checked or estimated twice."""
+
+    device: str
+    """check_device's: cpu or cuda; 'auto' on a joined cluster (resolved against its resources
+    once connected: launch.plan)."""
+    estimate: Estimate | None = None
+    """check_fits_here's, on this machine (a local cluster): the plan's estimate; None where none
+    was made here (a joined cluster, or one that could not be made: warned)."""
+
+
+def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True,
+              swept: TrialChecks | None = None) -> TrialChecks:
+    """Run every environment check; returns what they found (its device: 'cpu' or 'cuda'; 'auto'
+    for a joined cluster, resolved against its resources once connected: launch.plan).
+    `services=False`: the cluster and the tracking store were checked (check_sweep_services).
+    `swept`: a sweep's trial, whose gang, data, device and memory the sweep checked with every
+    other trial's before the first started (check_sweep_services, check_sweep_trials): not again."""
     try:
-        check_gang_cpus(run)
+        if swept is None:
+            check_gang_cpus(run)
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
-        check_data(run)
+        if swept is None:
+            check_data(run)
         load_calibration(run.cluster.calibration)  # the file the user named, read as the estimate will
         check_module_names(run)
-        device = check_device(run)
+        device = swept.device if swept else check_device(run)
         check_layout(run)
-        check_fits_here(run, device)
+        checks = swept or TrialChecks(device, estimate=check_fits_here(run, device))
         if device != "auto":
             check_comm_backend(run, device)
         if services:
@@ -75,7 +98,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         raise ConfigError(str(e)) from None
     for note in ignored_options(run) + unordered_reductions(run) + shared_storage_notes(run):
         console.print(f"[yellow]warning:[/] {note}")
-    return device
+    return checks
 
 
 def check_sweep_services(runs: list[RunConfig]) -> None:
@@ -83,8 +106,10 @@ def check_sweep_services(runs: list[RunConfig]) -> None:
     tracking store, each distinct one once, before the parent run opens or Ray starts."""
     seen = set()
     try:
-        for run in runs:  # every trial's gang fits the local cluster: one that cannot refuses the sweep
-            check_gang_cpus(run)
+        # every trial's gang fits the local cluster: one that cannot refuses the sweep
+        refused = next((why for why in gang_refusals(runs) if why), "")
+        if refused:
+            raise ValueError(refused)
         for run in runs:
             key = (run.cluster.address, run.cluster.host, run.tracking.name, run.tracking.uri, run.tracking.experiment)
             if key in seen:
@@ -180,30 +205,39 @@ def check_module_names(run: RunConfig) -> None:
         injection_target(model, run.debug.nan_injection[0])
 
 
-def check_fits_here(run: RunConfig, device: str) -> None:
+def check_fits_here(run: RunConfig, device: str) -> Estimate | None:
     """A trial on a cluster started on this machine fits its memory (the host's RAM shared by
-    its CPU ranks, or its GPUs), by the same estimate and rule the plan applies once Ray has
-    started (estimate.fit_check.checked_estimate): refused here, before Ray or any worker, with
-    the numbers and the fix. A joined cluster's nodes are only known once joined (launch.plan)."""
+    its CPU ranks, or its GPUs), by the same estimate and rule the plan applies
+    (estimate.fit_check.checked_estimate): refused here, before Ray or any worker, with the
+    numbers and the fix. Returns the estimate, which the plan takes as it is (None: it could not
+    be made, warned here). A joined cluster's nodes are only known once joined (launch.plan): None."""
     if run.cluster.address or device == "auto":
-        return
-    checked_estimate(run, lambda: estimate_run(run, local_cluster(run, device=device),
-                                               trial_layout=plan_layout(run)),
-                     warn=lambda m: None)  # 'no estimate' is warned once, by the plan
+        return None
+    return checked_estimate(run, lambda: estimate_run(run, local_cluster(run, device=device),
+                                                      trial_layout=plan_layout(run)),
+                            warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
 
 
-def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> None:
+def sweep_refusal(lines: list[str]) -> ConfigError:
+    """A sweep refused whole: one line per trial that cannot run ('#3 (k=v): why')."""
+    return ConfigError("the sweep has trials that cannot run; nothing was started:\n  " + "\n  ".join(lines))
+
+
+def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> list[TrialChecks]:
     """Every trial of a sweep has its data and fits this machine (check_data, check_fits_here) before its parent run opens or
-    Ray starts: a sweep holding a trial that cannot run is refused whole, naming each such trial."""
-    errors = []
+    Ray starts: a sweep holding a trial that cannot run is refused whole, naming each such trial.
+    Returns what was found of each, for its plan (launch.plan.plan_launch, `swept`)."""
+    errors, found = [], []
     for run, label in zip(runs, labels):
         try:
             check_data(run)
-            check_fits_here(run, check_device(run))
+            device = check_device(run)
+            found.append(TrialChecks(device, estimate=check_fits_here(run, device)))
         except (ValueError, ConfigError) as e:
             errors.append(f"{label}: {e}")
     if errors:
-        raise ConfigError("the sweep has trials that cannot run; nothing was started:\n  " + "\n  ".join(errors))
+        raise sweep_refusal(errors)
+    return found
 
 
 def check_layout(run: RunConfig) -> None:
@@ -287,6 +321,24 @@ def check_gang_cpus(run: RunConfig, *, cluster_cpus: float | None = None) -> Non
                  else "a larger cluster")
     raise ValueError(f"cluster.num_workers={c.num_workers} x cluster.cpus_per_worker={c.cpus_per_worker} "
                      f"needs {need} CPUs, but {where}; use {', or '.join(fixes)}")
+
+
+def gang_refusals(runs: list[RunConfig], *, cluster_cpus: float | None = None) -> list[str]:
+    """check_gang_cpus's refusal of each run's gang ('' where it fits), each gang shape (its
+    cluster, cluster.num_workers, cluster.cpus_per_worker) checked once however many trials share it."""
+    by_shape: dict[tuple, str] = {}
+    refusals = []
+    for run in runs:
+        c = run.cluster
+        shape = (c.address, c.num_workers, c.cpus_per_worker)
+        if shape not in by_shape:
+            try:
+                check_gang_cpus(run, cluster_cpus=cluster_cpus)
+                by_shape[shape] = ""
+            except ValueError as e:
+                by_shape[shape] = str(e)
+        refusals.append(by_shape[shape])
+    return refusals
 
 
 def check_cluster(run: RunConfig) -> None:

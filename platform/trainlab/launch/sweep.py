@@ -38,8 +38,8 @@ from trainlab.events import WARNING, Notice, ProgressEvent, StepDone, TrialResul
 from trainlab.launch import interrupt
 from trainlab.launch.lifecycle import train
 from trainlab.launch.paths import run_config_from_hydra
-from trainlab.launch.plan import plan_launch
-from trainlab.launch.preflight import check_sweep_services, check_sweep_trials
+from trainlab.launch.plan import check_joined_gangs, plan_launch
+from trainlab.launch.preflight import TrialChecks, check_sweep_services, check_sweep_trials
 from trainlab.launch.pruner import Pruner, fmt_tokens
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.trial_plan import TrialPlan
@@ -68,6 +68,9 @@ class Trial:
     run_id: str | None = None
     plan: TrialPlan | None = None
     """As the driver resolved it before the first trial started (launch.plan)."""
+    checks: TrialChecks | None = None
+    """What the sweep's checks found of it (run_sweep): its plan checks none of it again; None
+    where no sweep checked it (execute_sweep called directly): its plan checks it all."""
     result: TrialResult | None = None
     error: str = ""
     skipped: bool = False
@@ -144,6 +147,12 @@ def _max_concurrent(trials: list[Trial], requested: int, *, gpus: bool) -> int:
     return max(1, fits)
 
 
+def _cluster_run(trials: list[Trial]) -> RunConfig:
+    """The run the sweep joins or starts its one cluster with: the largest gang's (a local
+    cluster is sized for it)."""
+    return max(trials, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker).run
+
+
 def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> list[Trial]:
     """Plan every trial before the first starts (launch.plan, once per trial: checks, resume,
     device, the GPU types it may use): those that cannot run (no GPU type of the cluster can,
@@ -154,8 +163,8 @@ def _refuse_unplaceable(todo: list[Trial], *, parent_id: str | None = None) -> l
     for t in todo:
         count.tick()
         start = time.perf_counter()
-        try:  # the sweep checked its cluster and store once (check_sweep_services)
-            t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False)
+        try:  # the sweep checked its cluster and store once (check_sweep_services), and the trial
+            t.plan = plan_launch(t.run, parent_run_id=parent_id, services=False, swept=t.checks)
             t.extra["plan_s"] = time.perf_counter() - start  # before its request: timed apart
             placeable.append(t)
         except ConfigError as e:
@@ -183,8 +192,14 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         except ValueError as e:
             raise ConfigError(str(e)) from None
         # every trial's data and memory, then the services: all before the parent run opens and Ray starts
-        check_sweep_trials([t.run for t in trials], labels)
+        checks = check_sweep_trials([t.run for t in trials], labels)
         check_sweep_services([t.run for t in trials])
+        cluster = _cluster_run(trials)
+        if cluster.cluster.address:  # a joined cluster's CPUs are known once connected: joined once, here
+            connect(cluster)
+            check_joined_gangs([t.run for t in trials], labels)  # before any trial, its run or a Ray task
+        for t, found in zip(trials, checks):
+            t.checks = found
         for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
             ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
     except ConfigError as e:
@@ -342,9 +357,7 @@ def _pruner(prune: PruneConfig | None, trials: list[Trial], todo: list[Trial]):
 
 def _run_trials(todo: list[Trial], *, parent_id, sweep_name: str, keys: list[str], max_concurrent: int,
                 pruner=None, reuse_gangs: bool = True) -> int:
-    # one cluster for every trial, sized for the largest gang
-    biggest = max(todo, key=lambda t: t.run.cluster.num_workers * t.run.cluster.cpus_per_worker)
-    connect(biggest.run)
+    connect(_cluster_run(todo))  # joined already by run_sweep where it names cluster.address
     todo = _refuse_unplaceable(todo, parent_id=parent_id)
     if not todo:
         return 0

@@ -150,15 +150,18 @@ class Where:
     """The MLflow run of this trial that stopped before its end and goes on here ('' = none)."""
     estimate_on: Callable[[], ClusterSpec] | None = None
     """The devices the trial runs on, for its estimate (a joined Ray cluster's nodes, this
-    machine's GPUs); None: no estimate."""
+    machine's GPUs); None: no estimate made here (`estimate`, if any, is the plan's)."""
+    estimate: Estimate | None = None
+    """The trial's estimate, made and checked already where the trial was checked (the Ray driver's
+    preflight on this machine, for a local cluster): the plan's as it is, not made again."""
 
 
 def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = None,
                warn: Callable[[str], None] | None = None) -> TrialPlan:
     """The plan of a validated `run` on `where`; derives the rest from the config, once
     (`layout`: plan_layout(run), where the caller checked it already, before anything started).
-    The estimate is made on `where.estimate_on` (estimate.fit_check.checked_estimate: ConfigError
-    where it does not fit its devices, GPUs or a CPU host; `warn`ed where it cannot be made)."""
+    The estimate is `where.estimate`, or made on `where.estimate_on` (estimate.fit_check.checked_estimate:
+    ConfigError where it does not fit its devices, GPUs or a CPU host; `warn`ed where it cannot be made)."""
     device = where.device
     assert device in ("cpu", "cuda"), f"resolve the device first: {device!r}"
     layout = layout or plan_layout(run)  # ConfigError (field, value, fix) for a layout that cannot run
@@ -167,8 +170,8 @@ def plan_trial(run: RunConfig, where: Where, *, layout: TrialLayout | None = Non
     paths = TrialPaths(output_dir=out, checkpoint_root=root, ray_storage=os.path.join(out, "ray"),
                        spill=os.path.join(out, names.SPILL_FILE), metrics=os.path.join(out, METRICS_FILE))
     gang = where.gang or GangShape.of(run, gpus=device == "cuda")
-    estimate = None
-    if where.estimate_on is not None:
+    estimate = where.estimate
+    if estimate is None and where.estimate_on is not None:
         estimate = checked_estimate(run, lambda: estimate_run(run, where.estimate_on(), trial_layout=layout),
                                     warn=warn or (lambda m: None))
     return TrialPlan(
