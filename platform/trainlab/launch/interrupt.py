@@ -78,16 +78,18 @@ class DriverInterrupt:
         else:
             self.forced = True
 
-    def install(self) -> None:
-        """Take the stop signals (main thread only; again after ray.init, which sets its own
-        SIGTERM handler); one ignored when the command started (nohup) stays ignored."""
+    def install(self, *, again: bool = False) -> None:
+        """Take the stop signals (main thread only); one ignored when the command started (nohup)
+        stays ignored. `again`: after ray.init, set each anew even where Python still names ours:
+        Ray's core worker installs a C-level handler (its failure handler: it logs the signal,
+        runs ours, then aborts the command, exit -6) that Python's own record never sees."""
         if threading.current_thread() is not threading.main_thread():
             return
         for s in STOP_SIGNALS:
             current = signal.getsignal(s)
             if current == signal.SIG_IGN and s not in self._previous:
                 continue
-            if current != self._on_signal:
+            if current != self._on_signal or again:
                 self._previous.setdefault(s, current)
                 signal.signal(s, self._on_signal)
 
@@ -144,9 +146,10 @@ def handling() -> bool:
 
 
 def rearm() -> None:
-    """Put the handlers back after something replaced them (ray.init's SIGTERM handler)."""
+    """Put the handlers back after something replaced them (ray.init: Ray's core worker's
+    C-level handlers, and its Python SIGTERM handler where it set one)."""
     if _active is not None:
-        _active.install()
+        _active.install(again=True)
 
 
 @contextlib.contextmanager
