@@ -134,20 +134,23 @@ def test_calibrate_fits_the_store_and_writes_what_cluster_calibration_reads(stor
     assert f"fitting to {len(CONFIGS)} trial(s)" in proc.stdout
     for run_id, _run, _est in children.values():
         assert run_id in proc.stdout  # each trial's row
-    before, after = _errors(proc.stdout, "step time")
-    assert after < before, proc.stdout
+    _errors(proc.stdout, "step time")  # the printed before/after line (mean |error|: not what the fit minimizes)
     assert str(path) in proc.stdout
     json.loads(path.read_text())
     fitted = load_calibration(path)
     # the fit, used as cluster.calibration would use it: the trials' step times closer to what they measured
     client = MlflowClient(tracking_uri=uri)
+    # the fit's own objective (least squares of estimated / measured - 1, toward the defaults), on
+    # live step times: the RMS error gets smaller. The mean |error| need not (CI: one trial measured
+    # 3x slow under load, 26% -> 27% while the RMS fell 0.40 -> 0.36)
     errs = []
     for run_id, run, est in children.values():
         measured = statistics.median([v for _, v in _history(client, run_id, names.STEP_TIME_S)[1:]])
         after_est = estimate_trial(run, ClusterSpec.cpu(ranks=1), trial_layout=plan_layout(run), calibration=fitted)
         assert after_est.calibration == str(path)  # recorded as the trial's est/calibration tag
-        errs.append((abs(est.step_time_s / measured - 1), abs(after_est.step_time_s / measured - 1)))
-    assert sum(a for _, a in errs) < sum(b for b, _ in errs), errs
+        errs.append((est.step_time_s / measured - 1, after_est.step_time_s / measured - 1))
+    rms_before, rms_after = (statistics.fmean(e[i] ** 2 for e in errs) ** 0.5 for i in (0, 1))
+    assert rms_after < rms_before, errs
 
 
 def test_calibrate_refuses_a_store_without_the_experiment(store, cli_env, tmp_path):
