@@ -84,12 +84,24 @@ def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path
 
 
 # issue 28: signals ------------------------------------------------------------------------
+def _dead_process_id() -> str:
+    """The process id ('HOST PID START') of a process that has ended: a SIGKILLed driver's."""
+    import subprocess
+
+    from trainlab.vocab.processes import process_id
+
+    gone = subprocess.Popen(["sleep", "30"])
+    dead = process_id(gone.pid)
+    gone.kill()
+    gone.wait()
+    return dead
+
+
 @pytest.mark.slow  # a sqlite MLflow store with three runs: seconds on a loaded machine
 def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, monkeypatch):
     """SIGKILL cannot be handled: the driver's run stays RUNNING and its cut-off save leaves a
     step_N.tmp. The next start of the same config ends that run FAILED with a note and removes
     the .tmp; a run whose driver still runs, and the run this start goes on in, stay RUNNING."""
-    import subprocess
 
     from mlflow.tracking import MlflowClient
 
@@ -99,10 +111,7 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
-    gone = subprocess.Popen(["sleep", "30"])
-    dead_driver = process_id(gone.pid)
-    gone.kill()
-    gone.wait()
+    dead_driver = _dead_process_id()
 
     def left_running(name: str, driver: str, *, ckpt_step: int | None = None) -> str:
         run_id = _trial(uri, run, tmp_path / name, status=names.STATUS_RUNNING, ckpt_step=ckpt_step)
@@ -131,7 +140,6 @@ def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path
     the trial it does not resume, and a parent of the sweep it does not continue with its trial
     (a checkpoint under that parent is not resumed); it goes on in the parent it found and the
     trial it resumes; a trial whose driver runs, or ran on another host, is never touched."""
-    import subprocess
 
     from mlflow.tracking import MlflowClient
 
@@ -141,10 +149,7 @@ def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=orphans"])
-    gone = subprocess.Popen(["sleep", "30"])
-    dead = process_id(gone.pid)
-    gone.kill()
-    gone.wait()
+    dead = _dead_process_id()
     client = MlflowClient(tracking_uri=uri)
     sweep = {"tracking_uri": uri, "experiment": "orphans", "sweep_name": "s", "sid": "abc", "definition": {}}
     parent, _ = open_sweep_parent(**sweep)
@@ -161,7 +166,7 @@ def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path
     cut_off = left_running("cut_off", parent, dead)
     resumed = left_running("resumed", parent, dead, ckpt_step=3)
     alive = left_running("alive", parent, process_id())
-    far = left_running("far", parent, f"elsewhere.example {gone.pid} 1")
+    far = left_running("far", parent, f"elsewhere.example {dead.split()[1]} 1")
     stray = left_running("stray", other, dead, ckpt_step=3)
 
     assert open_sweep_parent(**sweep) == (parent, True)  # the rerun goes on in the first parent
