@@ -81,10 +81,18 @@ def _one_of(section: str, name: str, value: str, choices: tuple[str, ...]) -> No
 # ---------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, SDPA attention."""
+    """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, SDPA attention. Either one of
+    trainlab's presets, or (name=hf) a Hugging Face model whose config.json sets every dimension."""
 
     name: str = MISSING
-    """Preset name (tiny, small, 125m, 350m, 1b, 7b); recorded as the `model` tag."""
+    """Preset name (tiny, small, 125m, 350m, 1b, 7b), or hf; recorded as the `model` tag."""
+    config: str = ""
+    """hf only: a transformers config.json, or the folder holding one: a model of that shape
+    trained from a random init (llama, mistral, qwen2 or qwen3). Its dimensions replace dim,
+    n_layers, n_heads, ... below."""
+    pretrained: str = ""
+    """hf only: a local folder saved by transformers' save_pretrained (config.json and
+    *.safetensors): fine-tune from its weights. Never a hub name: nothing downloads."""
     dim: int = bounded(64, gt=0)
     """Width of the residual stream."""
     n_layers: int = bounded(2, gt=0)
@@ -113,9 +121,29 @@ class ModelConfig:
     power of 2 near 1/amax before the down projection (w2) and divide w2's matching input
     column by the same factor. Same function; the activation FP8 casts has no outlier
     channels. Costs one extra pass over the MLP hidden activation; for fp8 modes."""
+    head_dim: int = bounded(0, ge=0, note="0 = dim / n_heads")
+    """Width of one attention head; 0 = dim / n_heads. hf: from config.json (Qwen3 sets its own)."""
+    qkv_bias: bool = False
+    """hf only, from config.json: the query/key/value projections have biases (Qwen2)."""
+    tie_embeddings: bool = False
+    """hf only, from config.json: the output head shares the token embedding's weight."""
+    sliding_window: int = bounded(0, ge=0, note="0 = none")
+    """hf only, from config.json: tokens a sliding-window attention layer sees (Mistral)."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="model")
+        if self.name == "hf":
+            if self.smooth_swiglu:
+                raise ValueError("model.smooth_swiglu=true is trainlab's own MLP (its presets); a Hugging "
+                                 "Face model (model=hf) keeps its own: set model.smooth_swiglu=false")
+            self._fill_from_hf()
+        elif self.config or self.pretrained:
+            which = "model.config" if self.config else "model.pretrained"
+            raise ValueError(f"{which} is set but model={self.name}; a Hugging Face model needs model=hf "
+                             f"({which}=... model=hf)")
+        elif self.qkv_bias or self.tie_embeddings or self.sliding_window:
+            raise ValueError(f"model={self.name}: qkv_bias, tie_embeddings and sliding_window come from a "
+                             "Hugging Face config.json (model=hf model.config=DIR); leave them unset")
         if self.dim % self.n_heads:
             raise ValueError(
                 f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}; "
@@ -127,11 +155,27 @@ class ModelConfig:
                 f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={kv}; "
                 "grouped-query attention needs whole groups"
             )
-        if (self.dim // self.n_heads) % 2:
+        if (self.head_dim or self.dim // self.n_heads) % 2:
             raise ValueError(
-                f"model head size dim/n_heads={self.dim // self.n_heads} is odd; rotary "
+                f"model head size {self.head_dim or self.dim // self.n_heads} is odd; rotary "
                 "positions need an even head size"
             )
+
+    def _fill_from_hf(self) -> None:
+        """Every dimension from the Hugging Face config.json model.config or model.pretrained names
+        (config.hf_model): what the pipeline, tensor-parallel and memory checks plan with."""
+        from trainlab.config.hf_model import read_hf_dims
+
+        if bool(self.config) == bool(self.pretrained):
+            raise ValueError(
+                "model=hf needs one of model.config=CONFIG_JSON_OR_DIR (random init) or "
+                "model.pretrained=DIR (fine-tune its weights)" + (", not both" if self.config else ""))
+        source = ("model.config", self.config) if self.config else ("model.pretrained", self.pretrained)
+        dims = read_hf_dims(source[1], field=source[0])
+        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+                    "max_seq_len", "rope_theta", "norm_eps", "init_std", "qkv_bias", "tie_embeddings",
+                    "sliding_window"):
+            setattr(self, key, getattr(dims, key))
 
 
 @dataclass

@@ -18,13 +18,21 @@ def count_params(args: ModelArgs, *, exclude_embedding: bool = False) -> int:
     exclude_embedding drops the input token embedding (V * D) only: a lookup costs no
     FLOPs. The output head (D * V) stays: it is a matmul like any other.
     """
+    embedding = 0 if exclude_embedding or args.tie_embeddings else args.vocab_size * args.dim
+    # a tied head is the embedding's tensor: counted once, as the head (its matmul costs FLOPs)
+    return embedding + args.n_layers * block_param_count(args) + args.dim + args.dim * args.vocab_size
+
+
+def block_param_count(args: ModelArgs) -> int:
+    """Parameters of one decoder block: attention, SwiGLU MLP, its two norms (and Qwen2's
+    query/key/value biases, Qwen3's per-head query/key norms)."""
     d, hd = args.dim, args.head_dim
     attention = d * args.n_heads * hd + 2 * d * args.n_kv_heads * hd + args.n_heads * hd * d
-    mlp = 3 * d * args.ffn_dim
-    norms = 2 * d
-    per_layer = attention + mlp + norms
-    embedding = 0 if exclude_embedding else args.vocab_size * d
-    return embedding + args.n_layers * per_layer + d + d * args.vocab_size  # + final norm, head
+    if args.qkv_bias:
+        attention += (args.n_heads + 2 * args.n_kv_heads) * hd
+    if args.hf_family == "qwen3":
+        attention += 2 * hd  # q_norm, k_norm: one RMSNorm gain per head width
+    return attention + 3 * d * args.ffn_dim + 2 * d
 
 
 def num_params(model: nn.Module, *, exclude_embedding: bool = False) -> int:
@@ -43,7 +51,7 @@ def flops_per_token(args: ModelArgs, *, seq_len: int) -> float:
 
         6 * N + 12 * n_layers * dim * seq_len
 
-    N is the parameter count without the token embedding. Every weight does one
+    N is the parameter count without the token embedding (a tied head still counts). Every weight does one
     multiply-add (2 FLOPs) per token forward and two backward (input and weight
     gradients): 6 * N. Attention's QK^T and AV matmuls add 2 * 2 * T * D per layer per
     token forward, 3x that for training: 12 * L * D * T. This is the PaLM (Chowdhery et
@@ -55,4 +63,5 @@ def flops_per_token(args: ModelArgs, *, seq_len: int) -> float:
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len} must be positive (train.seq_len)")
     n = count_params(args, exclude_embedding=True)
-    return float(6 * n + 12 * args.n_layers * args.dim * seq_len)
+    # the attention width is n_heads * head_dim (= dim, except where a config sets head_dim)
+    return float(6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)

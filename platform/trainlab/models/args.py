@@ -30,7 +30,7 @@ class ModelArgs:
     n_kv_heads: int
     """Key/value heads; divides n_heads (== n_heads for plain multi-head attention)."""
     head_dim: int
-    """Width of one head; n_heads * head_dim == dim."""
+    """Width of one head; n_heads * head_dim == dim, except in Hugging Face models that set it (Qwen3)."""
     ffn_dim: int
     """Hidden width of the SwiGLU MLP."""
     vocab_size: int
@@ -45,13 +45,18 @@ class ModelArgs:
     """Std of the normal init of linear and embedding weights."""
     smooth_swiglu: bool = False
     """Smooth-SwiGLU: per-channel power-of-2 scaling around the MLP down projection."""
+    qkv_bias: bool = False
+    """The query/key/value projections have biases (a Hugging Face Qwen2)."""
+    tie_embeddings: bool = False
+    """The output head is the token embedding's weight (one tensor, counted once)."""
+    hf_family: str = ""
+    """model=hf: the Hugging Face model_type (llama, qwen2, ...); "" = trainlab's own Transformer."""
 
     def __post_init__(self) -> None:
         # Users reach this only through resolve_dims, whose input ModelConfig already
         # validated these; a failure here is a bug in the caller, not a config error.
         assert min(self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim,
                    self.ffn_dim, self.vocab_size, self.max_seq_len) > 0, self
-        assert self.n_heads * self.head_dim == self.dim, self
         assert self.n_heads % self.n_kv_heads == 0, self
         assert self.head_dim % 2 == 0, self
 
@@ -113,7 +118,7 @@ def resolve_dims(cfg: ModelConfig, *, vocab_size: int) -> ModelArgs:
         n_layers=cfg.n_layers,
         n_heads=n_heads,
         n_kv_heads=cfg.n_kv_heads or n_heads,
-        head_dim=cfg.dim // n_heads,
+        head_dim=cfg.head_dim or cfg.dim // n_heads,
         ffn_dim=cfg.ffn_dim or derive_ffn_dim(cfg.dim, multiple_of=cfg.multiple_of),
         vocab_size=cfg.vocab_size or vocab_size,
         max_seq_len=cfg.max_seq_len,
@@ -121,4 +126,16 @@ def resolve_dims(cfg: ModelConfig, *, vocab_size: int) -> ModelArgs:
         norm_eps=float(cfg.norm_eps),
         init_std=float(cfg.init_std),
         smooth_swiglu=bool(cfg.smooth_swiglu),
+        qkv_bias=bool(cfg.qkv_bias),
+        tie_embeddings=bool(cfg.tie_embeddings),
+        hf_family=_hf_family(cfg),
     )
+
+
+def _hf_family(cfg: ModelConfig) -> str:
+    if cfg.name != "hf":
+        return ""
+    from trainlab.config.hf_model import read_hf_dims
+
+    source = ("model.config", cfg.config) if cfg.config else ("model.pretrained", cfg.pretrained)
+    return read_hf_dims(source[1], field=source[0]).model_type

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from trainlab.config.schema import ModelConfig
 from trainlab.models.args import resolve_dims
 from trainlab.models.transformer import Transformer
 
 
-def build_model(cfg: ModelConfig, *, vocab_size: int) -> Transformer:
-    """Build and initialize a `Transformer` from the `model` config section.
+def build_model(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
+    """Build and initialize a `Transformer` from the `model` config section (model=hf: the
+    Hugging Face model its config.json describes, models.hf.HFCausalLM).
 
     Args:
         cfg: the `model` section (ModelConfig, or a DictConfig/dict of one).
@@ -21,4 +24,8 @@ def build_model(cfg: ModelConfig, *, vocab_size: int) -> Transformer:
     ``torch.device("meta")`` to size a model without allocating it). Seed with
     ``torch.manual_seed`` first for a reproducible init.
     """
+    if cfg.name == "hf":
+        from trainlab.models.hf import build_hf_model
+
+        return build_hf_model(cfg, vocab_size=vocab_size)
     return Transformer(resolve_dims(cfg, vocab_size=vocab_size))

@@ -39,6 +39,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from trainlab.models.args import ModelArgs
+from trainlab.models.block_names import block_names
 from trainlab.models.transformer import Transformer
 
 
@@ -65,6 +66,16 @@ def check_tp(args: ModelArgs, tp: int) -> None:
                 f"model.{field}={value} is not divisible by parallel.tp={tp}: tensor "
                 f"parallelism gives every rank {field}/tp of them; set parallel.tp to a "
                 f"divisor of {value} ({divisors}) or change model.{field}")
+    if args.hf_family == "qwen3":
+        raise ValueError(
+            f"model=hf with a qwen3 config is not tensor-parallel here (parallel.tp={tp}): its per-head "
+            "query/key norms would see each rank's heads only; use parallel.tp=1 with "
+            "parallel.data_parallel=fsdp, or parallel.pp to cut it by layers")
+    if args.tie_embeddings:
+        raise ValueError(
+            f"model=hf with tie_word_embeddings=true is not tensor-parallel here (parallel.tp={tp}): the "
+            "embedding and the head would shard one tensor twice; use parallel.tp=1 with "
+            "parallel.data_parallel=fsdp")
     if args.smooth_swiglu:
         raise ValueError(
             f"model.smooth_swiglu=true is not supported with parallel.tp={tp} (the scaled "
@@ -123,22 +134,27 @@ def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str,
     }
     # A pipeline stage lacks some ends (None) and holds its blocks in an nn.ModuleDict.
     plan = {"": {k: v for k, v in ends.items() if getattr(model, k, None) is not None}}
+    names = block_names(model)
+    if names.attention_input:  # the block calls its attention with keywords (transformers)
+        attention_input = PrepareModuleInput(
+            input_kwarg_layouts={names.attention_input: residual},
+            desired_input_kwarg_layouts={names.attention_input: Replicate()})
+    else:  # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.
+        attention_input = PrepareModuleInput(input_layouts=(residual, None, None),
+                                             desired_input_layouts=(Replicate(), None, None))
     for key, _ in model.layers.named_children():
         plan[f"layers.{key}"] = {
-            "attention_norm": norm_style(),
-            # (x, cos, sin): only x is distributed; the rotary tables stay plain tensors.
-            "attention": PrepareModuleInput(input_layouts=(residual, None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-            "ffn_norm": norm_style(),
-            "feed_forward": PrepareModuleInput(input_layouts=(residual,),
-                                               desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w3": ColwiseParallel(),
+            names.attention_norm: norm_style(),
+            names.attention: attention_input,
+            names.q: ColwiseParallel(),
+            names.k: ColwiseParallel(),
+            names.v: ColwiseParallel(),
+            names.o: RowwiseParallel(output_layouts=residual),
+            names.mlp_norm: norm_style(),
+            names.mlp: PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
+            names.gate: ColwiseParallel(),
+            names.down: RowwiseParallel(output_layouts=residual),
+            names.up: ColwiseParallel(),
         }
     return plan
 

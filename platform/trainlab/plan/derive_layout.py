@@ -130,6 +130,11 @@ def check_parallel(run: RunConfig) -> None:
             raise ValueError(
                 f"precision=fp16 with dynamic loss scaling and parallel.pp={p.pp} is not supported "
                 "(the scale would have to reach every stage's loss); use bf16 with pipelines")
+        if m.tie_embeddings:
+            raise ValueError(
+                f"parallel.pp={p.pp} with a Hugging Face model whose head is tied to its embedding "
+                "(tie_word_embeddings=true) is not supported: the first and last stages would each train "
+                "their own copy; use parallel.pp=1 with parallel.data_parallel=fsdp")
         check_pp_layout(n_layers=m.n_layers, pp=p.pp, virtual_stages=pp_virtual_stages(run),
                         n_microbatches=pp_microbatches(run), schedule=p.pp_schedule)
     wraps = _wrapping_layouts(run)

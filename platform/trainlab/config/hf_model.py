@@ -1,0 +1,167 @@
+"""model=hf: a Hugging Face causal LM's dimensions, read once from its config.json.
+
+    dims = read_hf_dims("/models/llama-1b", field="model.pretrained")   # -> HFDims
+    ModelConfig(name="hf", pretrained="/models/llama-1b")                 # fills dim, n_layers, ...
+
+The config layer reads the JSON itself (no transformers import), so everything that plans a
+trial from `run.model` (pipeline depth, tensor-parallel heads, the context check, the memory
+and time estimates, MLflow's params) sees the Hugging Face model's true shape, decided here and
+nowhere else. Nothing downloads: a hub name ('meta-llama/Llama-3.2-1B') that is not a local
+folder is refused with the local folder to use, the hub cache's snapshot when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
+
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""Hugging Face model types trainlab runs with its own decoder loop (pipeline stages, tensor
+parallel plan, per-block sharding), each checked equal to transformers' forward in tests."""
+HUB_CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
+
+
+@dataclass(frozen=True)
+class HFDims:
+    """What trainlab's planning needs of a Hugging Face config: the ModelConfig fields it fills."""
+
+    model_type: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float
+    norm_eps: float
+    init_std: float
+    qkv_bias: bool
+    tie_embeddings: bool
+    sliding_window: int
+    """Tokens a sliding-window layer attends to; 0 = every layer attends to the whole context."""
+
+
+def hub_cache_dirs() -> list[Path]:
+    """Where huggingface_hub keeps downloaded repositories on this machine (read, never written)."""
+    dirs = [Path(os.environ[v]) for v in HUB_CACHE_ENV if os.environ.get(v)]
+    home = os.environ.get("HF_HOME")
+    dirs.append(Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def cached_snapshot(repo_id: str, *, kind: str) -> Path | None:
+    """The newest local snapshot folder of hub repository `repo_id` ('org/name'; kind 'models'
+    or 'datasets'), or None: a folder trainlab can read instead of the hub."""
+    folder = f"{kind}--{repo_id.replace('/', '--')}"
+    for cache in hub_cache_dirs():
+        snapshots = cache / folder / "snapshots"
+        if snapshots.is_dir():
+            found = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+            if found:
+                return found[-1]
+    return None
+
+
+def looks_like_hub_name(value: str) -> bool:
+    """'org/name' with no leading '/', '.' or '~' and one slash: how the hub names a repository."""
+    parts = value.split("/")
+    return len(parts) == 2 and all(parts) and not value.startswith((".", "~")) and ":" not in value
+
+
+def local_folder(value: str, *, field: str, kind: str = "models", example: str = "") -> Path:
+    """The local folder `value` names, or a ValueError naming `field`: a hub name with no local
+    copy (nothing downloads), a path that does not exist or is not a folder."""
+    path = Path(os.path.expanduser(value))
+    if path.is_dir():
+        return path
+    if not path.exists() and looks_like_hub_name(value):
+        snapshot = cached_snapshot(value, kind=kind)
+        if snapshot is not None:
+            raise ValueError(
+                f"{field}={value!r} is a Hugging Face hub name; trainlab never downloads. This machine's "
+                f"hub cache holds a copy: set {field}={snapshot}")
+        cli = "hf download" + (" --repo-type dataset" if kind == "datasets" else "")
+        raise ValueError(
+            f"{field}={value!r} is a Hugging Face hub name and no local copy exists; trainlab never "
+            f"downloads. On a machine with network run `{cli} {value} --local-dir DIR`, copy DIR here "
+            f"and set {field}=DIR{example}")
+    if not path.exists():
+        raise ValueError(f"{field}={value!r} does not exist; set {field} to a local folder{example}")
+    raise ValueError(f"{field}={value!r} is not a folder; set {field} to the folder that holds config.json"
+                     f"{example}")
+
+
+def config_json_path(value: str, *, field: str) -> Path:
+    """model.config may name a config.json (or any .json) or the folder that holds one."""
+    path = Path(os.path.expanduser(value))
+    if path.suffix == ".json" and path.exists():
+        return path
+    return local_folder(value, field=field) / "config.json"
+
+
+def read_hf_dims(value: str, *, field: str) -> HFDims:
+    """The dims of the Hugging Face config `value` names (model.config or model.pretrained)."""
+    path = config_json_path(value, field=field)
+    st = os.stat(path) if path.exists() else None
+    return _read_dims(str(path), field, st.st_mtime_ns if st else 0, st.st_size if st else 0)
+
+
+@lru_cache(maxsize=32)
+def _read_dims(path: str, field: str, _mtime_ns: int, _size: int) -> HFDims:
+    # keyed by the file's identity: a config rewritten in place is read again
+    text = read_text(path, field=field, max_bytes=CONFIG_FILE_MAX_BYTES,
+                     fix=f"set {field} to a folder saved by transformers' save_pretrained (it holds config.json)")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{field}: {path} is not JSON ({e.msg} at line {e.lineno}); "
+                         "point it at a transformers config.json") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{field}: {path} holds a JSON {type(raw).__name__}, not a config object; "
+                         "point it at a transformers config.json")
+    return _dims(raw, path=path, field=field)
+
+
+def _dims(raw: dict, *, path: str, field: str) -> HFDims:
+    model_type = raw.get("model_type")
+    if model_type not in HF_FAMILIES:
+        raise ValueError(
+            f"{field}: {path} has model_type={model_type!r}; trainlab trains these Hugging Face "
+            f"families: {', '.join(HF_FAMILIES)}. Use a config of one of them (the Llama family "
+            "covers most open decoders)")
+
+    def need(key: str, kind=int):
+        value = raw.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{field}: {path} has {key}={value!r}; a {model_type} config needs a positive "
+                             f"{kind.__name__} {key}")
+        return value
+
+    dim, n_heads = need("hidden_size"), need("num_attention_heads")
+    n_kv = raw.get("num_key_value_heads") or n_heads
+    head_dim = raw.get("head_dim") or dim // n_heads
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
+    window = raw.get("sliding_window") or 0
+    uses_window = (model_type == "mistral" and window) or (raw.get("use_sliding_window") and window)
+    return HFDims(
+        model_type=model_type, dim=dim, n_layers=need("num_hidden_layers"), n_heads=n_heads,
+        n_kv_heads=int(n_kv), head_dim=int(head_dim), ffn_dim=need("intermediate_size"),
+        vocab_size=need("vocab_size"), max_seq_len=int(raw.get("max_position_embeddings") or 2048),
+        rope_theta=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        init_std=float(raw.get("initializer_range", 0.02)),
+        qkv_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        sliding_window=int(window) if uses_window else 0,
+    )
+
+
+__all__ = ["HF_FAMILIES", "HFDims", "cached_snapshot", "config_json_path", "local_folder",
+           "looks_like_hub_name", "read_hf_dims"]
