@@ -436,3 +436,14 @@ def train_off_main_thread(make_trainer: Callable, *, at: int, asks: tuple[str, .
     thread.start()
     thread.join()
     return out["result"]
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Hugging Face models saved with save_pretrained (width 64, vocabulary 256, so data=text
+    fits): 'llama' with 4 layers (pipelines cut it in 2 or 4), 'qwen2' with 2 (biased q/k/v)."""
+    from trainlab.models.hf_demo import write_demo_model
+
+    root = tmp_path_factory.mktemp("hf_models")
+    return {"llama": write_demo_model(root / "llama", family="llama", vocab_size=256, num_hidden_layers=4),
+            "qwen2": write_demo_model(root / "qwen2", family="qwen2", vocab_size=256, seed=1)}

@@ -114,6 +114,10 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     model = parallel.model
     # this rank's part of the layout gets storage and the one-process model's values
     materialize(model, device=dist_info.device, seed=run.seed)
+    if run.model.pretrained:  # fine-tuning: each rank reads its own shards of the checkpoint
+        from trainlab.models.hf_weights import load_pretrained
+
+        load_pretrained(model, run.model.pretrained)
     recipe.attach(model, dp_group=parallel.dp_group)
     optimizer, scheduler = build_optimizer(model, run.optim, max_steps=run.train.max_steps,
                                            make_optimizer=parallel.make_optimizer,

@@ -93,12 +93,12 @@ def _is_meta(module: nn.Module) -> bool:
     return any(_local(t).is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def _roots(model: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
+def model_roots(model: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
     """The models under wrappers (DDP's `module`, torch.compile's `_orig_mod`): parameter
     names must be the bare model's, whatever wraps it. A list (or nn.ModuleList) of
     pipeline stages gives each stage."""
     if isinstance(model, nn.ModuleList) or not isinstance(model, nn.Module):
-        return [r for m in model for r in _roots(m)]
+        return [r for m in model for r in model_roots(m)]
     while True:
         # not `a or b`: bool() of torch.compile's wrapper calls len() of the model, which raises
         inner = getattr(model, "module", None)
@@ -116,7 +116,7 @@ def materialize(model: nn.Module | Iterable[nn.Module], *, device: torch.device 
 
     A model that already has storage (DDP allocates it, see parallel.ddp) is initialised in
     place. The values do not depend on the layout (module docstring)."""
-    for root in _roots(model):
+    for root in model_roots(model):
         if _is_meta(root):
             root.to_empty(device=device)
         init_weights = getattr(root, "init_weights", None)
@@ -133,4 +133,4 @@ def materialize(model: nn.Module | Iterable[nn.Module], *, device: torch.device 
             init_buffers()
 
 
-__all__ = ["fill_parameter", "materialize", "normal", "ones", "param_seed"]
+__all__ = ["fill_parameter", "materialize", "model_roots", "normal", "ones", "param_seed"]

@@ -1,0 +1,75 @@
+"""model=hf through the real trainer on gloo: a Hugging Face Llama and Qwen2, fine-tuned from
+their save_pretrained weights, train like one process in every layout (fp32), and each layout
+composes with a low-precision mode (close to the fp32 curve, not on it), as the presets do in
+test_layouts.py. The pretrained weights are loaded into the sharded / split model, so a wrong
+slice, a missed name or a random init would move the curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from spawn_cases import selected_cases, spawn_cases, trial_curves_case
+from trainlab import names
+
+pytestmark = pytest.mark.distributed
+
+RUN = ["model=hf", "data=text", "train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_size=2",
+       "train.seq_len=32", "train.eval_every=2", "train.eval_batches=4", "optim.warmup_steps=1",
+       "optim.eps=1e-6", "train.numerics_every=0"]
+EVERY_ALIGNED = ["precision.keep_hp=[output,unaligned]"]
+
+LAYOUTS = {  # case: (family, world, overrides)
+    "llama_fsdp": ("llama", 2, ["parallel=fsdp"]),
+    "llama_zero1": ("llama", 2, ["parallel=zero1"]),
+    "llama_tp": ("llama", 2, ["parallel=tp"]),
+    "llama_tp_sp": ("llama", 2, ["parallel=tp", "parallel.sequence_parallel=true"]),
+    "llama_pp_1f1b": ("llama", 2, ["parallel=pp", "parallel.pp_schedule=1f1b"]),
+    "llama_ac_block": ("llama", 2, ["parallel=fsdp", "parallel.activation_checkpoint=block"]),
+    "qwen2_fsdp": ("qwen2", 2, ["parallel=fsdp"]),
+    "qwen2_tp": ("qwen2", 2, ["parallel=tp"]),
+}
+WITH_PRECISION = {
+    "llama_fsdp_bf16": ("llama", ["parallel=fsdp", "precision=bf16"]),
+    "llama_ddp_fp16": ("llama", ["parallel=ddp", "precision=fp16"]),
+    "llama_zero1_fp8_delayed": ("llama", ["parallel=zero1", "precision=fp8_delayed", "precision.hp_dtype=fp32",
+                                          *EVERY_ALIGNED]),
+    "llama_pp_fp8_tensorwise": ("llama", ["parallel=pp", "precision=fp8_tensorwise", "precision.hp_dtype=fp32",
+                                          *EVERY_ALIGNED]),
+    "qwen2_tp_emulated": ("qwen2", ["parallel=tp", "precision=emulated", "precision.hp_dtype=fp32"]),
+}
+
+
+def _overrides(hf_models, family: str, extra: list[str]) -> list[str]:
+    return [*RUN, f"model.pretrained={hf_models[family]}", *extra]
+
+
+@pytest.fixture(scope="module")
+def references(hf_models):
+    return spawn_cases(trial_curves_case, 1, {f: _overrides(hf_models, f, []) for f in hf_models}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request, hf_models):
+    wanted = selected_cases(request)
+    cases = {k: _overrides(hf_models, fam, o) for k, (fam, w, o) in LAYOUTS.items() if k in wanted}
+    cases |= {k: _overrides(hf_models, fam, o) for k, (fam, o) in WITH_PRECISION.items() if k in wanted}
+    return spawn_cases(trial_curves_case, 2, cases, timeout=300)
+
+
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_hf_model_trains_like_one_process_in_every_layout(references, two_ranks, case):
+    family = LAYOUTS[case][0]
+    ref_train, ref_val, _ = references[family].result()
+    train, val, status = two_ranks[case].result()
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=1e-5)
+    assert val == pytest.approx(ref_val, rel=1e-5)
+
+
+@pytest.mark.parametrize("case", list(WITH_PRECISION))
+def test_hf_model_layout_composes_with_a_precision_mode(references, two_ranks, case):
+    ref_train, _, _ = references[WITH_PRECISION[case][0]].result()
+    train, _, status = two_ranks[case].result()
+    assert status == names.STATUS_FINISHED
+    assert train == pytest.approx(ref_train, rel=2e-2)
+    assert train != pytest.approx(ref_train, rel=1e-6)
