@@ -73,3 +73,26 @@ def test_hf_model_layout_composes_with_a_precision_mode(references, two_ranks, c
     assert status == names.STATUS_FINISHED
     assert train == pytest.approx(ref_train, rel=2e-2)
     assert train != pytest.approx(ref_train, rel=1e-6)
+
+
+def test_step_zero_loss_is_transformers_loss_on_the_same_batch(references, hf_models):
+    """The first step's loss (before any update) equals transformers' own forward and loss on
+    the batch trainlab drew: the fine-tune starts from the checkpoint, not from an init."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from trainlab.config import compose_run_config
+    from trainlab.data.batches import TokenBatches
+    from trainlab.data.build_corpus import build_corpus
+
+    run = compose_run_config(_overrides(hf_models, "llama", []))
+    t = run.train
+    batch = TokenBatches(build_corpus(run.data).train, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
+                         micro_batch_size=t.global_batch_size, dp_rank=0, dp_size=1, seed=run.seed).next_step()
+    (inputs, targets), = batch
+    model = AutoModelForCausalLM.from_pretrained(hf_models["llama"], dtype=torch.float32)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten()).item()
+    train, _, _ = references["llama"].result()
+    assert train[0] == pytest.approx(expected, abs=1e-5)

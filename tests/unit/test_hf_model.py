@@ -1,0 +1,138 @@
+"""model=hf: transformers' Llama-family models as trainlab's model. The decoder loop equals
+transformers' own forward, the counts equal the live model's, the pretrained weights are what
+transformers loads, and what cannot work is refused with the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainlab.config.schema import ModelConfig
+from trainlab.models import build_model, count_params, flops_per_token, num_params, resolve_dims
+from trainlab.models.hf_demo import write_demo_model
+from trainlab.models.hf_weights import load_pretrained
+from trainlab.models.init import materialize
+from trainlab.parallel.tp import check_tp
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {f: write_demo_model(root / f, family=f, vocab_size=300, seed=i) for i, f in enumerate(FAMILIES)}
+
+
+def _trainlab_model(folder, *, seed=3):
+    cfg = ModelConfig(name="hf", pretrained=str(folder))
+    with torch.device("meta"):
+        model = build_model(cfg, vocab_size=300)
+    materialize(model, device="cpu", seed=seed)
+    return cfg, model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_model_gives_transformers_logits(saved, family):
+    from transformers import AutoModelForCausalLM
+
+    _, model = _trainlab_model(saved[family])
+    tokens = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    before = model(tokens)
+    assert load_pretrained(model, str(saved[family])) == len(list(model.parameters()))
+    reference = AutoModelForCausalLM.from_pretrained(saved[family], dtype=torch.float32)
+    with torch.no_grad():
+        expected = reference(input_ids=tokens).logits
+        assert torch.allclose(model(tokens), expected, atol=1e-5, rtol=0)
+        assert not torch.allclose(before, expected, atol=1e-3)  # the load replaced the random init
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_counts_are_the_models_own(saved, family):
+    """Parameter count from the config equals the live model's; MFU's FLOPs per token equal the
+    built-in model's accounting for an equal Llama shape (6N + attention)."""
+    cfg, model = _trainlab_model(saved[family])
+    args = resolve_dims(cfg, vocab_size=300)
+    assert count_params(args) == num_params(model)
+    attention = 12 * args.n_layers * args.n_heads * args.head_dim * 128
+    assert flops_per_token(args, seq_len=128) == 6 * num_params(model, exclude_embedding=True) + attention
+
+
+def test_llama_counts_equal_the_same_shape_of_trainlabs_own_model(saved):
+    hf = resolve_dims(ModelConfig(name="hf", pretrained=str(saved["llama"])), vocab_size=300)
+    own = resolve_dims(ModelConfig(name="own", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192,
+                                   max_seq_len=512), vocab_size=300)
+    assert count_params(hf) == count_params(own)
+    assert flops_per_token(hf, seq_len=256) == flops_per_token(own, seq_len=256)
+
+
+def test_random_init_is_the_same_in_every_process_and_follows_the_seed(saved):
+    _, a = _trainlab_model(saved["qwen2"], seed=5)
+    _, b = _trainlab_model(saved["qwen2"], seed=5)
+    _, c = _trainlab_model(saved["qwen2"], seed=6)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+        if "norm" not in name and "bias" not in name:
+            assert not torch.equal(pa, pc), name
+    assert a.layers[0].self_attn.q_proj.bias.abs().sum() == 0  # transformers' init: zero biases
+
+
+def test_config_dims_fill_the_model_section(saved):
+    cfg = ModelConfig(name="hf", config=str(saved["qwen3"] / "config.json"))
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size) == \
+        (64, 2, 4, 2, 16, 192, 300)
+
+
+def test_hub_name_without_local_copy_is_refused_with_the_way_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"model.pretrained='meta-llama/Llama-3.2-1B' is a Hugging Face hub "
+                                         r"name and no local copy exists; trainlab never downloads.*--local-dir"):
+        ModelConfig(name="hf", pretrained="meta-llama/Llama-3.2-1B")
+
+
+def test_hub_name_with_a_cached_snapshot_names_the_folder(tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"set model.config={snapshot}"):
+        ModelConfig(name="hf", config="org/tiny")
+
+
+@pytest.mark.parametrize("given, says", [
+    ({}, "needs one of model.config"),
+    ({"config": "x.json", "pretrained": "d"}, "not both"),
+    ({"smooth_swiglu": True, "config": "x.json"}, "model.smooth_swiglu=false"),
+])
+def test_model_hf_fields_are_checked(given, says):
+    with pytest.raises(ValueError, match=says):
+        ModelConfig(name="hf", **given)
+
+
+def test_other_architecture_is_refused_naming_the_families(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_neox", "hidden_size": 64}')
+    with pytest.raises(ValueError, match="model_type='gpt_neox'; trainlab trains these .*llama, mistral, qwen2"):
+        ModelConfig(name="hf", config=str(tmp_path))
+
+
+def test_preset_with_a_hugging_face_path_is_told_to_use_model_hf():
+    with pytest.raises(ValueError, match=r"model.pretrained is set but model=tiny; .* model=hf"):
+        ModelConfig(name="tiny", pretrained="/x")
+
+
+def test_folder_without_safetensors_is_refused(tmp_path, saved):
+    (tmp_path / "config.json").write_text((saved["llama"] / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    cfg, model = _trainlab_model(saved["llama"])
+    with pytest.raises(ValueError, match=r"holds no \*.safetensors weights \(found: config.json, pytorch_model.bin\)"):
+        load_pretrained(model, str(tmp_path))
+
+
+@pytest.mark.parametrize("family, says", [("qwen3", "per-head query/key norms"), ("llama", None)])
+def test_tensor_parallel_refuses_what_it_cannot_shard(saved, family, says):
+    args = resolve_dims(ModelConfig(name="hf", pretrained=str(saved[family])), vocab_size=300)
+    if says:
+        with pytest.raises(ValueError, match=says):
+            check_tp(args, 2)
+    else:
+        check_tp(args, 2)
