@@ -79,7 +79,7 @@ class ProgressLine:
             self._step(event)
         elif event.kind == WARNING:
             console.print(f"[yellow]warning:[/] {event.message}")
-        else:  # resumed, resized, rollback: the trial goes on from a checkpoint
+        else:  # resumed, resized, rollback (the trial goes on from a checkpoint), exported
             console.print(f"[cyan]{event.message}[/]")
 
     def _start(self, event: TrialStarted) -> None:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Union
 
 START, STEP, RESULT = "start", "step", "result"
-WARNING, RESUMED, RESIZED, ROLLBACK = "warning", "resumed", "resized", "rollback"
-NOTICE_KINDS = (WARNING, RESUMED, RESIZED, ROLLBACK)
-"""Notices: a message about the trial (the last three say it went on from a checkpoint)."""
+WARNING, RESUMED, RESIZED, ROLLBACK, EXPORTED = "warning", "resumed", "resized", "rollback", "exported"
+NOTICE_KINDS = (WARNING, RESUMED, RESIZED, ROLLBACK, EXPORTED)
+"""Notices: a message about the trial (resumed, resized and rollback say it went on from a
+checkpoint; exported names the folder train.export wrote)."""
 PREEMPT, PRUNE = "preempt", "prune"
 """Why the driver stops a running trial: PREEMPT after a checkpoint (a signal), PRUNE without
 one (the sweep's pruner); a PRUNE never weakens a PREEMPT."""

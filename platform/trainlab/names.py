@@ -289,6 +289,9 @@ SPILL_FILE = "mlflow_spill.jsonl"
 """In a trial's output dir: MLflow records kept while the tracking server was unreachable
 (`trainlab import-spill` delivers them)."""
 ARTIFACT_DETAIL = "detail.parquet"
+ARTIFACT_HF_MODEL = "hf_model"
+"""train.export=hf: the trained model as transformers' save_pretrained folder (in the output dir and
+the run's artifacts)."""
 """On a trial (and in its output dir): the per-layer and per-rank numbers in long format, one
 row per (step, metric): trainlab.tracking.detail_table.COLUMNS. Kept out of the run's metrics
 (tracking.detail=summary) so that a model of any depth logs the same few dozen metrics."""

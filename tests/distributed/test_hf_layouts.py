@@ -43,16 +43,33 @@ def _overrides(hf_models, family: str, extra: list[str]) -> list[str]:
     return [*RUN, f"model.pretrained={hf_models[family]}", *extra]
 
 
-@pytest.fixture(scope="module")
-def references(hf_models):
-    return spawn_cases(trial_curves_case, 1, {f: _overrides(hf_models, f, []) for f in hf_models}, timeout=300)
+EXPORTS = {"fsdp": ["parallel=fsdp"], "tp": ["parallel=tp"], "pp": ["parallel=pp", "parallel.pp_schedule=gpipe"]}
+"""Layouts whose train.export=hf is loaded back by transformers (each holds the model differently)."""
 
 
 @pytest.fixture(scope="module")
-def two_ranks(request, hf_models):
+def exports(tmp_path_factory):
+    return tmp_path_factory.mktemp("exports")
+
+
+def _export(exports, case: str) -> list[str]:
+    return ["train.export=hf", f"output_dir={exports / case}"]
+
+
+@pytest.fixture(scope="module")
+def references(hf_models, exports):
+    cases = {f: _overrides(hf_models, f, []) for f in hf_models}
+    cases["llama"] += _export(exports, "one")
+    return spawn_cases(trial_curves_case, 1, cases, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request, hf_models, exports):
     wanted = selected_cases(request)
     cases = {k: _overrides(hf_models, fam, o) for k, (fam, w, o) in LAYOUTS.items() if k in wanted}
     cases |= {k: _overrides(hf_models, fam, o) for k, (fam, o) in WITH_PRECISION.items() if k in wanted}
+    cases |= {f"export_{k}": _overrides(hf_models, "llama", [*o, *_export(exports, k)])
+              for k, o in EXPORTS.items() if k in selected_cases(request, "export_case")}
     return spawn_cases(trial_curves_case, 2, cases, timeout=300)
 
 
@@ -66,6 +83,7 @@ def test_hf_model_trains_like_one_process_in_every_layout(references, two_ranks,
     assert val == pytest.approx(ref_val, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(WITH_PRECISION))
 def test_hf_model_layout_composes_with_a_precision_mode(references, two_ranks, case):
     ref_train, _, _ = references[WITH_PRECISION[case][0]].result()
@@ -96,3 +114,26 @@ def test_step_zero_loss_is_transformers_loss_on_the_same_batch(references, hf_mo
         expected = F.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten()).item()
     train, _, _ = references["llama"].result()
     assert train[0] == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export_case", list(EXPORTS))
+def test_export_from_every_layout_loads_into_transformers_as_the_trained_model(references, two_ranks, exports,
+                                                                              hf_models, export_case):
+    """train.export=hf from a sharded (fsdp), column/row-split (tp) or staged (pp) model gives the
+    save_pretrained folder of the one-process run's trained model: transformers loads each to the
+    same logits, which are not the starting checkpoint's (the export holds what was trained)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    references["llama"].result()
+    assert two_ranks[f"export_{export_case}"].result()[2] == names.STATUS_FINISHED
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+
+    def logits(folder):
+        with torch.no_grad():
+            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(input_ids=tokens).logits
+
+    one = logits(exports / "one" / names.ARTIFACT_HF_MODEL)
+    assert torch.allclose(logits(exports / export_case / names.ARTIFACT_HF_MODEL), one, atol=1e-4, rtol=0)
+    assert not torch.allclose(logits(hf_models["llama"]), one, atol=1e-3)

@@ -136,3 +136,24 @@ def test_tensor_parallel_refuses_what_it_cannot_shard(saved, family, says):
             check_tp(args, 2)
     else:
         check_tp(args, 2)
+
+
+def test_export_loads_into_transformers_with_the_same_logits(saved, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainlab.models.hf_export import export_hf
+
+    cfg, model = _trainlab_model(saved["qwen2"], seed=11)  # a random init: not the saved weights
+    out = export_hf(model, cfg=cfg, out_dir=tmp_path / "hf_model")
+    tokens = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(input_ids=tokens).logits
+        assert torch.equal(loaded, model(tokens))
+
+
+def test_export_needs_a_hugging_face_model():
+    from trainlab.config import compose_run_config
+    from trainlab.config.validate import check_run
+
+    with pytest.raises(ValueError, match="train.export=hf saves a Hugging Face model; model=tiny"):
+        check_run(compose_run_config(["model=tiny", "train.export=hf"]))

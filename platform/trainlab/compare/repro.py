@@ -41,6 +41,7 @@ SAME_MATH_KEYS = (
     "train.log_every", "train.eval_every", "train.numerics_every", "train.spike_factor",
     "train.stop_on_nonfinite",  # what is observed, not what is trained
     "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
+               "train.export",
     "debug.inject_fault",  # resumes are exact
     "debug.slowdown", "debug.logical_gpus",  # emulated devices: the same sums, slower or placed elsewhere
 )

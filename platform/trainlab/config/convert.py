@@ -28,6 +28,7 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                "cluster.host",
                # how a trial survives faults, not what it trains
                "train.checkpoint_every", "train.checkpoint_keep", "train.checkpoint_dir", "train.resume",
+               "train.export",
                "debug.inject_fault",  # a rerun without the fault resumes the faulted run's checkpoint
                "cluster.max_failures", "cluster.min_workers", "cluster.resize_interval_s",
                # the cluster an estimate is for and its calibration: what is planned, not trained

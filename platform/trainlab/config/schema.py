@@ -52,6 +52,7 @@ COMM_DTYPES = ("fp32", "fp16", "bf16")
 CHECKPOINTING = ("none", "block", "selective")
 COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
+EXPORTS = ("hf",)
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("native", "emulated")
@@ -513,6 +514,10 @@ class TrainConfig:
     """Checkpoints kept on disk; older ones are deleted once a newer one is complete."""
     checkpoint_dir: str = ""
     """Where the trial's checkpoints go; empty = <output_dir>/checkpoints."""
+    export: str = ""
+    """hf: when the trial finishes, save the trained model as transformers' save_pretrained folder
+    (config.json, model.safetensors, the tokenizer of data=hf) in <output_dir>/hf_model and log it
+    to the trial's MLflow run (artifact hf_model/); needs model=hf. "" = no export."""
     resume: str = "auto"
     """auto: continue from the latest checkpoint in checkpoint_dir if there is one (a restarted
     worker, a rerun sweep); never: always start fresh (refused where checkpoint_dir holds another
@@ -533,6 +538,8 @@ class TrainConfig:
         _one_of("train", "compile", self.compile, COMPILE)
         _one_of("train", "compile_unit", self.compile_unit, COMPILE_UNITS)
         _one_of("train", "on_divergence", self.on_divergence, ON_DIVERGENCE)
+        if self.export:
+            _one_of("train", "export", self.export, EXPORTS)
         if self.rollback_precision:
             _one_of("train", "rollback_precision", self.rollback_precision, ROLLBACK_PRECISIONS)
         if (self.on_divergence == "rollback" and self.rollback_lr_factor == 1.0

@@ -131,8 +131,10 @@ def check_run(run: RunConfig) -> None:
         raise ValueError(
             f"train.seq_len={run.train.seq_len} exceeds the context of model={run.model.name} "
             f"(model.max_seq_len={run.model.max_seq_len}); lower train.seq_len or raise "
-            "model.max_seq_len"
+            "model.max_seq_len" + (" (model=hf: max_position_embeddings of its config.json)"
+                                   if run.model.name == "hf" else "")
         )
+    check_hf_run(run)
     if run.cluster.name == "ray" and not run.cluster.address:
         raise ValueError(
             "cluster=ray needs cluster.address (HEAD:6379, or 'auto' inside a Ray job); "
@@ -244,3 +246,17 @@ def check_corpus_and_vocab(run: RunConfig) -> None:
     if d.name == "markov":
         check_markov_states(d.vocab_size)
     check_model_vocab(run.model.vocab_size, corpus_vocab(d), source=f", data={d.name}")
+
+
+def check_hf_run(run: RunConfig) -> None:
+    """What a Hugging Face model (model=hf) needs of the other sections."""
+    m = run.model
+    if run.train.export and m.name != "hf":
+        raise ValueError(f"train.export={run.train.export} saves a Hugging Face model; model={m.name} is "
+                         "trainlab's own: use model=hf model.config=... (or drop train.export)")
+    if m.name == "hf" and m.sliding_window and run.train.seq_len > m.sliding_window:
+        raise ValueError(
+            f"train.seq_len={run.train.seq_len} is longer than the model's sliding attention window "
+            f"({m.sliding_window} tokens, config.json sliding_window); trainlab attends to the whole "
+            f"sequence, so the model would see more than it was made for: set train.seq_len<={m.sliding_window}")
+

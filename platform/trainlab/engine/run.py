@@ -42,6 +42,7 @@ from trainlab.engine.schedule import build_optimizer
 from trainlab.engine.trainer import Trainer
 from trainlab.estimate.record import estimate_metrics, estimate_tags, ratio_metrics
 from trainlab.events import (
+    EXPORTED,
     RESIZED,
     RESUMED,
     ROLLBACK,
@@ -55,7 +56,7 @@ from trainlab.events import (
 )
 from trainlab.models import build_model, flops_per_token, resolve_dims
 from trainlab.models.init import materialize
-from trainlab.parallel import fsdp_shards, parallelize
+from trainlab.parallel import fsdp_shards, parallelize, reshard
 from trainlab.parallel.mesh import build_mesh, coords
 from trainlab.plan.derive_layout import unordered_reductions
 from trainlab.plan.trial_plan import TrialPlan, replan
@@ -173,6 +174,16 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def export_model(trainer: Trainer, run: RunConfig) -> Path:
+    """train.export=hf: the trained model as a save_pretrained folder in <output_dir>/hf_model (all
+    ranks write their shards; models.hf_export), with data=hf's tokenizer."""
+    from trainlab.models.hf_export import export_hf
+
+    reshard(trainer.model)  # FSDP2 keeps the root gathered after the last evaluation
+    return export_hf(trainer.model, cfg=run.model, out_dir=Path(run.output_dir or ".") / names.ARTIFACT_HF_MODEL,
+                     tokenizer=getattr(run.data, "tokenizer", "") if run.data.name == "hf" else "")
+
+
 def run_trial(plan: TrialPlan, *, tracker_factory: TrackerFactory | None = None,
               progress: Progress | None = None, local_rank: int | None = None,
               where: tuple[str, str] | None = None) -> TrialResult:
@@ -245,6 +256,12 @@ def run_trial(plan: TrialPlan, *, tracker_factory: TrackerFactory | None = None,
         if resized and dist_info.is_rank0:
             warn(Notice(RESIZED, resized))
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
+        if run.train.export and result.status == names.STATUS_FINISHED:
+            exported = export_model(trainer, run)
+            tracker.log_artifact(str(exported))
+            if dist_info.is_rank0:
+                warn(Notice(EXPORTED, f"exported the trained model to {exported} (transformers' from_pretrained "
+                                      "loads it)"))
         # the checksums: tags to find identical runs by, the norm a metric to say by how much
         tracker.set_tags({k: result.extra[k] for k in (names.TAG_PARAMS_SHA, names.TAG_LOSS_CURVE_SHA)})
         tracker.log_metrics({names.PARAM_NORM: result.extra[names.PARAM_NORM],

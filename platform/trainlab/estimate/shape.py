@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from trainlab.config.schema import RunConfig
 from trainlab.data.build_corpus import corpus_vocab_size
+from trainlab.models.accounting import block_param_count
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.vocab.precision import spec_of
 
@@ -74,18 +75,18 @@ def model_shape(run: RunConfig) -> ModelShape:
     head_lowp = False
     if spec.low_precision_layers:
         lowp, head_lowp = _lowp_weights(run, args)
-    return ModelShape(args=args, block_linear=linear, block_params=linear + 2 * d, lowp=tuple(lowp),
+    return ModelShape(args=args, block_linear=linear, block_params=block_param_count(args), lowp=tuple(lowp),
                       head_lowp=head_lowp)
 
 
 def _lowp_weights(run: RunConfig, args: ModelArgs) -> tuple[list[int], bool]:
     import torch
 
-    from trainlab.models.transformer import Transformer
+    from trainlab.models import build_model
     from trainlab.precision.policy import plan_layers
 
-    with torch.device("meta"):
-        model = Transformer(args)
+    with torch.device("meta"):  # the model the engine builds, with its own module names (model=hf)
+        model = build_model(run.model, vocab_size=args.vocab_size)
     spec = spec_of(run.precision.name)
     plan = plan_layers(model, list(run.precision.keep_hp or []), size_filter=spec.size_filter)
     modules = dict(model.named_modules())

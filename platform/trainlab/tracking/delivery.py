@@ -117,7 +117,10 @@ class Delivery:
             if not os.path.exists(first["path"]):
                 warn(f"artifact {first['path']} of run {run_id} no longer exists; not logged")
                 return
-            client.log_artifact(run_id, first["path"])
+            if os.path.isdir(first["path"]):  # a folder (train.export's hf_model): its files under its name
+                client.log_artifacts(run_id, first["path"], artifact_path=os.path.basename(first["path"]))
+            else:
+                client.log_artifact(run_id, first["path"])
         elif op == "resume":
             self.resume(run_id, first["uri"])
         elif op == "terminate":
