@@ -157,3 +157,25 @@ def test_export_needs_a_hugging_face_model():
 
     with pytest.raises(ValueError, match="train.export=hf saves a Hugging Face model; model=tiny"):
         check_run(compose_run_config(["model=tiny", "train.export=hf"]))
+
+
+def test_swiglu_telemetry_reads_the_hugging_face_mlp(saved):
+    """The late-FP8-divergence signals (SwiGLU output amax and outlier ratio, gate/up row
+    alignment) come from a Hugging Face MLP as from trainlab's own, under its block indices."""
+    from trainlab.names import swiglu_metric
+    from trainlab.telemetry.swiglu import SwigluMonitor, w13_alignment
+
+    _, model = _trainlab_model(saved["llama"])
+    seen = {}
+    mlp = model.layers[1].mlp
+    mlp.register_forward_hook(lambda m, inputs, _out: seen.setdefault("x", inputs[0].detach()))
+    monitor = SwigluMonitor(model)
+    monitor.arm()
+    model(torch.randint(0, 300, (2, 16)))
+    metrics = monitor.collect()
+    h = mlp.act_fn(mlp.gate_proj(seen["x"])) * mlp.up_proj(seen["x"])
+    assert metrics[swiglu_metric(1, "amax")] == pytest.approx(h.abs().max().item(), rel=1e-6)
+    assert swiglu_metric(0, "outlier_ratio") in metrics
+    aligned = w13_alignment(model)
+    assert set(aligned) >= {swiglu_metric(0, "w13_alignment"), swiglu_metric(1, "w13_alignment")}
+    assert 0 < aligned[swiglu_metric(0, "w13_alignment")] < 1

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from trainlab.config.schema import ModelConfig
+from trainlab.config.schema import HF_MODEL_FIELDS, ModelConfig
 from trainlab.models import (
     ModelArgs,
     Transformer,
@@ -180,7 +180,7 @@ def test_preset_yaml_is_explicit_and_valid(name):
     assert cfg.name == name
     raw = OmegaConf.load(CONF_MODEL / f"{name}.yaml")
     # Every dimension is spelled out, so a preset never silently follows a schema default.
-    assert set(raw) - {"defaults"} == {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(raw) - {"defaults"} == {f.name for f in dataclasses.fields(ModelConfig)} - set(HF_MODEL_FIELDS)
 
 
 def test_presets_compose_through_hydra_schema():

@@ -57,10 +57,15 @@ def test_every_group_has_options_on_disk():
 
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
-def test_every_option_composes_and_validates(group, option, token_file):
+def test_every_option_composes_and_validates(group, option, token_file, tmp_path):
     overrides = [f"{group}={option}"]
     if group == "data" and option == "tokens":
         overrides += [f"data.path={token_file}", "data.vocab_size=100"]
+    if group == "model" and option == "hf":
+        from trainlab.models.hf_demo import demo_config
+
+        demo_config("llama", vocab_size=256).to_json_file(tmp_path / "config.json")
+        overrides += [f"model.config={tmp_path / 'config.json'}"]
     run = compose_run_config(overrides)
     assert isinstance(run, RunConfig)
     section = getattr(run, group)

@@ -78,6 +78,10 @@ def _print_result(result) -> None:
                 f" at step {t.pruned_step}" if t.pruned_step is not None else "") + (
                 f": {t.pruned_reason}" if t.pruned_reason else "")
             console.print(f"[cyan]pruned:[/] {escape(what)}")
+    winner = exported_winner(result)
+    if winner:
+        console.print(f"the winner's model (train.export=hf), for transformers' from_pretrained: {winner}",
+                      markup=False, soft_wrap=True)
     console.print(f"outputs: {result.out_dir}", markup=False)
     console.print(f"report: {result.report}", markup=False)
     if result.logged_to_run:
@@ -89,6 +93,23 @@ def _print_result(result) -> None:
     for line in sweep_link_lines(data.tracking_uri, parent_run_id=data.parent_run_id, experiment_id=data.experiment_id,
                                  run_ids=[t.run_id for t in data.trials]):
         console.print(line, markup=False, soft_wrap=True)
+
+
+def exported_winner(result) -> str:
+    """The command that fetches the answer's configuration's exported model (its finished trial
+    with the lowest val loss, when that trial ran with train.export=hf); "" when there is none."""
+    from mlflow.tracking import MlflowClient
+
+    best = result.summary.answer.best
+    finished = [t for t in result.sweep.trials if t.label == best and t.status == names.STATUS_FINISHED]
+    if not best or not finished:
+        return ""
+    trial = min(finished, key=lambda t: t.metrics.get(names.VAL_LOSS, [(0, float("inf"))])[-1][1])
+    client = MlflowClient(tracking_uri=result.sweep.tracking_uri)
+    if names.ARTIFACT_HF_MODEL not in {a.path for a in client.list_artifacts(trial.run_id)}:
+        return ""
+    return (f"MLFLOW_TRACKING_URI={redact(result.sweep.tracking_uri)} mlflow artifacts download --run-id "
+            f"{trial.run_id} --artifact-path {names.ARTIFACT_HF_MODEL} --dst-path winner")
 
 
 def _damaged(uri: str, why: str) -> str:

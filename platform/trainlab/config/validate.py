@@ -245,7 +245,15 @@ def check_corpus_and_vocab(run: RunConfig) -> None:
     d = run.data
     if d.name == "markov":
         check_markov_states(d.vocab_size)
-    check_model_vocab(run.model.vocab_size, corpus_vocab(d), source=f", data={d.name}")
+    corpus = corpus_vocab(d)
+    if run.model.name == "hf":
+        if run.model.vocab_size < corpus:
+            raise ValueError(
+                f"the model's vocabulary (vocab_size={run.model.vocab_size} in its config.json) is smaller "
+                f"than the corpus vocabulary ({corpus}, data={d.name}): token ids would index past its "
+                "embedding; train it on text tokenized by its own tokenizer (data=hf data.tokenizer=MODEL_DIR)")
+        return
+    check_model_vocab(run.model.vocab_size, corpus, source=f", data={d.name}")
 
 
 def check_hf_run(run: RunConfig) -> None:

@@ -6,7 +6,8 @@ SwiGLU output silu(w1 x) * (w3 x) of such a channel grows quadratically into an 
 that the down projection's input cast must absorb. Two signals, both per block:
 
 - activation (`SwigluMonitor`): amax of the SwiGLU output and amax / rms, the outlier
-  ratio, sampled through each FeedForward's ``swiglu_tap`` only while armed;
+  ratio, sampled through each FeedForward's ``swiglu_tap`` (a Hugging Face MLP's
+  ``down_proj`` input) only while armed;
 - weights (`w13_alignment`): the largest |cos| between a channel's w1 and w3 rows, which
   rises before the outliers do.
 
@@ -19,11 +20,13 @@ that the down projection's input cast must absorb. Two signals, both per block:
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from trainlab.models.block_names import HF_LLAMA_BLOCK
 from trainlab.models.transformer import FeedForward
 from trainlab.names import (
     NUM_SWIGLU_ALIGNMENT,
@@ -34,17 +37,39 @@ from trainlab.names import (
 from trainlab.telemetry.sharded import full
 
 
-def _feed_forwards(model: nn.Module) -> list[tuple[int, FeedForward]]:
-    """Every FeedForward with its block index, through any wrapper (DDP's ``module``,
-    torch.compile's ``_orig_mod``): found by type, indexed by the number after ``layers``
-    in its name (its position among FeedForwards when the name has none)."""
+@dataclass(frozen=True)
+class _Swiglu:
+    """One block's SwiGLU MLP by role: its gate and up projections and where its output h shows."""
+
+    gate: nn.Module
+    up: nn.Module
+    tap: nn.Module
+    """Transformer: the identity ``swiglu_tap`` (h is its output); a Hugging Face MLP: the down
+    projection (h is its input)."""
+    h_is_input: bool
+
+
+def _as_swiglu(module: nn.Module) -> _Swiglu | None:
+    if isinstance(module, FeedForward):
+        return _Swiglu(module.w1, module.w3, module.swiglu_tap, h_is_input=False)
+    names = HF_LLAMA_BLOCK  # transformers' LlamaMLP and its copies: down(act(gate(x)) * up(x))
+    gate, up, down = (getattr(module, n.rsplit(".", 1)[-1], None) for n in (names.gate, names.up, names.down))
+    if all(isinstance(m, nn.Module) for m in (gate, up, down)):
+        return _Swiglu(gate, up, down, h_is_input=True)
+    return None
+
+
+def _feed_forwards(model: nn.Module) -> list[tuple[int, _Swiglu]]:
+    """Every SwiGLU MLP with its block index, through any wrapper (DDP's ``module``,
+    torch.compile's ``_orig_mod``): found by what it holds, indexed by the number after
+    ``layers`` in its name (its position among them when the name has none)."""
     found = []
-    for position, (name, module) in enumerate(
-            (n, m) for n, m in model.named_modules() if isinstance(m, FeedForward)):
+    mlps = [(n, s) for n, m in model.named_modules() if (s := _as_swiglu(m)) is not None]
+    for position, (name, mlp) in enumerate(mlps):
         parts = name.split(".")
         index = next((int(nxt) for part, nxt in zip(parts, parts[1:])
                       if part == "layers" and nxt.isdigit()), position)
-        found.append((index, module))
+        found.append((index, mlp))
     return sorted(found, key=lambda pair: pair[0])
 
 
@@ -80,16 +105,19 @@ class SwigluMonitor:
             return
         self._amax.clear()
         self._ratio.clear()
-        for index, ff in self._blocks:
-            self._handles.append(ff.swiglu_tap.register_forward_hook(self._hook(index)))
+        for index, mlp in self._blocks:
+            hook = self._hook(index)
+            self._handles.append(
+                mlp.tap.register_forward_pre_hook(lambda m, inputs, hook=hook: hook(m, inputs[0]))
+                if mlp.h_is_input else mlp.tap.register_forward_hook(lambda m, _i, out, hook=hook: hook(m, out)))
 
     def _hook(self, index: int):
         @torch.compiler.disable  # run eagerly under torch.compile: no recompile per block
-        def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        def record(module: nn.Module, h: torch.Tensor) -> None:
             if not module.training:  # not a training forward (e.g. parallel.pp's shape pass)
                 return
             with torch.no_grad():
-                h = full(output.detach()).float()
+                h = full(h.detach()).float()
                 amax = h.abs().amax()
                 # All-zero h: rms 0, ratio 0/tiny = 0 rather than nan.
                 rms = h.pow(2).mean().sqrt().clamp_min(torch.finfo(torch.float32).tiny)
@@ -141,9 +169,9 @@ def w13_alignment(model: nn.Module) -> dict[str, float]:
     if not blocks:
         return {}
     per_block = []
-    for _, ff in blocks:
-        w1 = full(ff.w1.weight).float()
-        w3 = full(ff.w3.weight).float()
+    for _, mlp in blocks:
+        w1 = full(mlp.gate.weight).float()
+        w3 = full(mlp.up.weight).float()
         eps = torch.finfo(torch.float32).tiny
         cos = (w1 * w3).sum(-1) / (w1.norm(dim=-1) * w3.norm(dim=-1)).clamp_min(eps)
         per_block.append(cos.abs().amax().clamp(max=1.0))  # rounding can give 1 + ulp
