@@ -76,6 +76,36 @@ def test_documents_are_packed_with_eos_after_each(demo, tok, tmp_path):
         assert tok.decode(stream[starts[i]:ends[i]].tolist()) == docs[i]
 
 
+def test_every_input_kind_gives_the_stream_of_the_same_documents(demo, tmp_path):
+    """A save_to_disk folder (Dataset, DatasetDict's split), a parquet file, a JSON array and a
+    folder of .txt files (one document each) holding the demo documents tokenize alike."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = demo_documents()[:40]
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["x"] * 3}),
+                          "extra": datasets.Dataset.from_dict({"body": docs})}).save_to_disk(str(tmp_path / "dict"))
+    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), tmp_path / "docs.parquet")
+    (tmp_path / "array.json").write_text(json.dumps([{"text": d} for d in docs]))
+    (tmp_path / "txt").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "txt" / f"{i:03d}.txt").write_text(d)
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+
+    def stream(path, **kw):
+        c = build_corpus(_cfg(demo, tmp_path / "cache", path=str(tmp_path / path), **kw))
+        return np.concatenate([c.train, c.val])
+
+    want = stream("docs.jsonl")
+    for path, kw in [("saved", {}), ("dict", {"split": "extra", "text_field": "body"}), ("docs.parquet", {}),
+                     ("array.json", {}), ("txt", {})]:
+        assert np.array_equal(stream(path, **kw), want), path
+    with pytest.raises(ValueError, match=r"data.split='test' is not a split of .* \(its splits: extra, train\)"):
+        stream("dict", split="test", text_field="body")
+
+
 def test_the_same_config_gives_the_same_batches_twice(demo, tmp_path):
     a = build_corpus(_cfg(demo, tmp_path / "one"))
     b = build_corpus(_cfg(demo, tmp_path / "two"))  # tokenized again, into another cache
@@ -100,6 +130,34 @@ def test_a_second_build_reuses_the_cache_and_a_changed_file_is_tokenized_again(d
     data.write_text(json.dumps({"text": "a different corpus " * 200}) + "\n")
     third = build_corpus(cfg)
     assert len(calls) == 2 and third.fingerprint != first.fingerprint
+
+
+def test_builders_racing_for_one_cache_tokenize_once(demo, tmp_path, monkeypatch):
+    """Two builders at once (threads here; processes lock the same way): the second waits on the
+    lock and opens the first one's folder."""
+    import threading
+    import time
+
+    from trainlab.data import hf_corpus
+
+    calls = []
+    real = hf_corpus.load_tokenizer
+
+    def slow_load(path):
+        calls.append(path)
+        time.sleep(0.5)  # the other builder arrives meanwhile
+        return real(path)
+
+    monkeypatch.setattr(hf_corpus, "load_tokenizer", slow_load)
+    cfg = _cfg(demo, tmp_path)
+    prints = []
+    threads = [threading.Thread(target=lambda: prints.append(build_corpus(cfg).fingerprint)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert len(calls) == 1, "both builders tokenized"
 
 
 def test_resume_mid_epoch_is_bit_exact(demo, tmp_path):

@@ -87,13 +87,14 @@ def _tokenize(cfg: DataConfig, source: Source, tmp: Path) -> dict:
             progress.update(documents, writer.num_tokens)
     finally:
         writer.close()
-        progress.close(documents, writer.num_tokens)
+        progress.stop()
     if writer.num_tokens < MIN_TOKENS:
         raise ValueError(f"data.path={cfg.path!r} tokenizes to {writer.num_tokens} tokens ({documents} documents); "
                          f"at least {MIN_TOKENS} are needed: check {field} and the dataset")
     if cfg.loss_on == "answer" and not writer.num_targets:
         raise ValueError(f"data.loss_on=answer: data.path={cfg.path!r} holds no assistant turn, so no token "
                          "would be trained on; use data.loss_on=all or a dataset with assistant messages")
+    progress.done(documents, writer.num_tokens)
     return {"num_tokens": writer.num_tokens, "num_targets": writer.num_targets, "documents": documents,
             "dtype": dtype, "vocab_size": vocab_size, "eos_id": int(tok.eos_token_id),
             "masked": cfg.loss_on == "answer", "source": cfg.path, "tokenizer": cfg.tokenizer, **_fields(cfg)}
@@ -121,9 +122,12 @@ class _Progress:
             self._last = time.perf_counter()
             console.print(text)
 
-    def close(self, documents: int, tokens: int) -> None:
+    def stop(self) -> None:
         if self._live is not None:
             self._live.stop()
+            self._live = None
+
+    def done(self, documents: int, tokens: int) -> None:
         console.print(f"{self.what}: {documents:,} documents, {tokens:,} tokens in "
                       f"{time.perf_counter() - self._t0:.1f} s (cached for the next run)")
 
