@@ -61,6 +61,8 @@ def test_every_option_composes_and_validates(group, option, token_file):
     overrides = [f"{group}={option}"]
     if group == "data" and option == "tokens":
         overrides += [f"data.path={token_file}", "data.vocab_size=100"]
+    if group == "data" and option == "hf":  # composes without reading them: the preflight does
+        overrides += ["data.path=docs.jsonl", "data.tokenizer=tokenizer"]
     run = compose_run_config(overrides)
     assert isinstance(run, RunConfig)
     section = getattr(run, group)

@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from trainlab.vocab.files import read_text
+
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """owner/name as the Hub spells repository ids: one slash, no leading '.', '/' or '~'."""
 
@@ -34,12 +36,12 @@ def hf_cache_snapshot(repo_id: str, *, repo_type: str) -> Path | None:
     snapshots = repo / "snapshots"
     ref = repo / "refs" / "main"
     try:
-        if ref.is_file() and ref.stat().st_size < 256:
-            main = snapshots / ref.read_text().strip()
+        if ref.exists():
+            main = snapshots / read_text(ref, field="huggingface_hub's refs/main", fix="", max_bytes=256).strip()
             if main.is_dir():
                 return main
         found = [p for p in snapshots.iterdir() if p.is_dir()]
-    except OSError:
+    except (OSError, ValueError):  # no cache, or a damaged one: no snapshot to name
         return None
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
