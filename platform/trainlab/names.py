@@ -214,7 +214,8 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 """MLflow's name for model training ("Machine learning" in its UI), as against genai_development."""
 
 # -- per-run config keys: tags, not params --------------------------------------------------
-PER_RUN_KEYS = ("output_dir", "train.checkpoint_dir", "train.resume", "data.path", "tracking.uri",
+PER_RUN_KEYS = ("output_dir", "train.checkpoint_dir", "train.resume", "data.path", "data.tokenizer", "data.cache_dir",
+                "tracking.uri",
                 "tracking.run_name")
 """Flattened config keys whose value is a path, an address or a name of this run, not a knob:
 logged as tags (config_tag), so the params MLflow's compare page plots are the knobs that differ.

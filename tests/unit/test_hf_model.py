@@ -83,19 +83,24 @@ def test_config_dims_fill_the_model_section(saved):
 
 
 def test_hub_name_without_local_copy_is_refused_with_the_way_to_get_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"model.pretrained='meta-llama/Llama-3.2-1B' is a Hugging Face hub "
-                                         r"name and no local copy exists; trainlab never downloads.*--local-dir"):
+    with pytest.raises(ValueError, match=r"model.pretrained='meta-llama/Llama-3.2-1B' is not a path on this machine: "
+                                         r"it names a Hugging Face Hub model, and trainlab downloads nothing; "
+                                         r"make a local copy first \(`hf download meta-llama/Llama-3.2-1B --local-dir"):
         ModelConfig(name="hf", pretrained="meta-llama/Llama-3.2-1B")
 
 
 def test_hub_name_with_a_cached_snapshot_names_the_folder(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
     snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=f"set model.config={snapshot}"):
+    with pytest.raises(ValueError, match=f"use the copy in the Hugging Face cache: model.config={snapshot}"):
         ModelConfig(name="hf", config="org/tiny")
 
 

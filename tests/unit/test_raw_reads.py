@@ -22,6 +22,8 @@ ALLOWED = {
     ("engine/run.py", "read_text"): (1, "a counter trainlab writes in its own run folder (is_file)"),
     ("compare/html_report.py", "read_bytes"): (1, "a plot compare has just written"),
     ("data/token_file.py", "np.memmap"): (1, "after check_file (regular, bounded) and open_file"),
+    ("data/hf_cache.py", "np.memmap"): (1, "the cache's mask file, after check_file (regular, bounded by "
+                                           "the token count it must equal)"),
     ("tracking/store_check.py", "open"): (1, "a sqlite store opened r+b after _regular_store"),
     ("tracking/spill.py", "open"): (1, "_locked: appends, and the removal after check() read it"),
     ("redact.py", "read_text"): (1, "files Hydra itself wrote in the run folder, rewritten masked"),

@@ -66,6 +66,8 @@ def test_every_option_composes_and_validates(group, option, token_file, tmp_path
 
         demo_config("llama", vocab_size=256).to_json_file(tmp_path / "config.json")
         overrides += [f"model.config={tmp_path / 'config.json'}"]
+    if group == "data" and option == "hf":  # composes without reading them: the preflight does
+        overrides += ["data.path=docs.jsonl", "data.tokenizer=tokenizer"]
     run = compose_run_config(overrides)
     assert isinstance(run, RunConfig)
     section = getattr(run, group)

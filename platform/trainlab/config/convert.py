@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trainlab.config.moved import moved_key_message
-from trainlab.config.schema import AUTO_EVAL_EVERY, EVAL_AUTO, RunConfig, register_configs
+from trainlab.config.schema import AUTO_EVAL_EVERY, EVAL_AUTO, HF_ONLY_FIELDS, RunConfig, register_configs
 from trainlab.config.validate import check_run
 from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, check_file
 from trainlab.vocab.launcher import TrainlabRayLauncherConf
@@ -32,7 +32,8 @@ _NOT_HASHED = ("tracking", "output_dir", "sweep_name", "cluster.address", "clust
                "debug.inject_fault",  # a rerun without the fault resumes the faulted run's checkpoint
                "cluster.max_failures", "cluster.min_workers", "cluster.resize_interval_s",
                # the cluster an estimate is for and its calibration: what is planned, not trained
-               "cluster.nodes", "cluster.nvlink_gb_s", "cluster.network_gb_s", "cluster.calibration")
+               "cluster.nodes", "cluster.nvlink_gb_s", "cluster.network_gb_s", "cluster.calibration",
+               "data.cache_dir")  # where data=hf's tokens are cached, not what they are
 
 
 class ConfigError(ValueError):
@@ -167,6 +168,10 @@ def hashed_config(run: RunConfig) -> dict[str, Any]:
         k: v for k, v in flatten(run).items()
         if not any(k == skip or k.startswith(skip + ".") for skip in _NOT_HASHED)
     }
+    if run.data.name != "hf":
+        # data=hf's fields: other corpora keep the identity they had before data=hf existed
+        for name in HF_ONLY_FIELDS:
+            fields.pop(f"data.{name}", None)
     if fields.get("train.eval_every") == EVAL_AUTO:
         # validating does not change what is trained: auto hashes as the fixed default it replaced,
         # so sweeps and checkpoints from before it keep their identity (skipped, resumed)

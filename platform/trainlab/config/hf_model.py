@@ -19,11 +19,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
+from trainlab.vocab.hub import hub_refusal, looks_like_hub_name
 
 HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 """Hugging Face model types trainlab runs with its own decoder loop (pipeline stages, tensor
 parallel plan, per-block sharding), each checked equal to transformers' forward in tests."""
-HUB_CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
 
 
 @dataclass(frozen=True)
@@ -48,50 +48,15 @@ class HFDims:
     """Tokens a sliding-window layer attends to; 0 = every layer attends to the whole context."""
 
 
-def hub_cache_dirs() -> list[Path]:
-    """Where huggingface_hub keeps downloaded repositories on this machine (read, never written)."""
-    dirs = [Path(os.environ[v]) for v in HUB_CACHE_ENV if os.environ.get(v)]
-    home = os.environ.get("HF_HOME")
-    dirs.append(Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub")
-    return dirs
-
-
-def cached_snapshot(repo_id: str, *, kind: str) -> Path | None:
-    """The newest local snapshot folder of hub repository `repo_id` ('org/name'; kind 'models'
-    or 'datasets'), or None: a folder trainlab can read instead of the hub."""
-    folder = f"{kind}--{repo_id.replace('/', '--')}"
-    for cache in hub_cache_dirs():
-        snapshots = cache / folder / "snapshots"
-        if snapshots.is_dir():
-            found = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-            if found:
-                return found[-1]
-    return None
-
-
-def looks_like_hub_name(value: str) -> bool:
-    """'org/name' with no leading '/', '.' or '~' and one slash: how the hub names a repository."""
-    parts = value.split("/")
-    return len(parts) == 2 and all(parts) and not value.startswith((".", "~")) and ":" not in value
-
-
-def local_folder(value: str, *, field: str, kind: str = "models", example: str = "") -> Path:
+def local_folder(value: str, *, field: str, example: str = "") -> Path:
     """The local folder `value` names, or a ValueError naming `field`: a hub name with no local
-    copy (nothing downloads), a path that does not exist or is not a folder."""
+    path (nothing downloads: vocab.hub says which local copy to use), a path that does not exist
+    or is not a folder."""
     path = Path(os.path.expanduser(value))
     if path.is_dir():
         return path
     if not path.exists() and looks_like_hub_name(value):
-        snapshot = cached_snapshot(value, kind=kind)
-        if snapshot is not None:
-            raise ValueError(
-                f"{field}={value!r} is a Hugging Face hub name; trainlab never downloads. This machine's "
-                f"hub cache holds a copy: set {field}={snapshot}")
-        cli = "hf download" + (" --repo-type dataset" if kind == "datasets" else "")
-        raise ValueError(
-            f"{field}={value!r} is a Hugging Face hub name and no local copy exists; trainlab never "
-            f"downloads. On a machine with network run `{cli} {value} --local-dir DIR`, copy DIR here "
-            f"and set {field}=DIR{example}")
+        raise ValueError(hub_refusal(field, value, repo_type="model"))
     if not path.exists():
         raise ValueError(f"{field}={value!r} does not exist; set {field} to a local folder{example}")
     raise ValueError(f"{field}={value!r} is not a folder; set {field} to the folder that holds config.json"
@@ -163,5 +128,4 @@ def _dims(raw: dict, *, path: str, field: str) -> HFDims:
     )
 
 
-__all__ = ["HF_FAMILIES", "HFDims", "cached_snapshot", "config_json_path", "local_folder",
-           "looks_like_hub_name", "read_hf_dims"]
+__all__ = ["HF_FAMILIES", "HFDims", "config_json_path", "local_folder", "read_hf_dims"]

@@ -42,7 +42,11 @@ ON_DIVERGENCE = ("stop", "rollback")
 HP_DTYPES = ("bf16", "fp32")
 STATE_DTYPES = ("fp32", "bf16", "e4m3", "e5m2")
 DEVICES = ("auto", "cpu", "cuda")
-DATASETS = ("text", "markov", "tokens")
+DATASETS = ("text", "markov", "tokens", "hf")
+HF_FORMATS = ("text", "chat")
+LOSS_ON = ("all", "answer")
+HF_ONLY_FIELDS = ("tokenizer", "format", "text_field", "messages_field", "loss_on", "split", "cache_dir")
+"""The data.* fields only data=hf reads."""
 TOKEN_DTYPES = ("uint8", "uint16", "int32", "uint32")
 PARALLEL_LAYOUTS = ("ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "pp", "dp_tp", "dp_pp", "fsdp_tp")
 DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
@@ -188,9 +192,13 @@ class DataConfig:
     name: str = "text"
     """text: the Python language reference shipped with CPython (byte-level, real English);
     markov: a seeded synthetic Markov source whose true entropy is known exactly;
-    tokens: a user's pre-tokenized binary token file (memory-mapped)."""
+    tokens: a user's pre-tokenized binary token file (memory-mapped);
+    hf: a local Hugging Face dataset or json/jsonl/parquet/txt files, tokenized once by a local
+    tokenizer into a cached token file (trainlab.data.hf_corpus)."""
     path: str = ""
-    """tokens only: path to the raw token file (no header; a regular file of at most 1 TiB)."""
+    """tokens: path to the raw token file (no header; a regular file of at most 1 TiB); hf: a
+    folder `datasets.save_to_disk` wrote, a .json/.jsonl/.parquet/.txt file, or a folder of such
+    files (a .txt file is one document). A Hugging Face Hub name is refused: nothing is downloaded."""
     token_dtype: str = "uint16"
     """tokens only: element type of the token file; a file written in a type twice as wide (int32
     read as uint16: every second id 0) is refused, naming the dtype to set."""
@@ -207,6 +215,25 @@ class DataConfig:
     sweep trains on the same corpus."""
     val_fraction: float = bounded(0.05, gt=0, lt=0.5)
     """Share of the token stream held out (at its end) for validation."""
+    tokenizer: str = ""
+    """hf only: a local tokenizer folder (AutoTokenizer.from_pretrained reads it with
+    local_files_only); its vocabulary is the corpus's. A Hub name is refused: nothing is downloaded."""
+    format: str = "text"
+    """hf only: text (each row's text_field is a document) or chat (each row's messages_field is
+    a conversation, rendered by the tokenizer's chat template)."""
+    text_field: str = "text"
+    """hf, format=text: the column holding each document's text."""
+    messages_field: str = "messages"
+    """hf, format=chat: the column holding each conversation, a list of {role, content}."""
+    loss_on: str = "all"
+    """hf: all (every token is a target) or answer (format=chat only: only the assistant's
+    tokens are targets; the others are masked to -100 and carry no loss)."""
+    split: str = "train"
+    """hf, a saved DatasetDict: the split to read (its own splits are not used for validation:
+    val_fraction holds out the end of the token stream, as for every corpus)."""
+    cache_dir: str = ""
+    """hf only: where the tokenized corpus is cached, one folder per dataset version, tokenizer
+    and fields (re-tokenized only when one of them changes); empty = ~/.cache/trainlab/tokens."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="data")
@@ -218,6 +245,22 @@ class DataConfig:
             if not self.path:
                 raise ValueError("data.path is empty; data=tokens needs data.path=/path/to/tokens.bin")
             _positive("data", vocab_size=self.vocab_size)
+        _one_of("data", "format", self.format, HF_FORMATS)
+        _one_of("data", "loss_on", self.loss_on, LOSS_ON)
+        if self.name == "hf":
+            if not self.path:
+                raise ValueError("data.path is empty; data=hf needs data.path=/path/to/dataset "
+                                 "(a save_to_disk folder, or json/jsonl/parquet/txt files)")
+            if not self.tokenizer:
+                raise ValueError("data.tokenizer is empty; data=hf needs data.tokenizer=/path/to/tokenizer "
+                                 "(a folder AutoTokenizer.from_pretrained reads)")
+            field_name = "text_field" if self.format == "text" else "messages_field"
+            if not getattr(self, field_name):
+                raise ValueError(f"data.{field_name} is empty; name the dataset's column, e.g. "
+                                 f"data.{field_name}={getattr(DataConfig(), field_name)}")
+            if self.loss_on == "answer" and self.format != "chat":
+                raise ValueError("data.loss_on=answer needs data.format=chat (the answers are the "
+                                 "assistant's turns); set data.format=chat or data.loss_on=all")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import os
 from urllib.parse import urlparse
 
 from trainlab.config.bounds import check_fields
-from trainlab.config.schema import PP_SCHEDULES, RunConfig
+from trainlab.config.schema import HF_ONLY_FIELDS, PP_SCHEDULES, RunConfig
 from trainlab.vocab.precision import ROLLBACK_PRECISIONS, SPECS, spec_of
 
 
@@ -86,6 +86,8 @@ def check_paths(run: RunConfig) -> None:
     paths = [("output_dir", run.output_dir, run.output_dir)]
     if run.data.name == "tokens":
         paths.append(("data.path", run.data.path, run.data.path))
+    if run.data.name == "hf":  # a Hub name (org/name) never starts with '..'
+        paths += [(f"data.{f}", getattr(run.data, f), getattr(run.data, f)) for f in ("path", "tokenizer", "cache_dir")]
     if run.train.checkpoint_dir:
         paths.append(("train.checkpoint_dir", run.train.checkpoint_dir, run.train.checkpoint_dir))
     if run.train.resume not in ("auto", "never"):
@@ -187,9 +189,16 @@ def ignored_options(run: RunConfig) -> list[str]:
         if changed:
             notes.append(f"train.{', train.'.join(changed)} only apply to train.on_divergence=rollback; "
                          "ignored with train.on_divergence=stop")
-    if run.data.name != "tokens" and run.data.path:
+    if run.data.name not in ("tokens", "hf") and run.data.path:
         notes.append(f"data.path={run.data.path!r} is ignored with data={run.data.name}; "
-                     "use data=tokens to train on a token file")
+                     "use data=tokens to train on a token file, data=hf on a dataset")
+    data_default = DataConfig()
+    if run.data.name != "hf":
+        changed = [f for f in HF_ONLY_FIELDS if getattr(run.data, f) != getattr(data_default, f)]
+        if changed:
+            notes.append(f"data.{', data.'.join(changed)} only apply to data=hf; ignored with data={run.data.name}")
+    elif run.data.vocab_size != data_default.vocab_size:
+        notes.append("data.vocab_size is ignored with data=hf (the tokenizer's vocabulary is used)")
     if run.data.name == "text" and run.data.vocab_size != DataConfig().vocab_size:
         notes.append("data.vocab_size is ignored with data=text (byte-level, 256)")
     return notes
@@ -215,7 +224,10 @@ MARKOV_MAX_VOCAB = 4096
 
 
 def corpus_vocab(data) -> int:
-    """The vocabulary of the corpus data.* names: text is byte-level; markov and tokens have data.vocab_size."""
+    """The vocabulary of the corpus data.* names: text is byte-level; markov and tokens have
+    data.vocab_size; hf: 0 here (unknown until its tokenizer is read: the driver's preflight checks it)."""
+    if data.name == "hf":
+        return 0
     return TEXT_VOCAB_SIZE if data.name == "text" else int(data.vocab_size)
 
 

@@ -1,4 +1,4 @@
-"""Corpora (text, markov, token files) and deterministic data-parallel batching."""
+"""Corpora (text, markov, token files, local Hugging Face datasets) and deterministic data-parallel batching."""
 
 from trainlab.data.batches import TokenBatches, val_batches
 from trainlab.data.build_corpus import build_corpus

@@ -25,6 +25,9 @@ import torch
 Batch = tuple[torch.Tensor, torch.Tensor]
 """(input, target), each (micro_batch_size, seq_len) int64."""
 
+IGNORE_INDEX = -100
+"""The target of a masked token (data.loss_on=answer): F.cross_entropy's default ignore_index."""
+
 _STATE_VERSION = 1
 
 
@@ -44,16 +47,32 @@ def num_windows(num_tokens: int, seq_len: int) -> int:
     return max(0, (num_tokens - 1) // seq_len)
 
 
-def _gather(tokens: np.ndarray, windows: np.ndarray, *, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) as contiguous int64 arrays, (len(windows), seq_len) each.
+def _gather(tokens: np.ndarray, windows: np.ndarray, *, seq_len: int,
+            mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) as contiguous int64 arrays, (len(windows), seq_len) each; a target whose
+    `mask` entry is 0 is IGNORE_INDEX.
 
     One fancy-indexing read for all windows: cheap enough to run every micro-step, and on a
     memmap it touches only the pages the windows live on.
     """
-    rows = tokens[windows[:, None] * seq_len + np.arange(seq_len + 1)]
+    index = windows[:, None] * seq_len + np.arange(seq_len + 1)
+    rows = tokens[index]
     rows = rows.astype(np.int64, copy=False)
     # Contiguous copies: losses commonly call target.view(-1), which a strided slice refuses.
-    return np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])
+    inputs, targets = np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])
+    if mask is not None:
+        targets[mask[index[:, 1:]] == 0] = IGNORE_INDEX
+    return inputs, targets
+
+
+def _as_mask(mask: np.ndarray | None, tokens: np.ndarray) -> np.ndarray | None:
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.shape != tokens.shape:
+        raise ValueError(f"the loss mask has {mask.shape} entries but the token stream {tokens.shape}; "
+                         "they must be the same length (one entry per token)")
+    return mask
 
 
 def _as_batches(inputs: np.ndarray, targets: np.ndarray, micro_batch_size: int | list[int]) -> list[Batch]:
@@ -66,7 +85,9 @@ class TokenBatches:
     """This rank's training micro-batches, one optimizer step at a time.
 
     ``tokens`` is the train split (may be a memmap; it is never copied whole). Sizes count
-    sequences; ``seed`` fixes the order (use the run seed).
+    sequences; ``seed`` fixes the order (use the run seed). ``mask`` (same length, 0 = not a
+    target) makes the targets at its zeros IGNORE_INDEX; the order and the inputs are the same
+    with or without it.
     """
 
     def __init__(
@@ -79,11 +100,13 @@ class TokenBatches:
         dp_rank: int,
         dp_size: int,
         seed: int,
+        mask: np.ndarray | None = None,
     ) -> None:
         # np.asarray drops the memmap subclass but keeps the mapping (no copy), so fancy
         # indexing returns plain ndarrays.
         self._tokens = np.asarray(tokens)
         assert self._tokens.ndim == 1 and np.issubdtype(self._tokens.dtype, np.integer)
+        self._mask = _as_mask(mask, self._tokens)
         _check_positive(**{
             "train.seq_len": seq_len,
             "train.global_batch_size": global_batch_size,
@@ -203,7 +226,8 @@ class TokenBatches:
             lo = self._start
             k, extra = divmod(self.per_rank, self.accum_steps)
             sizes = [k + (i < extra) for i in range(self.accum_steps)]
-        inputs, targets = _gather(self._tokens, global_batch[lo:lo + self.per_rank], seq_len=self.seq_len)
+        inputs, targets = _gather(self._tokens, global_batch[lo:lo + self.per_rank], seq_len=self.seq_len,
+                                  mask=self._mask)
         return _as_batches(inputs, targets, sizes)
 
     def state_dict(self) -> dict:
@@ -249,8 +273,10 @@ def val_batches(
     num_batches: int,
     dp_rank: int,
     dp_size: int,
+    mask: np.ndarray | None = None,
 ) -> list[Batch]:
-    """A fixed held-out set: this rank's share of the first windows of the val split.
+    """A fixed held-out set: this rank's share of the first windows of the val split (targets
+    IGNORE_INDEX where `mask` is 0, as TokenBatches).
 
     The set is the first num_batches * micro_batch_size * dp_size windows (fewer, in whole
     rounds of micro_batch_size * dp_size, if the split is short); rank r takes windows
@@ -277,5 +303,5 @@ def val_batches(
             "or lower train.seq_len or train.micro_batch_size"
         )
     windows = np.arange(dp_rank, rounds * per_round, dp_size)
-    inputs, targets = _gather(tokens, windows, seq_len=seq_len)
+    inputs, targets = _gather(tokens, windows, seq_len=seq_len, mask=_as_mask(mask, tokens))
     return _as_batches(inputs, targets, micro_batch_size)

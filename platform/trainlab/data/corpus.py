@@ -1,7 +1,7 @@
 """The :class:`Corpus` record and the helpers every source uses to make one.
 
 A corpus is a 1-D stream of integer token ids split once, at its end, into train and val.
-Sources (text, markov, tokens) only produce the stream; splitting, fingerprinting and the
+Sources (text, markov, tokens, hf) only produce the stream (hf: and a loss mask); splitting, fingerprinting and the
 unigram entropy are computed here so every source gets them the same way.
 """
 
@@ -39,7 +39,7 @@ class Corpus:
     vocab_size: int
     """Every token id is < vocab_size."""
     name: str
-    """The source kind (data.name): text, markov or tokens."""
+    """The source kind (data.name): text, markov, tokens or hf."""
     fingerprint: str
     """16 hex chars of sha256 over name, vocab size, dtype, split point and all token bytes."""
     unigram_entropy: float
@@ -48,10 +48,17 @@ class Corpus:
     """Exact entropy rate of the source in nats/token (markov only; None otherwise)."""
     description: str
     """One line for humans."""
+    train_mask: np.ndarray | None = field(default=None, repr=False)
+    """data.loss_on=answer: 1 where the train token at that position is a target, 0 where it is
+    masked (batches give it target -100); None: every token is a target."""
+    val_mask: np.ndarray | None = field(default=None, repr=False)
+    """The val split's mask, as train_mask."""
 
     def __post_init__(self) -> None:
         for split in (self.train, self.val):
             assert split.ndim == 1 and np.issubdtype(split.dtype, np.integer), split.dtype
+        for split, mask in ((self.train, self.train_mask), (self.val, self.val_mask)):
+            assert mask is None or mask.shape == split.shape, (None if mask is None else mask.shape, split.shape)
 
     @property
     def num_tokens(self) -> int:
@@ -76,15 +83,21 @@ def split_point(*, num_tokens: int, val_fraction: float, source: str) -> int:
     return n_train
 
 
-def fingerprint(*, name: str, vocab_size: int, train: np.ndarray, val: np.ndarray) -> str:
+def fingerprint(*, name: str, vocab_size: int, train: np.ndarray, val: np.ndarray,
+                mask: np.ndarray | None = None) -> str:
     """16 hex chars identifying the corpus: two corpora differing in any token, the dtype,
-    the split point, the vocabulary or the name never share it (up to sha256 collisions)."""
+    the split point, the vocabulary, the name or the loss mask never share it (up to sha256
+    collisions). A corpus without a mask hashes as it did before masks existed."""
     h = hashlib.sha256()
     # The header fixes how the token bytes are read, so equal bytes under another dtype or
     # split point hash differently.
     h.update(f"{name}|{vocab_size}|{train.dtype.str}|{len(train)}|{len(val)}|".encode())
     for split in (train, val):
         for chunk in iter_chunks(split):
+            h.update(np.ascontiguousarray(chunk).data)
+    if mask is not None:
+        h.update(b"mask|")
+        for chunk in iter_chunks(mask):
             h.update(np.ascontiguousarray(chunk).data)
     return h.hexdigest()[:16]
 
@@ -110,21 +123,26 @@ def make_corpus(
     source: str,
     description: str,
     true_entropy: float | None = None,
+    mask: np.ndarray | None = None,
 ) -> Corpus:
-    """Split ``stream`` and compute the derived fields of a :class:`Corpus`.
+    """Split ``stream`` (and its loss ``mask``, 1 = a target, if any) and compute the derived
+    fields of a :class:`Corpus`.
 
     ``stream`` is not copied (a memmap stays a memmap); ``description`` gets the split sizes
     appended.
     """
     assert stream.ndim == 1 and np.issubdtype(stream.dtype, np.integer), stream.dtype
+    assert mask is None or mask.shape == stream.shape, (mask.shape, stream.shape)
     cut = split_point(num_tokens=len(stream), val_fraction=val_fraction, source=source)
     train, val = stream[:cut], stream[cut:]
     return Corpus(
         train=train,
         val=val,
+        train_mask=None if mask is None else mask[:cut],
+        val_mask=None if mask is None else mask[cut:],
         vocab_size=vocab_size,
         name=name,
-        fingerprint=fingerprint(name=name, vocab_size=vocab_size, train=train, val=val),
+        fingerprint=fingerprint(name=name, vocab_size=vocab_size, train=train, val=val, mask=mask),
         unigram_entropy=unigram_entropy(train, vocab_size=vocab_size),
         true_entropy=true_entropy,
         description=f"{description}; {len(train):,} train / {len(val):,} val tokens",

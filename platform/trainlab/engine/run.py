@@ -18,7 +18,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from trainlab import names
 from trainlab.config import RunConfig
@@ -36,6 +35,7 @@ from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import Checkpointer, discard_after, rollback_of
 from trainlab.engine.determinism import set_deterministic
 from trainlab.engine.elastic import elastic_metrics, fit_to_gang, shrunk_note
+from trainlab.engine.loss import token_loss
 from trainlab.engine.resume import agreed_resume as agreed_intact_resume
 from trainlab.engine.rollback import Rollback, attempt_config, rolls_back
 from trainlab.engine.schedule import build_optimizer
@@ -129,9 +129,10 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     dp_rank = coords(dist_info.rank, dims).dp_rank  # tp and pp peers read the same batch
     batches = TokenBatches(corpus.train, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                            micro_batch_size=t.micro_batch_size, dp_rank=dp_rank, dp_size=dims.dp,
-                           seed=run.seed)
+                           seed=run.seed, mask=corpus.train_mask)
     val = val_batches(corpus.val, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                      num_batches=max(1, t.eval_batches // dims.dp), dp_rank=dp_rank, dp_size=dims.dp)
+                      num_batches=max(1, t.eval_batches // dims.dp), dp_rank=dp_rank, dp_size=dims.dp,
+                      mask=corpus.val_mask)
     model_args = resolve_dims(run.model, vocab_size=corpus.vocab_size)
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,
@@ -171,7 +172,7 @@ def gang_peak(local: Peak) -> Peak:
 
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A pipeline's last stage: one micro-batch's mean loss, as Trainer.forward_backward_step's."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    return token_loss(logits, targets)
 
 
 def export_model(trainer: Trainer, run: RunConfig) -> Path:

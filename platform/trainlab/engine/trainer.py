@@ -26,17 +26,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainlab import names
 from trainlab.config.schema import RunConfig
 from trainlab.data import Corpus
+from trainlab.data.batches import IGNORE_INDEX
 from trainlab.data.shares import loss_weight
 from trainlab.distributed import DistInfo, all_reduce_mean, gather_strings, mean_over_ranks
 from trainlab.engine.balance import DpBalancer
 from trainlab.engine.checkpoint import Checkpointer
+from trainlab.engine.loss import token_loss
 from trainlab.engine.preemption import PREEMPT, Preemption
 from trainlab.engine.rollback import Rollback, scale_lr
 from trainlab.engine.slowdown import Slowdown
@@ -161,7 +162,7 @@ class Trainer:
         is multiplied by `weight` (uneven shares) or else divided by accum_steps."""
         with self.recipe.autocast():
             logits = self.model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss = token_loss(logits, targets)  # masked targets (-100) carry no loss; all masked: 0, not NaN
         self.recipe.scale(loss / accum_steps if weight is None else loss * weight).backward()
         return loss.detach()
 
@@ -281,13 +282,15 @@ class Trainer:
             self.model.train()
             (mean,) = all_reduce_mean([mean], device=self.dist.device)
             return mean
+        scored = 0  # batches with a target: one whose targets are all masked (loss_on=answer) has no loss to average
         for x, y in self.val:
             with self.recipe.autocast():
                 logits = self.model(x.to(self.dist.device))
-            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.to(self.dist.device).flatten()))
+            total += float(token_loss(logits, y.to(self.dist.device)))
+            scored += bool((y != IGNORE_INDEX).any())
         reshard(self.model)  # FSDP2: parameters are the masters again (checksums, probes read them)
         self.model.train()
-        (mean,) = all_reduce_mean([total / max(1, len(self.val))], device=self.dist.device)
+        (mean,) = all_reduce_mean([total / max(1, scored)], device=self.dist.device)
         return mean
 
     # -- the loop --------------------------------------------------------------------------

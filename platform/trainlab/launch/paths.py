@@ -6,6 +6,7 @@ nothing. The driver resolves each path field of the config against the directory
 was started in (and `~` against the user's home) and hands the workers the absolute form:
 
     data.path, train.resume (a path), train.checkpoint_dir, output_dir, tracking.uri
+    (data=hf: data.path, data.tokenizer and data.cache_dir; a Hub name is kept as typed)
 
 The tracking URI is resolved by trainlab.tracking.store (forms MLflow would misread are
 refused, a server's credentials moved out of it). Resolving an absolute config again changes
@@ -34,6 +35,7 @@ from trainlab.tracking.store import (
     tracking_store,
     use_tracking_store,
 )
+from trainlab.vocab.hub import looks_like_hub_name
 
 RESUME_KEYWORDS = ("auto", "never")
 
@@ -44,6 +46,13 @@ def absolute(path: str, *, cwd: str | None = None) -> str:
     if not path:
         return path
     return os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(path)))
+
+
+def local_or_hub(path: str, *, cwd: str | None = None) -> str:
+    """absolute(path), except a Hub name (owner/name) that names nothing here: kept as typed, for
+    the preflight to refuse it as one (launch.preflight, vocab.hub)."""
+    resolved = absolute(path, cwd=cwd)
+    return path if looks_like_hub_name(path) and not os.path.lexists(resolved) else resolved
 
 
 def resolve_paths(run: RunConfig, *, cwd: str | None = None) -> RunConfig:
@@ -58,6 +67,9 @@ def resolve_paths(run: RunConfig, *, cwd: str | None = None) -> RunConfig:
         t, checkpoint_dir=absolute(t.checkpoint_dir, cwd=cwd),
         resume=t.resume if t.resume in RESUME_KEYWORDS else absolute(t.resume, cwd=cwd))
     data = dataclasses.replace(d, path=absolute(d.path, cwd=cwd)) if d.name == "tokens" else d
+    if d.name == "hf":
+        data = dataclasses.replace(d, path=local_or_hub(d.path, cwd=cwd), tokenizer=local_or_hub(d.tokenizer, cwd=cwd),
+                                   cache_dir=absolute(d.cache_dir, cwd=cwd))
     tracking = run.tracking
     if tracking.name == "mlflow":
         try:
@@ -78,6 +90,9 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
     paths = []
     if run.data.name == "tokens":
         paths.append(("data.path", run.data.path, "every worker reads the corpus"))
+    if run.data.name == "hf":  # a node without the driver's cached tokens tokenizes them once itself
+        paths += [("data.path", run.data.path, "a node without the tokens cached reads the dataset"),
+                  ("data.tokenizer", run.data.tokenizer, "every worker reads the tokenizer")]
     if run.train.resume not in RESUME_KEYWORDS:
         paths.append(("train.resume", run.train.resume, "every worker reads the checkpoint"))
     paths.append(("train.checkpoint_dir" if run.train.checkpoint_dir else "output_dir",

@@ -18,9 +18,12 @@ import torch
 from trainlab.config import ConfigError, RunConfig, ignored_options
 from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
+from trainlab.config.validate import check_model_vocab
 from trainlab.console import console
 from trainlab.data.batches import num_windows
+from trainlab.data.build_corpus import corpus_vocab_size
 from trainlab.data.corpus import split_point
+from trainlab.data.hf_corpus import prepare_hf
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.estimate.calibration import load_calibration
@@ -133,13 +136,20 @@ def check_store_state(uri: str, run: RunConfig) -> None:
 
 def check_data(run: RunConfig) -> None:
     """A token file is read as the workers will read it (size against data.token_dtype, ids
-    against data.vocab_size, scanned in bounded chunks), and every corpus whose length is known
-    here must hold a global batch of sequences for training and a batch per rank for validation."""
+    against data.vocab_size, scanned in bounded chunks); a data=hf dataset and tokenizer are
+    checked (a Hub name, a missing or wrong-kind path refused) and tokenized into the cache; every
+    corpus whose length is known here must hold a global batch of sequences for training and a
+    batch per rank for validation."""
     d = run.data
     if d.name == "tokens":
         path = str(Path(d.path).expanduser())
         num_tokens = len(open_token_file(path, dtype=d.token_dtype, vocab_size=d.vocab_size))
         check_corpus_length(run, num_tokens=num_tokens, source=f"data.path={d.path!r}")
+    elif d.name == "hf":
+        # tokenized here, once, into data.cache_dir: the gang's workers find it made
+        cached = prepare_hf(d)
+        check_model_vocab(run.model.vocab_size, cached.vocab_size, source=f", data.tokenizer={d.tokenizer!r}")
+        check_corpus_length(run, num_tokens=len(cached.tokens), source=f"data.path={d.path!r}")
     elif d.name == "markov":
         check_markov_memory(run)
         check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
@@ -199,10 +209,18 @@ def check_module_names(run: RunConfig) -> None:
     from trainlab.telemetry.nonfinite import injection_target
 
     with torch.device("meta"):
-        model = build_model(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256)
+        model = build_model(run.model, vocab_size=model_vocab(run))
     check_keep_hp(model, run.precision.keep_hp)
     if run.debug.nan_injection is not None:
         injection_target(model, run.debug.nan_injection[0])
+
+
+def model_vocab(run: RunConfig) -> int:
+    """The model's vocabulary for shape checks: model.vocab_size, else the corpus's (data=hf: its
+    tokenizer's, from the cache check_data filled), else 256."""
+    if run.model.vocab_size:
+        return run.model.vocab_size
+    return corpus_vocab_size(run.data) if run.data.name == "hf" else run.data.vocab_size or 256
 
 
 def check_fits_here(run: RunConfig, device: str) -> Estimate | None:
@@ -248,7 +266,7 @@ def check_layout(run: RunConfig) -> None:
         from trainlab.models import resolve_dims
         from trainlab.parallel.tp import check_tp
 
-        check_tp(resolve_dims(run.model, vocab_size=run.model.vocab_size or run.data.vocab_size or 256), p.tp)
+        check_tp(resolve_dims(run.model, vocab_size=model_vocab(run)), p.tp)
 
 
 def check_comm_backend(run: RunConfig, device: str) -> None:
