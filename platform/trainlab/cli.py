@@ -29,6 +29,8 @@ commands:
   status|logs|stop JOB_ID --address URL         follow a submitted job
   import-spill PATH [--tracking-uri URI]        deliver the metrics a trial kept in its spill file
                          while the MLflow server was unreachable (idempotent)
+  hf-demo DIR            a tiny local Hugging Face model, tokenizer and dataset to try model=hf
+                         and data=hf on (nothing downloads)
 """
 
 
@@ -68,6 +70,7 @@ COMMANDS: dict[str, Callable[[str, list[str]], None]] = {
     "logs": _entry("trainlab.jobs", with_command=True),
     "stop": _entry("trainlab.jobs", with_command=True),
     "import-spill": _entry("trainlab.tracking.import_spill"),
+    "hf-demo": _entry("trainlab.hf_demo_command"),
 }
 """Every subcommand, in the order completion offers them (their names go to shell_completion)."""
 

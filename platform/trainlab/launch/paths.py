@@ -6,7 +6,8 @@ nothing. The driver resolves each path field of the config against the directory
 was started in (and `~` against the user's home) and hands the workers the absolute form:
 
     data.path, train.resume (a path), train.checkpoint_dir, output_dir, tracking.uri
-    (data=hf: data.path, data.tokenizer and data.cache_dir; a Hub name is kept as typed)
+    (data=hf: data.path, data.tokenizer and data.cache_dir; model=hf: model.config, model.pretrained;
+    a Hub name is kept as typed)
 
 The tracking URI is resolved by trainlab.tracking.store (forms MLflow would misread are
 refused, a server's credentials moved out of it). Resolving an absolute config again changes
@@ -70,6 +71,10 @@ def resolve_paths(run: RunConfig, *, cwd: str | None = None) -> RunConfig:
     if d.name == "hf":
         data = dataclasses.replace(d, path=local_or_hub(d.path, cwd=cwd), tokenizer=local_or_hub(d.tokenizer, cwd=cwd),
                                    cache_dir=absolute(d.cache_dir, cwd=cwd))
+    model = run.model
+    if model.name == "hf":  # workers run elsewhere (Ray's own working dir): the folders as this shell sees them
+        model = dataclasses.replace(model, config=local_or_hub(model.config, cwd=cwd) if model.config else "",
+                                    pretrained=local_or_hub(model.pretrained, cwd=cwd) if model.pretrained else "")
     tracking = run.tracking
     if tracking.name == "mlflow":
         try:
@@ -78,7 +83,7 @@ def resolve_paths(run: RunConfig, *, cwd: str | None = None) -> RunConfig:
             raise ConfigError(str(e)) from None
         if tracking.uri:  # empty stays empty: "$MLFLOW_TRACKING_URI or MLflow's default", as recorded
             tracking = dataclasses.replace(tracking, uri=store.uri)
-    return dataclasses.replace(run, train=train, data=data, tracking=tracking,
+    return dataclasses.replace(run, model=model, train=train, data=data, tracking=tracking,
                                output_dir=absolute(run.output_dir, cwd=cwd))
 
 
@@ -93,6 +98,9 @@ def shared_storage_notes(run: RunConfig) -> list[str]:
     if run.data.name == "hf":  # a node without the driver's cached tokens tokenizes them once itself
         paths += [("data.path", run.data.path, "a node without the tokens cached reads the dataset"),
                   ("data.tokenizer", run.data.tokenizer, "every worker reads the tokenizer")]
+    for field in ("config", "pretrained"):
+        if getattr(run.model, field):
+            paths.append((f"model.{field}", getattr(run.model, field), "every worker reads the model's files"))
     if run.train.resume not in RESUME_KEYWORDS:
         paths.append(("train.resume", run.train.resume, "every worker reads the checkpoint"))
     paths.append(("train.checkpoint_dir" if run.train.checkpoint_dir else "output_dir",
