@@ -22,7 +22,10 @@ CLUSTERS = ("docs/pages/clusters.md", "Clusters of mixed GPUs")
 ESTIMATES = ("docs/pages/estimates.md", "Know before you run: estimates")
 FAULTS = ("docs/pages/faults.md", "Faults: checkpoints, restarts, outages, bad input")
 USING = (README, "Using it")
-SECTIONS = (USING, SWEEPS, PRECISION, PARALLEL, CLUSTERS, ESTIMATES, FAULTS)
+HF = (README, "Your model and your data")
+HF_PAGE = ("docs/pages/huggingface.md", "Your model and your data")
+"""The three commands tests/integration/test_hf_flow.py runs, as the README and the page show them."""
+SECTIONS = (USING, SWEEPS, PRECISION, PARALLEL, CLUSTERS, ESTIMATES, FAULTS, HF, HF_PAGE)
 """Every (page, heading) whose ```bash commands tests run: test_doc_commands.py runs (or, for a
 training, composes and validates) each trainlab/torchrun command of each, test_bench_commands.py
 each bench they name, test_multinode.py the Ray and job commands of CLUSTERS."""

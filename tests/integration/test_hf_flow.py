@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from conftest import trainlab_cmd
+from doc_commands import HF, HF_PAGE, find, section_commands
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -26,18 +27,22 @@ def _run(args: list[str], *, cwd, timeout=900) -> subprocess.CompletedProcess:
 
 
 def test_sweep_your_model_compare_and_load_the_winner(tmp_path):
-    made = _run(trainlab_cmd("hf-demo", "hf_demo"), cwd=tmp_path)
+    commands = section_commands(HF[1], page=HF[0])  # the README's three, as shown
+    assert commands == section_commands(HF_PAGE[1], page=HF_PAGE[0])  # and the docs page's
+    made = _run(trainlab_cmd(*find(commands, "trainlab", "hf-demo")[1:]), cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-3000:]
-    sweep = re.search(r"^  (trainlab train -m .*)$", made.stdout, re.M).group(1)  # the command it suggests
-    args = [a for a in shlex.split(sweep)[1:] if not a.startswith("train.max_steps")]
+    sweep = find(commands, "trainlab", "train", "-m")
+    assert shlex.join(sweep) in made.stdout  # hf-demo suggests the same sweep
+    # fewer steps than shown (each trial still evaluates and exports); the store in tmp_path
+    args = [a for a in sweep[1:] if not a.startswith("train.max_steps")]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _run(trainlab_cmd(*args, "train.max_steps=8", "train.eval_every=4", f"tracking.uri={uri}"),
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("exported the trained model to") == 4
 
-    cmp = _run(trainlab_cmd("compare", "--sweep", "hf_demo", "--out", str(tmp_path / "cmp"), f"--tracking-uri={uri}"),
-               cwd=tmp_path)
+    cmp = _run(trainlab_cmd(*find(commands, "trainlab", "compare")[1:], "--out", str(tmp_path / "cmp"),
+                            f"--tracking-uri={uri}"), cwd=tmp_path)
     assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-3000:]
     rows = {r["label"] for r in csv.DictReader(open(tmp_path / "cmp" / "summary.csv"))}
     assert rows == {f"precision={p} parallel={d}" for p in ("fp32", "bf16") for d in ("ddp", "fsdp")}

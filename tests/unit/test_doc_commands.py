@@ -18,12 +18,13 @@ import shlex
 import pytest
 
 from conftest import REPO
-from doc_commands import CLUSTERS, README, SECTIONS, section_commands
+from doc_commands import CLUSTERS, HF, HF_PAGE, README, SECTIONS, section_commands
 
 PAGES = [README, *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs" / "pages").rglob("*.md"))]
 PREFIXES = (("trainlab",), ("python", "-m", "trainlab"), ("torchrun",), ("ray", "job", "submit"), ("mlflow",))
 MULTINODE = "tests/integration/test_multinode.py"
 BENCHES = "tests/integration/test_bench_commands.py"
+HF_FLOW = "tests/integration/test_hf_flow.py"
 
 
 def _words(command: list[str]) -> list[str]:
@@ -70,6 +71,8 @@ def training_args(command: list[str]) -> list[str] | None:
 def runner(command: list[str], section: tuple[str, str]) -> str | None:
     """The test that runs `command` (shown in `section`), or None."""
     words = _words(command)
+    if section in (HF, HF_PAGE):  # made, swept and compared for real, in that order (their files)
+        return HF_FLOW
     if words[:2] == ["trainlab", "bench"] or any(w.startswith("trainlab.bench.") for w in words):
         return BENCHES
     if words[:2] == ["trainlab", "estimate"]:
@@ -109,6 +112,7 @@ def test_the_tests_that_run_the_docs_commands_read_them_from_the_docs():
     assert "section_commands(SECTION, page=PAGE)" in (REPO / MULTINODE).read_text()
     assert "PAGE, SECTION = CLUSTERS" in (REPO / MULTINODE).read_text()
     assert 'rglob("*.md")' in (REPO / BENCHES).read_text()
+    assert "section_commands(HF[1], page=HF[0])" in (REPO / HF_FLOW).read_text()
 
 
 def _params(kind: str) -> list:
