@@ -18,6 +18,7 @@ equal to transformers' own forward for every family in config.hf_model.HF_FAMILI
 
 from __future__ import annotations
 
+import logging
 import types
 
 import torch
@@ -33,9 +34,22 @@ _TOP = {"tok_embeddings": "embed_tokens", "layers": "layers", "norm": "norm"}
 """trainlab's top-level name -> the name under the causal LM's base model (`base_model_prefix`)."""
 
 
+def quiet_transformers() -> None:
+    """What importing transformers prints that is not trainlab's to say: its progress bars (a tiny
+    model's save or load) and torchao's warnings about kernels this machine cannot load (transformers
+    imports torchao; trainlab's FP8 recipes check what they need themselves), and torch's note on them."""
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    # torchao registers enums with torch's pytree, which on torch 2.13 warns that it no longer needs to
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def hf_config(cfg: ModelConfig):
     """transformers' config of model=hf (read from the local folder or file; never the hub), with
     SDPA attention: trainlab's loop passes no mask and relies on SDPA's causal kernel."""
+    quiet_transformers()
     from transformers import AutoConfig
 
     field, value = ("model.config", cfg.config) if cfg.config else ("model.pretrained", cfg.pretrained)
@@ -160,4 +174,4 @@ def hf_key(name: str, *, base_prefix: str = "model") -> str:
     raise KeyError(f"{name} is not a parameter of a Hugging Face causal LM")
 
 
-__all__ = ["HFCausalLM", "build_hf_model", "hf_config", "hf_key"]
+__all__ = ["HFCausalLM", "build_hf_model", "hf_config", "hf_key", "quiet_transformers"]

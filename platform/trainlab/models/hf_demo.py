@@ -19,6 +19,9 @@ DEMO_DIMS = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num
 
 def demo_config(family: str, *, vocab_size: int, **overrides):
     """transformers' config of the demo model of `family` (llama, mistral, qwen2, qwen3)."""
+    from trainlab.models.hf import quiet_transformers
+
+    quiet_transformers()
     from transformers import AutoConfig
 
     dims = {**DEMO_DIMS, "vocab_size": vocab_size, "tie_word_embeddings": False, **overrides}
