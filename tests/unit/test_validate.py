@@ -61,6 +61,8 @@ def test_every_option_composes_and_validates(group, option, token_file, tmp_path
     overrides = [f"{group}={option}"]
     if group == "data" and option == "tokens":
         overrides += [f"data.path={token_file}", "data.vocab_size=100"]
+    if group == "model" and option == "custom":
+        overrides += ["model._target_=custom_model.build"]
     if group == "model" and option == "hf":
         from trainlab.models.hf_demo import demo_config
 

@@ -57,8 +57,9 @@ CHECKPOINTING = ("none", "block", "selective")
 COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
 EXPORTS = ("hf",)
-HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window")
-"""model.* fields that only a Hugging Face model (model=hf) has: its files, and what its config.json says."""
+HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_")
+"""model.* fields that a preset leaves unset: a Hugging Face model's files and what its config.json says
+(model=hf), and your own builder (model=custom)."""
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("native", "emulated")
@@ -100,6 +101,11 @@ class ModelConfig:
     pretrained: str = ""
     """hf only: a local folder saved by transformers' save_pretrained (config.json and
     *.safetensors): fine-tune from its weights. Never a hub name: nothing downloads."""
+    _target_: str = ""
+    """Your own model (Hydra's convention, model=custom): 'package.module.function', called with the
+    model.* fields its signature names (vocab_size: the corpus's when model.vocab_size=0). It returns
+    an nn.Module mapping tokens [B, T] to logits [B, T, V] with its blocks in `.layers` (an
+    nn.ModuleList): what FSDP shards, checkpointing recomputes and compile compiles one by one."""
     dim: int = bounded(64, gt=0)
     """Width of the residual stream."""
     n_layers: int = bounded(2, gt=0)
@@ -139,6 +145,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, section="model")
+        if self._target_ and self.name == "hf":
+            raise ValueError(f"model._target_={self._target_!r} with model=hf: a Hugging Face model is built from "
+                             "its config.json; use model=custom for your own builder")
         if self.name == "hf":
             if self.smooth_swiglu:
                 raise ValueError("model.smooth_swiglu=true is trainlab's own MLP (its presets); a Hugging "

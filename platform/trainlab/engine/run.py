@@ -54,7 +54,8 @@ from trainlab.events import (
     TrialResult,
     TrialStarted,
 )
-from trainlab.models import build_model, flops_per_token, resolve_dims
+from trainlab.models import build_model, flops_per_token, num_params, resolve_dims
+from trainlab.models.accounting import custom_flops_per_token
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize, reshard
 from trainlab.parallel.mesh import build_mesh, coords
@@ -95,6 +96,10 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     seed_everything(run.seed)
     with torch.device("meta"):  # shapes only: no rank ever holds the unsharded model (models.init)
         model = build_model(run.model, vocab_size=corpus.vocab_size)
+    # model=custom without init_weights is built for real, from the seed above (models.custom)
+    if not any(p.is_meta for p in model.parameters()):
+        model.to(dist_info.device)
+    counted = num_params(model, exclude_embedding=True)  # before any layout shards or splits it
     if dist_info.device.type == "cuda":
         # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
         check_precision_on_gpu(run.precision,
@@ -136,7 +141,8 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     model_args = resolve_dims(run.model, vocab_size=corpus.vocab_size)
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,
-        flops_per_token=flops_per_token(model_args, seq_len=t.seq_len),
+        flops_per_token=custom_flops_per_token(counted) if run.model._target_ else
+        flops_per_token(model_args, seq_len=t.seq_len),
         peak=gang_peak(device_peak(dist_info.device, recipe.peak_dtype)),
         world_size=dist_info.world_size,
         fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if spec.fp8 else None,

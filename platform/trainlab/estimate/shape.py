@@ -67,6 +67,10 @@ class ModelShape:
 
 
 def model_shape(run: RunConfig) -> ModelShape:
+    if run.model._target_:
+        raise NotImplementedError(
+            f"model._target_={run.model._target_!r}: trainlab estimates its presets and Hugging Face models "
+            "(model=hf), whose shapes it knows; your own module is trained unestimated")
     args = resolve_dims(run.model, vocab_size=corpus_vocab_size(run.data))
     d, hd = args.dim, args.head_dim
     linear = d * args.n_heads * hd * 2 + 2 * d * args.n_kv_heads * hd + 3 * d * args.ffn_dim

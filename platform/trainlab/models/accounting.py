@@ -65,3 +65,10 @@ def flops_per_token(args: ModelArgs, *, seq_len: int) -> float:
     n = count_params(args, exclude_embedding=True)
     # the attention width is n_heads * head_dim (= dim, except where a config sets head_dim)
     return float(6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
+
+
+def custom_flops_per_token(params: int) -> float:
+    """model=custom's training FLOPs per token: 6 x its parameters without the token embedding,
+    counted on the module itself. Its attention's score matmuls are not counted (trainlab cannot
+    see their width), so its MFU is a lower bound."""
+    return float(6 * params)

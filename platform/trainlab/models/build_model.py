@@ -24,6 +24,10 @@ def build_model(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
     ``torch.device("meta")`` to size a model without allocating it). Seed with
     ``torch.manual_seed`` first for a reproducible init.
     """
+    if cfg._target_:
+        from trainlab.models.custom import build_custom
+
+        return build_custom(cfg, vocab_size=vocab_size)
     if cfg.name == "hf":
         from trainlab.models.hf import build_hf_model
 

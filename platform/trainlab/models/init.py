@@ -119,6 +119,8 @@ def materialize(model: nn.Module | Iterable[nn.Module], *, device: torch.device 
     for root in model_roots(model):
         if _is_meta(root):
             root.to_empty(device=device)
+        elif not hasattr(root, "init_weights"):
+            continue  # model=custom built for real from the run's seed (models.custom): already initialised
         init_weights = getattr(root, "init_weights", None)
         assert callable(init_weights), f"{type(root).__name__} has no init_weights(seed=...)"
         init_weights(seed=seed)

@@ -117,6 +117,11 @@ def check_parallel(run: RunConfig) -> None:
             f"parallel.dp={dims.dp} is not divisible by parallel.dp_replicate={p.dp_replicate}; "
             "HSDP shards within dp / dp_replicate ranks: pick a dp_replicate that divides dp"
         )
+    if m._target_ and (p.tp > 1 or p.pp > 1):
+        which = f"parallel.tp={p.tp}" if p.tp > 1 else f"parallel.pp={p.pp}"
+        raise ValueError(
+            f"{which} with model._target_={m._target_!r}: trainlab has no tensor-parallel plan or pipeline "
+            "split for your own module's names; use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp)")
     if p.pp > 1:
         if p.data_parallel != "ddp":
             raise ValueError(
