@@ -31,7 +31,7 @@ def two_ranks(request):
     return spawn_cases(trial_curves_case, 2, {k: [*RUN, *o] for k, o in LAYOUTS.items() if k in wanted}, timeout=300)
 
 
-@pytest.mark.parametrize("case", list(LAYOUTS))
+@pytest.mark.parametrize("case", [c if c == "fsdp" else pytest.param(c, marks=pytest.mark.slow) for c in LAYOUTS])
 def test_your_module_trains_like_one_process(reference, two_ranks, case):
     ref_train, ref_val, status = reference.result()
     assert status == names.STATUS_FINISHED
