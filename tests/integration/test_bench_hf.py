@@ -35,8 +35,10 @@ def loss_curves(stdout: str) -> tuple[list[float], list[float]]:
     return [float(m.group(2)) for m in rows], [float(m.group(3)) for m in rows]
 
 
-@pytest.mark.slow  # two fresh trainings of the demo model in each loop: ~25 s on 2 busy cores
-@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-4), ("bf16", 2e-2)])
+@pytest.mark.parametrize("precision,tolerance", [
+    ("fp32", 1e-4),  # ~9 s on 2 busy cores: the gate's check that both loops train alike
+    pytest.param("bf16", 2e-2, marks=pytest.mark.slow),
+])
 def test_bench_hf_prints_a_ratio_and_the_same_loss_curve_for_both_loops(precision, tolerance, tmp_path, cli_env):
     proc = run_bench(tmp_path, cli_env, *SMALL, "--precision", precision, "--plot", "curves.png")
     shown = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-3000:]}"
