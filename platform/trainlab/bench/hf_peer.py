@@ -61,8 +61,9 @@ OVERRIDABLE = ("data", "optim", "seed", "tracking", "cluster.cpus_per_worker", "
 count), or that change only what trainlab records (its tracker, its numerics sampling), not what trains."""
 
 
-def accelerate_loop(run, dist_info, *, model_dir: str, train_tokens) -> Loop:
-    """Accelerate's plain loop on transformers' own model, loaded from `model_dir`."""
+def accelerate_loop(run, dist_info, *, model_dir: str, train_tokens, train_mask=None) -> Loop:
+    """Accelerate's plain loop on transformers' own model, loaded from `model_dir`; `train_mask`:
+    data=hf's masked targets (-100), which F.cross_entropy skips as transformers' loss does."""
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -86,7 +87,8 @@ def accelerate_loop(run, dist_info, *, model_dir: str, train_tokens) -> Loop:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     model.train()
     batches = TokenBatches(train_tokens, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
-                           micro_batch_size=t.micro_batch_size, dp_rank=0, dp_size=1, seed=run.seed)
+                           micro_batch_size=t.micro_batch_size, dp_rank=0, dp_size=1, seed=run.seed,
+                           mask=train_mask)
     losses = []
     t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(t.max_steps):
@@ -207,7 +209,8 @@ def _race(run, *, model_dir: str, tmp: str, args: argparse.Namespace) -> None:
            f"width {run.model.dim}) precision={run.precision.name} steps={t.max_steps} "
            f"batch={t.global_batch_size}x{t.seq_len} (micro {t.micro_batch_size}) device={dist_info.device} "
            f"threads={torch.get_num_threads()} tracking={run.tracking.name}")
-    peer = partial(accelerate_loop, run, dist_info, model_dir=model_dir, train_tokens=corpus.train)
+    peer = partial(accelerate_loop, run, dist_info, model_dir=model_dir, train_tokens=corpus.train,
+                   train_mask=corpus.train_mask)
     # warm-up rounds (kernels, allocator, file cache); their loss curves are the ones compared
     ours, theirs = engine_loop(run, dist_info, tracking_dir=tmp), peer()
     rounds = []
