@@ -41,7 +41,7 @@ SMOKE = {
     "fp8_matmul": ("fp8", ["--matmul", "--sizes", "64,128"],
                    r"\s*128\s+\d+\.\d\s+\d+\.\d\s+(\d+\.\d{2})x"),
 }
-ELSEWHERE = {"sweep": "integration/test_sweep_overhead.py", "prune": "integration/test_prune_savings.py",
+ELSEWHERE = {"hf": "integration/test_bench_hf.py", "sweep": "integration/test_sweep_overhead.py", "prune": "integration/test_prune_savings.py",
              "parallel": "distributed/test_layout_speed.py",
              "checkpoint": "distributed/test_checkpoint_cost.py", "acceptance": "distributed/test_acceptance.py",
              "estimate": "integration/test_estimate_vs_measured.py"}

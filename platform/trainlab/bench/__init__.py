@@ -7,6 +7,7 @@ import sys
 
 MODULES = {
     "overhead": "engine_overhead",
+    "hf": "hf_peer",
     "sweep": "sweep_overhead",
     "prune": "prune_savings",
     "fp8": "fp8_vs_bf16",

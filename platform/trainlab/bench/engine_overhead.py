@@ -22,46 +22,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import resource
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from trainlab import names
+from trainlab.bench.side_by_side import Loop, engine_loop, run_stoppable
 from trainlab.config import compose_run_config
 from trainlab.console import print0
 from trainlab.data import TokenBatches
 from trainlab.distributed import setup_distributed
-from trainlab.engine.run import build_trainer, seed_everything
+from trainlab.engine.run import seed_everything
 from trainlab.engine.schedule import build_optimizer
 from trainlab.models import build_model
 from trainlab.parallel import no_sync, parallelize
 from trainlab.plan.derive_layout import compile_unit, plan_layout
-from trainlab.plan.trial_plan import Where, plan_trial
 from trainlab.precision.recipes import build_recipe
 from trainlab.vocab.precision import emulates
-from trainlab.vocab.tracker import JsonlTracker
-
-
-class Stopped(Exception):
-    """The bench was asked to stop: SIGTERM reached its handler, or the trainer's (which
-    ends the engine's round after the step, status preempted)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _stop(signum, _frame) -> None:
-    raise Stopped(signum)
-
 
 # exits on its own once its parent is gone (reparented), so a bench killed with SIGKILL
 # leaves no spinning process behind; Ctrl-C (the whole process group) ends it silently
@@ -80,36 +61,6 @@ def busy_load(num_procs: int):
             p.kill()
         for p in procs:
             p.wait()
-
-
-def end_children() -> None:
-    """Kill what this process started and still runs (a writer whose metrics a stopped bench
-    does not need: its store is a temporary directory)."""
-    import psutil
-
-    children = psutil.Process().children()
-    for child in children:
-        child.kill()
-    psutil.wait_procs(children, timeout=10)
-
-
-def children_cpu_s() -> float:
-    """CPU seconds of this process's children that have ended (the writer, once closed)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-@dataclass
-class Loop:
-    """One loop's measurement."""
-
-    tokens_per_s: float
-    cpu_s: float
-    """CPU seconds of this process (all its threads) from the first step to the end."""
-    writer_cpu_s: float = 0.0
-    """The engine's MLflow writer process, its whole life."""
-    close_s: float = 0.0
-    """Seconds the engine waited for the writer's last delivery after training (in its time)."""
 
 
 def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> Loop:
@@ -148,32 +99,6 @@ def bare_loop(run, dist_info, *, vocab_size: int, train_tokens) -> Loop:
     return Loop(batches.tokens_per_step * t.max_steps / (time.perf_counter() - t0), time.process_time() - cpu0)
 
 
-def engine_loop(run, dist_info, *, tracking_dir: str) -> Loop:
-    """The Trainer with every telemetry hook on and its tracker: MLflow (a store in
-    `tracking_dir`, system metrics as configured) or, with tracking=none, the JSONL file
-    there (where MLflow is not installed, as on the GPU machines)."""
-    writer_cpu = children_cpu_s()
-    tracker = None
-    if dist_info.is_rank0 and run.tracking.name == "mlflow":
-        from trainlab.tracking.continued_run import start_trial_tracking
-
-        tracker = start_trial_tracking(run, tracking_uri=f"sqlite:///{tracking_dir}/bench.db")[1]
-    elif dist_info.is_rank0:
-        tracker = JsonlTracker(os.path.join(tracking_dir, "metrics.jsonl"))
-    trainer = build_trainer(plan_trial(run, Where(device=dist_info.device.type)), dist_info, tracker=tracker)
-    trainer.add_hook(lambda tr, step, metrics: None, every=1)  # a progress consumer, as in a real run
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    result = trainer.train()
-    if result.status == names.STATUS_PREEMPTED:  # the trainer took the stop signal: stop here too
-        raise Stopped(trainer.preemption.signum or signal.SIGTERM)
-    t_close = time.perf_counter()
-    if tracker is not None:
-        tracker.close()  # the final flush is part of the engine's cost
-    t_end = time.perf_counter()
-    return Loop(result.tokens_seen / (t_end - t0), time.process_time() - cpu0,
-                writer_cpu_s=children_cpu_s() - writer_cpu, close_s=t_end - t_close)
-
-
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="trainlab bench overhead", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,14 +110,7 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.load < 0:
         ap.error(f"--repeats={args.repeats} must be >= 1 and --load={args.load} >= 0")
-    signal.signal(signal.SIGTERM, _stop)  # the trainer takes it over while it trains
-    try:
-        _bench(args)
-    except (Stopped, KeyboardInterrupt) as e:
-        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        end_children()
-        print0(f"overhead: stopped by {signal.Signals(signum).name}; no ratio")
-        sys.exit(128 + signum)
+    run_stoppable("overhead", lambda: _bench(args))
 
 
 def _bench(args: argparse.Namespace) -> None:
