@@ -184,3 +184,20 @@ def test_swiglu_telemetry_reads_the_hugging_face_mlp(saved):
     aligned = w13_alignment(model)
     assert set(aligned) >= {swiglu_metric(0, "w13_alignment"), swiglu_metric(1, "w13_alignment")}
     assert 0 < aligned[swiglu_metric(0, "w13_alignment")] < 1
+
+
+def test_a_tokenizer_bigger_than_the_model_is_refused_with_the_models_own_tokenizer_as_the_fix(saved):
+    from trainlab.config.validate import check_vocab_fits
+
+    with pytest.raises(ValueError, match=r"vocab_size=300 in its config.json\) is smaller than the corpus vocabulary "
+                                         r"\(512, data.tokenizer='t'\).*data.tokenizer=MODEL_DIR"):
+        check_vocab_fits(ModelConfig(name="hf", pretrained=str(saved["llama"])), 512, source=", data.tokenizer='t'")
+
+
+def test_pretrained_folder_without_weights_is_refused_before_ray(tmp_path, saved):
+    from trainlab.config import compose_run_config
+    from trainlab.launch.preflight import check_data
+
+    (tmp_path / "config.json").write_text((saved["llama"] / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"holds no \*.safetensors weights"):
+        check_data(compose_run_config(["model=hf", f"model.pretrained={tmp_path}", "data=text"]))

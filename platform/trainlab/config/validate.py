@@ -257,15 +257,20 @@ def check_corpus_and_vocab(run: RunConfig) -> None:
     d = run.data
     if d.name == "markov":
         check_markov_states(d.vocab_size)
-    corpus = corpus_vocab(d)
-    if run.model.name == "hf":
-        if run.model.vocab_size < corpus:
+    check_vocab_fits(run.model, corpus_vocab(d), source=f", data={d.name}")
+
+
+def check_vocab_fits(model, corpus: int, *, source: str) -> None:
+    """The model's embedding holds every token id of a corpus of `corpus` ids (0: not known yet).
+    A Hugging Face model's vocabulary is its config.json's: the fix is its own tokenizer."""
+    if model.name == "hf":
+        if model.vocab_size < corpus:
             raise ValueError(
-                f"the model's vocabulary (vocab_size={run.model.vocab_size} in its config.json) is smaller "
-                f"than the corpus vocabulary ({corpus}, data={d.name}): token ids would index past its "
-                "embedding; train it on text tokenized by its own tokenizer (data=hf data.tokenizer=MODEL_DIR)")
+                f"the model's vocabulary (vocab_size={model.vocab_size} in its config.json) is smaller than "
+                f"the corpus vocabulary ({corpus}{source}): token ids would index past its embedding; "
+                "train it on text tokenized by its own tokenizer (data=hf data.tokenizer=MODEL_DIR)")
         return
-    check_model_vocab(run.model.vocab_size, corpus, source=f", data={d.name}")
+    check_model_vocab(model.vocab_size, corpus, source=source)
 
 
 def check_hf_run(run: RunConfig) -> None:

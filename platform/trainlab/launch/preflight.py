@@ -18,7 +18,7 @@ import torch
 from trainlab.config import ConfigError, RunConfig, ignored_options
 from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
-from trainlab.config.validate import check_model_vocab
+from trainlab.config.validate import check_vocab_fits
 from trainlab.console import console
 from trainlab.data.batches import num_windows
 from trainlab.data.build_corpus import corpus_vocab_size
@@ -148,10 +148,14 @@ def check_data(run: RunConfig) -> None:
     elif d.name == "hf":
         # tokenized here, once, into data.cache_dir: the gang's workers find it made
         cached = prepare_hf(d)
-        check_model_vocab(run.model.vocab_size, cached.vocab_size, source=f", data.tokenizer={d.tokenizer!r}")
+        check_vocab_fits(run.model, cached.vocab_size, source=f", data.tokenizer={d.tokenizer!r}")
         check_corpus_length(run, num_tokens=len(cached.tokens), source=f"data.path={d.path!r}")
     elif d.name == "markov":
         check_markov_memory(run)
+    if run.model.pretrained:  # the weights every worker loads: found and sane before Ray starts
+        from trainlab.models.hf_weights import weight_files
+
+        weight_files(run.model.pretrained)
         check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
 
 
