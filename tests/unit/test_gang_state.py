@@ -64,6 +64,7 @@ def test_a_trial_that_failed_before_training_gives_sigterm_back(state):
     set a flag of a trainer nobody runs."""
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, _frame: seen.append(signum))
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a terminal, not nohup's ignored SIGHUP
     try:
         state = GangState.capture()  # this test's handler is the gang's
         _one_trainer()  # ... and the trial fails here, before train()
@@ -75,6 +76,7 @@ def test_a_trial_that_failed_before_training_gives_sigterm_back(state):
         assert state.changed() == []
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, hangup)
 
 
 def test_a_stop_asked_for_one_trial_does_not_stop_the_next(state):
