@@ -10,7 +10,7 @@ import pytest
 from spawn_cases import selected_cases, spawn_cases, trial_curves_case
 from trainlab import names
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # the unit tests in the gate build and train it
 
 RUN = ["model=custom", "model._target_=custom_model.build", "model.dim=64", "model.n_layers=2", "model.n_heads=4",
        "data=text", "train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_size=2",
@@ -31,7 +31,7 @@ def two_ranks(request):
     return spawn_cases(trial_curves_case, 2, {k: [*RUN, *o] for k, o in LAYOUTS.items() if k in wanted}, timeout=300)
 
 
-@pytest.mark.parametrize("case", [c if c == "fsdp" else pytest.param(c, marks=pytest.mark.slow) for c in LAYOUTS])
+@pytest.mark.parametrize("case", list(LAYOUTS))
 def test_your_module_trains_like_one_process(reference, two_ranks, case):
     ref_train, ref_val, status = reference.result()
     assert status == names.STATUS_FINISHED

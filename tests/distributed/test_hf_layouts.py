@@ -57,8 +57,12 @@ def _export(exports, case: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def references(hf_models, exports):
-    cases = {f: _overrides(hf_models, f, []) for f in hf_models}
+def references(request, hf_models, exports):
+    """One process per family the selected tests compare with (the step-0 and export tests: llama)."""
+    wanted = selected_cases(request)
+    families = {"llama"} | {LAYOUTS[c][0] for c in wanted if c in LAYOUTS} | {
+        WITH_PRECISION[c][0] for c in wanted if c in WITH_PRECISION}
+    cases = {f: _overrides(hf_models, f, []) for f in sorted(families)}
     cases["llama"] += _export(exports, "one")
     return spawn_cases(trial_curves_case, 1, cases, timeout=300)
 
@@ -73,9 +77,9 @@ def two_ranks(request, hf_models, exports):
     return spawn_cases(trial_curves_case, 2, cases, timeout=300)
 
 
-GATE = ("llama_fsdp", "llama_tp", "llama_pp_1f1b", "qwen2_tp")
-"""In the gate tier: one of each way the model is cut (sharded, split by columns/rows, staged), and
-Qwen2's biased q/k/v; the other layouts in the slow tier."""
+GATE = ("llama_fsdp", "llama_pp_1f1b")
+"""In the gate tier: the model sharded and the model staged (its own decoder loop cut in two); the
+other layouts (tensor parallel, Qwen2's biased q/k/v, ...) in the slow tier, to keep the gate's time."""
 
 
 @pytest.mark.parametrize("case", [c if c in GATE else pytest.param(c, marks=pytest.mark.slow) for c in LAYOUTS])
