@@ -12,6 +12,7 @@ folder is refused with the local folder to use, the hub cache's snapshot when th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ class HFDims:
     sliding_window: int
     """Tokens a sliding-window layer attends to; 0 = every layer attends to the whole context."""
 
+    def model_fields(self) -> list[str]:
+        """The ModelConfig fields these dims fill (each named as there): all but model_type."""
+        return [f.name for f in dataclasses.fields(self) if f.name != "model_type"]
+
 
 def local_folder(value: str, *, field: str, example: str = "") -> Path:
     """The local folder `value` names, or a ValueError naming `field`: a hub name with no local
@@ -63,7 +68,7 @@ def local_folder(value: str, *, field: str, example: str = "") -> Path:
                      f"{example}")
 
 
-def config_json_path(value: str, *, field: str) -> Path:
+def config_json_path(value: str, field: str) -> Path:
     """model.config may name a config.json (or any .json) or the folder that holds one."""
     path = Path(os.path.expanduser(value))
     if path.suffix == ".json" and path.exists():
@@ -71,7 +76,7 @@ def config_json_path(value: str, *, field: str) -> Path:
     return local_folder(value, field=field) / "config.json"
 
 
-def read_hf_dims(value: str, *, field: str) -> HFDims:
+def read_hf_dims(value: str, field: str) -> HFDims:
     """The dims of the Hugging Face config `value` names (model.config or model.pretrained)."""
     path = config_json_path(value, field=field)
     st = os.stat(path) if path.exists() else None

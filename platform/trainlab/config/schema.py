@@ -186,12 +186,13 @@ class ModelConfig:
             raise ValueError(
                 "model=hf needs one of model.config=CONFIG_JSON_OR_DIR (random init) or "
                 "model.pretrained=DIR (fine-tune its weights)" + (", not both" if self.config else ""))
-        source = ("model.config", self.config) if self.config else ("model.pretrained", self.pretrained)
-        dims = read_hf_dims(source[1], field=source[0])
-        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
-                    "max_seq_len", "rope_theta", "norm_eps", "init_std", "qkv_bias", "tie_embeddings",
-                    "sliding_window"):
+        dims = read_hf_dims(*self.hf_source())
+        for key in dims.model_fields():
             setattr(self, key, getattr(dims, key))
+
+    def hf_source(self) -> tuple[str, str]:
+        """model=hf's config.json: (value, field) of model.config, else of model.pretrained."""
+        return (self.config, "model.config") if self.config else (self.pretrained, "model.pretrained")
 
 
 @dataclass

@@ -73,8 +73,8 @@ def resolve_paths(run: RunConfig, *, cwd: str | None = None) -> RunConfig:
                                    cache_dir=absolute(d.cache_dir, cwd=cwd))
     model = run.model
     if model.name == "hf":  # workers run elsewhere (Ray's own working dir): the folders as this shell sees them
-        model = dataclasses.replace(model, config=local_or_hub(model.config, cwd=cwd) if model.config else "",
-                                    pretrained=local_or_hub(model.pretrained, cwd=cwd) if model.pretrained else "")
+        model = dataclasses.replace(model, config=local_or_hub(model.config, cwd=cwd),
+                                    pretrained=local_or_hub(model.pretrained, cwd=cwd))
     tracking = run.tracking
     if tracking.name == "mlflow":
         try:

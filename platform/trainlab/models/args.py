@@ -137,5 +137,4 @@ def _hf_family(cfg: ModelConfig) -> str:
         return ""
     from trainlab.config.hf_model import read_hf_dims
 
-    source = ("model.config", cfg.config) if cfg.config else ("model.pretrained", cfg.pretrained)
-    return read_hf_dims(source[1], field=source[0]).model_type
+    return read_hf_dims(*cfg.hf_source()).model_type

@@ -52,8 +52,7 @@ def hf_config(cfg: ModelConfig):
     quiet_transformers()
     from transformers import AutoConfig
 
-    field, value = ("model.config", cfg.config) if cfg.config else ("model.pretrained", cfg.pretrained)
-    config = AutoConfig.from_pretrained(str(config_json_path(value, field=field)), local_files_only=True)
+    config = AutoConfig.from_pretrained(str(config_json_path(*cfg.hf_source())), local_files_only=True)
     config._attn_implementation = "sdpa"
     config.use_cache = False
     return config
