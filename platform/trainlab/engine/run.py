@@ -54,8 +54,8 @@ from trainlab.events import (
     TrialResult,
     TrialStarted,
 )
-from trainlab.models import build_model, flops_per_token, num_params, resolve_dims
-from trainlab.models.accounting import custom_flops_per_token
+from trainlab.models import build_model
+from trainlab.models.accounting import model_flops_per_token
 from trainlab.models.init import materialize
 from trainlab.parallel import fsdp_shards, parallelize, reshard
 from trainlab.parallel.mesh import build_mesh, coords
@@ -99,7 +99,7 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     # model=custom without init_weights is built for real, from the seed above (models.custom)
     if not any(p.is_meta for p in model.parameters()):
         model.to(dist_info.device)
-    counted = num_params(model, exclude_embedding=True)  # before any layout shards or splits it
+    model_flops = model_flops_per_token(run.model, model, vocab_size=corpus.vocab_size, seq_len=run.train.seq_len)
     if dist_info.device.type == "cuda":
         # again on the worker: preflight cannot see the GPUs of a remote cluster's workers
         check_precision_on_gpu(run.precision,
@@ -138,11 +138,9 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
     val = val_batches(corpus.val, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                       num_batches=max(1, t.eval_batches // dims.dp), dp_rank=dp_rank, dp_size=dims.dp,
                       mask=corpus.val_mask)
-    model_args = resolve_dims(run.model, vocab_size=corpus.vocab_size)
     throughput = Throughput(
         tokens_per_step=batches.tokens_per_step,
-        flops_per_token=custom_flops_per_token(counted) if run.model._target_ else
-        flops_per_token(model_args, seq_len=t.seq_len),
+        flops_per_token=model_flops,
         peak=gang_peak(device_peak(dist_info.device, recipe.peak_dtype)),
         world_size=dist_info.world_size,
         fp8_peak=gang_peak(device_peak(dist_info.device, "fp8")) if spec.fp8 else None,
@@ -188,7 +186,7 @@ def export_model(trainer: Trainer, run: RunConfig) -> Path:
 
     reshard(trainer.model)  # FSDP2 keeps the root gathered after the last evaluation
     return export_hf(trainer.model, cfg=run.model, out_dir=Path(run.output_dir or ".") / names.ARTIFACT_HF_MODEL,
-                     tokenizer=getattr(run.data, "tokenizer", "") if run.data.name == "hf" else "")
+                     tokenizer=run.data.tokenizer if run.data.name == "hf" else "")
 
 
 def run_trial(plan: TrialPlan, *, tracker_factory: TrackerFactory | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainlab.models.args import ModelArgs
+from trainlab.models.args import ModelArgs, resolve_dims
 
 
 def count_params(args: ModelArgs, *, exclude_embedding: bool = False) -> int:
@@ -72,3 +72,12 @@ def custom_flops_per_token(params: int) -> float:
     counted on the module itself. Its attention's score matmuls are not counted (trainlab cannot
     see their width), so its MFU is a lower bound."""
     return float(6 * params)
+
+
+def model_flops_per_token(cfg, model: nn.Module, *, vocab_size: int, seq_len: int) -> float:
+    """MFU's FLOPs per token of `model`, built from the `model` config section `cfg`: from its
+    dimensions (flops_per_token), or for model=custom from the module's own parameters
+    (custom_flops_per_token; count it before a layout shards or splits it)."""
+    if cfg._target_:
+        return custom_flops_per_token(num_params(model, exclude_embedding=True))
+    return flops_per_token(resolve_dims(cfg, vocab_size=vocab_size), seq_len=seq_len)
