@@ -13,8 +13,6 @@ second process waiting on the lock uses the first one's folder instead of tokeni
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.data.token_file import open_token_file
+from trainlab.vocab.file_lock import held
 from trainlab.vocab.files import check_file, read_text
 
 CACHE_VERSION = 1
@@ -127,22 +126,12 @@ class TokenWriter:
                 f.close()
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # a second process waits here for the first one's folder
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def build_cached(folder: Path, write: Callable[[Path], dict]) -> CachedTokens:
     """The cache `folder`, made by `write(tmp)` unless another process made it meanwhile: `write`
     fills the temporary folder and returns the meta fields; meta.json goes in last, then the folder
     is renamed into place whole."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.parent / f"{folder.name}.lock"):
+    with held(folder.parent / f"{folder.name}.lock"):  # a second process waits here for the first one's folder
         cached = open_cached(folder)
         if cached is not None:
             return cached

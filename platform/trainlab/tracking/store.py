@@ -17,7 +17,6 @@ no secret (trainlab.redact masks what is left, e.g. a database URI's password).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shlex
 import urllib.error
@@ -30,6 +29,7 @@ from typing import Iterator, Mapping
 from urllib.parse import urlparse, urlsplit, urlunparse
 
 from trainlab.redact import redact, register_secret, split_userinfo
+from trainlab.vocab.file_lock import held
 
 MLFLOW_DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow 3's own default store, relative to the cwd
 ENV_URI = "MLFLOW_TRACKING_URI"
@@ -254,13 +254,8 @@ def creation_lock(uri: str) -> Iterator[None]:
     if store.kind != "sqlite" or store.local_path is None:
         yield
         return
-    lock = store.local_path.with_name(store.local_path.name + ".lock")
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with held(store.local_path.with_name(store.local_path.name + ".lock")):
+        yield
 
 
 def ensure_store(uri: str) -> None:
