@@ -441,9 +441,14 @@ def train_off_main_thread(make_trainer: Callable, *, at: int, asks: tuple[str, .
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny Hugging Face models saved with save_pretrained (width 64, vocabulary 256, so data=text
-    fits): 'llama' with 4 layers (pipelines cut it in 2 or 4), 'qwen2' with 2 (biased q/k/v)."""
+    fits): 'llama' with 4 layers (pipelines cut it in 2 or 4), 'qwen2' with 2 (biased q/k/v), and
+    'gpt_neox', 'gemma', 'phi' with 2 (families outside the Llama family)."""
+    from trainlab.config.hf_model import TESTED_OTHER_FAMILIES
     from trainlab.models.hf_demo import write_demo_model
 
     root = tmp_path_factory.mktemp("hf_models")
-    return {"llama": write_demo_model(root / "llama", family="llama", vocab_size=256, num_hidden_layers=4),
-            "qwen2": write_demo_model(root / "qwen2", family="qwen2", vocab_size=256, seed=1)}
+    models = {"llama": write_demo_model(root / "llama", family="llama", vocab_size=256, num_hidden_layers=4),
+              "qwen2": write_demo_model(root / "qwen2", family="qwen2", vocab_size=256, seed=1)}
+    for seed, family in enumerate(TESTED_OTHER_FAMILIES, start=2):  # transformers' own forward (models.hf_any)
+        models[family] = write_demo_model(root / family, family=family, vocab_size=256, seed=seed)
+    return models

@@ -16,13 +16,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainlab.config.hf_model import HF_FAMILIES
+from trainlab.config.hf_model import HF_FAMILIES, TESTED_OTHER_FAMILIES
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainlab hf-demo", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="folder to write (model/ and data/ inside); must be new or empty")
-    p.add_argument("--family", default="llama", choices=HF_FAMILIES, help="the model's architecture")
+    p.add_argument("--family", default="llama", choices=(*HF_FAMILIES, *TESTED_OTHER_FAMILIES),
+                   help="the model's architecture")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's random weights")
     return p
 

@@ -26,6 +26,27 @@ HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 """Hugging Face model types trainlab runs with its own decoder loop (pipeline stages, tensor
 parallel plan, per-block sharding), each checked equal to transformers' forward in tests."""
 
+TESTED_OTHER_FAMILIES = ("gpt_neox", "gemma", "phi")
+"""Other model types the tests train (models.hf_any: transformers' own forward, sharded per
+decoder layer; no pipeline split, tensor parallel through model.tp_plan). Any other
+AutoModelForCausalLM architecture whose config.json names its width, depth and heads takes the
+same path."""
+
+_ALIASES = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+}
+"""config.json keys of the same dimension across transformers' architectures (GPT-2's n_embd...)."""
+
+
+def own_loop(model_type: str) -> bool:
+    """Whether trainlab runs `model_type` with its own decoder loop (models.hf) rather than
+    transformers' forward (models.hf_any)."""
+    return model_type in HF_FAMILIES
+
 
 @dataclass(frozen=True)
 class HFDims:
@@ -101,14 +122,15 @@ def _read_dims(path: str, field: str, _mtime_ns: int, _size: int) -> HFDims:
 
 def _dims(raw: dict, *, path: str, field: str) -> HFDims:
     model_type = raw.get("model_type")
-    if model_type not in HF_FAMILIES:
-        raise ValueError(
-            f"{field}: {path} has model_type={model_type!r}; trainlab trains these Hugging Face "
-            f"families: {', '.join(HF_FAMILIES)}. Use a config of one of them (the Llama family "
-            "covers most open decoders)")
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(f"{field}: {path} has no model_type; point it at a config.json saved by transformers "
+                         "(save_pretrained writes model_type)")
+
+    def lookup(key: str):
+        return next((raw[k] for k in _ALIASES.get(key, (key,)) if raw.get(k) is not None), None)
 
     def need(key: str, kind=int):
-        value = raw.get(key)
+        value = lookup(key)
         if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{field}: {path} has {key}={value!r}; a {model_type} config needs a positive "
                              f"{kind.__name__} {key}")
@@ -117,15 +139,18 @@ def _dims(raw: dict, *, path: str, field: str) -> HFDims:
     dim, n_heads = need("hidden_size"), need("num_attention_heads")
     n_kv = raw.get("num_key_value_heads") or n_heads
     head_dim = raw.get("head_dim") or dim // n_heads
+    ffn_dim = lookup("intermediate_size") or 4 * dim  # GPT-2's n_inner=null: four times the width
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
     window = raw.get("sliding_window") or 0
     uses_window = (model_type == "mistral" and window) or (raw.get("use_sliding_window") and window)
     return HFDims(
         model_type=model_type, dim=dim, n_layers=need("num_hidden_layers"), n_heads=n_heads,
-        n_kv_heads=int(n_kv), head_dim=int(head_dim), ffn_dim=need("intermediate_size"),
-        vocab_size=need("vocab_size"), max_seq_len=int(raw.get("max_position_embeddings") or 2048),
-        rope_theta=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        n_kv_heads=int(n_kv), head_dim=int(head_dim), ffn_dim=int(ffn_dim),
+        vocab_size=need("vocab_size"), max_seq_len=int(lookup("max_position_embeddings") or 2048),
+        rope_theta=float(theta),
+        norm_eps=float(next((raw[k] for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+                             if raw.get(k) is not None), 1e-6)),
         init_std=float(raw.get("initializer_range", 0.02)),
         qkv_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -133,4 +158,4 @@ def _dims(raw: dict, *, path: str, field: str) -> HFDims:
     )
 
 
-__all__ = ["HF_FAMILIES", "HFDims", "config_json_path", "local_folder", "read_hf_dims"]
+__all__ = ["HF_FAMILIES", "TESTED_OTHER_FAMILIES", "HFDims", "config_json_path", "local_folder", "own_loop", "read_hf_dims"]

@@ -190,6 +190,19 @@ class ModelConfig:
         for key in dims.model_fields():
             setattr(self, key, getattr(dims, key))
 
+    def hf_model_type(self) -> str:
+        """model=hf's model_type (llama, gpt_neox, ...); "" for trainlab's presets and model=custom."""
+        from trainlab.config.hf_model import read_hf_dims
+
+        return read_hf_dims(*self.hf_source()).model_type if self.name == "hf" else ""
+
+    def runs_transformers_forward(self) -> bool:
+        """model=hf of a family trainlab has no decoder loop for (config.hf_model.own_loop): it runs
+        transformers' own forward (models.hf_any), so it cannot be cut into pipeline stages."""
+        from trainlab.config.hf_model import own_loop
+
+        return self.name == "hf" and not own_loop(self.hf_model_type())
+
     def hf_source(self) -> tuple[str, str]:
         """model=hf's config.json: (value, field) of model.config, else of model.pretrained."""
         return (self.config, "model.config") if self.config else (self.pretrained, "model.pretrained")

@@ -71,6 +71,10 @@ def model_shape(run: RunConfig) -> ModelShape:
         raise NotImplementedError(
             f"model._target_={run.model._target_!r}: trainlab estimates its presets and Hugging Face models "
             "(model=hf), whose shapes it knows; your own module is trained unestimated")
+    if run.model.runs_transformers_forward():
+        raise NotImplementedError(
+            f"a {run.model.hf_model_type()} model: trainlab estimates its presets and the Llama-family Hugging "
+            "Face models (llama, mistral, qwen2, qwen3), whose blocks it knows; this family is trained unestimated")
     args = resolve_dims(run.model, vocab_size=corpus_vocab_size(run.data))
     d, hd = args.dim, args.head_dim
     linear = d * args.n_heads * hd * 2 + 2 * d * args.n_kv_heads * hd + 3 * d * args.ffn_dim

@@ -152,6 +152,10 @@ def check_data(run: RunConfig) -> None:
         check_corpus_length(run, num_tokens=len(cached.tokens), source=f"data.path={d.path!r}")
     elif d.name == "markov":
         check_markov_memory(run)
+    if run.model.runs_transformers_forward():  # transformers builds it: that it can is checked here
+        from trainlab.models.hf_any import check_architecture
+
+        check_architecture(run.model)
     if run.model.pretrained:  # the weights every worker loads: found and sane before Ray starts
         from trainlab.models.hf_weights import weight_files
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from trainlab.config.hf_model import own_loop
 from trainlab.models.args import ModelArgs, resolve_dims
 
 
@@ -80,4 +81,11 @@ def model_flops_per_token(cfg, model: nn.Module, *, vocab_size: int, seq_len: in
     (custom_flops_per_token; count it before a layout shards or splits it)."""
     if cfg._target_:
         return custom_flops_per_token(num_params(model, exclude_embedding=True))
-    return flops_per_token(resolve_dims(cfg, vocab_size=vocab_size), seq_len=seq_len)
+    args = resolve_dims(cfg, vocab_size=vocab_size)
+    if args.hf_family and not own_loop(args.hf_family):
+        # another family's blocks are its own (biases, a 2-matrix MLP, fused q/k/v): count the module's
+        # parameters, and its attention from the config's heads as flops_per_token does
+        tied = model.get_submodule("output").weight is model.get_input_embeddings_weight()
+        n = num_params(model, exclude_embedding=not tied)
+        return float(6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
+    return flops_per_token(args, seq_len=seq_len)

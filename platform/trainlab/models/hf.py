@@ -1,4 +1,5 @@
-"""model=hf: a Hugging Face causal LM (llama, mistral, qwen2, qwen3) under trainlab's model anatomy.
+"""model=hf: a Hugging Face causal LM of the Llama family (llama, mistral, qwen2, qwen3) under trainlab's
+model anatomy (any other family: models.hf_any).
 
     model = build_hf_model(cfg.model)          # under torch.device("meta"), like the presets
     logits = model(tokens)                     # [B, T] -> [B, T, V], as Transformer
@@ -24,7 +25,7 @@ import types
 import torch
 from torch import nn
 
-from trainlab.config.hf_model import config_json_path
+from trainlab.config.hf_model import config_json_path, own_loop
 from trainlab.config.schema import ModelConfig
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.models.block_names import HF_LLAMA_BLOCK
@@ -85,6 +86,10 @@ class HFCausalLM(nn.Module):
         self.rotary.init_buffers = types.MethodType(_init_rotary_buffers, self.rotary)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+
+    def checkpoint_key(self, name: str) -> str:
+        """trainlab's parameter name -> the checkpoint's (hf_key)."""
+        return hf_key(name, base_prefix=self.base_prefix)
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers in order: all of them, or a pipeline stage's share (a ModuleDict
@@ -152,12 +157,17 @@ def _init_rotary_buffers(rotary: nn.Module) -> None:
     rotary.original_inv_freq.copy_(inv_freq.to(rotary.original_inv_freq.device))
 
 
-def build_hf_model(cfg: ModelConfig, *, vocab_size: int) -> HFCausalLM:
-    """model=hf's model from its config, on the current default device (meta: shapes only)."""
+def build_hf_model(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
+    """model=hf's model from its config, on the current default device (meta: shapes only): the
+    Llama family under trainlab's decoder loop, any other causal LM under its own (models.hf_any)."""
     from transformers import AutoModelForCausalLM
 
     args = resolve_dims(cfg, vocab_size=vocab_size)
     config = hf_config(cfg)
+    if not own_loop(args.hf_family):
+        from trainlab.models.hf_any import build_any_causal_lm
+
+        return build_any_causal_lm(config, args)
     lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     return HFCausalLM(lm, args)
 

@@ -18,15 +18,18 @@ DEMO_DIMS = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num
 
 
 def demo_config(family: str, *, vocab_size: int, **overrides):
-    """transformers' config of the demo model of `family` (llama, mistral, qwen2, qwen3)."""
+    """transformers' config of the demo model of `family` (llama, mistral, qwen2, qwen3; gpt_neox, gemma,
+    phi: models.hf_any)."""
     from trainlab.models.hf import quiet_transformers
 
     quiet_transformers()
     from transformers import AutoConfig
 
     dims = {**DEMO_DIMS, "vocab_size": vocab_size, "tie_word_embeddings": False, **overrides}
-    if family == "qwen3":
-        dims.setdefault("head_dim", 16)
+    if family in ("qwen3", "gemma"):
+        dims.setdefault("head_dim", 16)  # their defaults (128, 256) are not width / heads
+    if family == "gpt_neox":
+        dims.pop("num_key_value_heads")  # multi-head attention only
     return AutoConfig.for_model(family, **dims)
 
 

@@ -4,7 +4,7 @@
 
 torch.distributed.checkpoint writes the parameters with HuggingFaceStorageWriter: every rank
 its own shards (FSDP2, tensor parallel) or stages (pipeline), one copy of what is replicated,
-consolidated into model.safetensors under the checkpoint's names (models.hf.hf_key). Rank 0
+consolidated into model.safetensors under the checkpoint's names (the model's checkpoint_key). Rank 0
 adds config.json and the tokenizer, so ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads
 the trained model and gives the logits trainlab's model gives.
 """

@@ -6,7 +6,7 @@
 torch.distributed.checkpoint reads the safetensors files (HuggingFaceStorageReader) into the
 parameters this rank holds, whatever they are: a whole tensor (one process, DDP), an FSDP2 or
 tensor-parallel DTensor shard (each rank reads only its slice of the file: no rank holds the
-whole model), or a pipeline stage's blocks. Names map one to one (models.hf.hf_key); the dtype
+whole model), or a pipeline stage's blocks. Names map one to one (the model's checkpoint_key); the dtype
 is cast to the parameter's (a bf16 checkpoint into fp32 masters). Every rank of the process
 group calls it (the load plans collectively).
 """
@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from trainlab.config.hf_model import local_folder
-from trainlab.models.hf import hf_key
 from trainlab.models.init import model_roots
 from trainlab.vocab.files import check_file
 
@@ -48,9 +47,8 @@ def pretrained_state(model: nn.Module | Iterable[nn.Module]) -> dict[str, torch.
     """Checkpoint key -> the parameter (or its shard) this rank holds, for every root of `model`."""
     state: dict[str, torch.Tensor] = {}
     for root in model_roots(model):
-        prefix = getattr(root, "base_prefix", "model")
         for name, param in root.named_parameters():
-            state[hf_key(name, base_prefix=prefix)] = param
+            state[root.checkpoint_key(name)] = param
     return state
 
 

@@ -84,6 +84,12 @@ def _dtensor_spec(t: torch.Tensor):
     return None if info is None else (info.mesh, info.placements, info.shape)
 
 
+def global_shape(t: torch.Tensor) -> torch.Size:
+    """The full shape of a parameter, whatever shard of it this rank holds."""
+    spec = _dtensor_spec(t)
+    return t.shape if spec is None else spec[2]
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
@@ -124,6 +130,8 @@ def materialize(model: nn.Module | Iterable[nn.Module], *, device: torch.device 
         init_weights = getattr(root, "init_weights", None)
         assert callable(init_weights), f"{type(root).__name__} has no init_weights(seed=...)"
         init_weights(seed=seed)
+        if getattr(root, "initializes_buffers", False):
+            continue  # its init_weights set the buffers too (models.hf_any)
         for module in root.modules():
             if next(module.buffers(recurse=False), None) is None:
                 continue
@@ -135,4 +143,4 @@ def materialize(model: nn.Module | Iterable[nn.Module], *, device: torch.device 
             init_buffers()
 
 
-__all__ = ["fill_parameter", "materialize", "model_roots", "normal", "ones", "param_seed"]
+__all__ = ["fill_parameter", "global_shape", "materialize", "model_roots", "normal", "ones", "param_seed"]

@@ -122,6 +122,16 @@ def check_parallel(run: RunConfig) -> None:
         raise ValueError(
             f"{which} with model._target_={m._target_!r}: trainlab has no tensor-parallel plan or pipeline "
             "split for your own module's names; use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp)")
+    if m.runs_transformers_forward() and (p.tp > 1 or p.pp > 1):
+        kind = m.hf_model_type()
+        if p.pp > 1:
+            raise ValueError(
+                f"parallel.pp={p.pp} with a {kind} model: trainlab cuts only the Llama family (llama, mistral, qwen2, "
+                f"qwen3) into pipeline stages; a {kind} model runs transformers' own forward in one piece: use "
+                "parallel.pp=1 with parallel.data_parallel=fsdp (it shards per decoder layer)")
+        raise ValueError(
+            f"parallel.tp={p.tp} with a {kind} model: trainlab has built-in tensor-parallel plans for the Llama "
+            "family only; use parallel.tp=1 with parallel.data_parallel=fsdp")
     if p.pp > 1:
         if p.data_parallel != "ddp":
             raise ValueError(
