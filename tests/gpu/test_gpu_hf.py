@@ -55,3 +55,31 @@ def test_hf_llama_fine_tunes_on_the_gpu_in_each_precision(llama, mode, tmp_path)
     start = transformers.AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32)
     moved = [(a - b).abs().max().item() for a, b in zip(exported.parameters(), start.parameters())]
     assert max(moved) > 0 and all(torch.isfinite(p).all() for p in exported.parameters())
+
+
+@pytest.fixture(scope="module")
+def gpt_neox(tmp_path_factory):
+    from trainlab.models.hf_demo import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("hf") / "gpt_neox", family="gpt_neox", vocab_size=256,
+                            hidden_size=256, intermediate_size=1024, num_attention_heads=8)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8_tensorwise"])
+def test_another_family_fine_tunes_on_the_gpu(gpt_neox, mode, tmp_path):
+    """GPT-NeoX (transformers' own forward, models.hf_any): its fused query_key_value, dense and
+    MLP linears (biased) run FP8 under torchao's conversion, and it learns."""
+    need = spec_of(mode).needs_capability(hp_dtype="bf16", emulated=False)
+    if torch.cuda.get_device_capability() < need:
+        pytest.skip(f"{mode} needs SM {need[0]}.{need[1]}+")
+    tracker = RecordingTracker()
+    result = run_trial(plan_here(compose_run_config(
+        [*RUN, f"model.pretrained={gpt_neox}", *mode_overrides(mode), "train.export=hf", f"output_dir={tmp_path}"])),
+        tracker_factory=lambda *_: tracker)
+    assert result.status == names.STATUS_FINISHED, result.first_nonfinite
+    losses = [v for _, v in tracker.series(names.LOSS)]
+    assert losses[-1] < losses[0] - 0.2, losses
+    if spec_of(mode).fp8:  # 2 layers x 4 linears (query_key_value, dense, dense_h_to_4h, dense_4h_to_h)
+        lowp, _ = map(int, tracker.tags[names.TAG_FP8_LAYERS].split("/"))
+        assert lowp == 8, tracker.tags[names.TAG_FP8_LAYERS]
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / names.ARTIFACT_HF_MODEL) is not None
