@@ -60,6 +60,8 @@ EXPORTS = ("hf",)
 HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_")
 """model.* fields that a preset leaves unset: a Hugging Face model's files and what its config.json says
 (model=hf), and your own builder (model=custom)."""
+TP_STYLES = ("colwise", "rowwise")
+"""model.tp_plan's styles: torch's ColwiseParallel and RowwiseParallel of an nn.Linear."""
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("native", "emulated")
@@ -142,9 +144,20 @@ class ModelConfig:
     """hf only, from config.json: the output head shares the token embedding's weight."""
     sliding_window: int = bounded(0, ge=0, note="0 = none")
     """hf only, from config.json: tokens a sliding-window attention layer sees (Mistral)."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """Your own tensor-parallel plan, used instead of trainlab's built-in one when parallel.tp > 1
+    (for any model: custom, hf or a preset), as transformers' base_model_tp_plan writes it: a module
+    path pattern (dot-separated, `*` matches one whole name, e.g. layers.*.mlp.fc) -> colwise (an
+    nn.Linear sharded on its output features, each rank keeps its part of the output) or rowwise
+    (sharded on its input features, its output summed over the ranks). Every matched module must be
+    an nn.Linear; every other parameter is replicated. Shards hold whole heads: model.n_heads, and
+    each colwise out_features / rowwise in_features, must divide by parallel.tp. {} = the built-in
+    plan (trainlab's and Hugging Face Llama-family blocks only)."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="model")
+        for pattern, style in self.tp_plan.items():
+            _one_of("model", f"tp_plan.{pattern}", style, TP_STYLES)
         if self._target_ and self.name == "hf":
             raise ValueError(f"model._target_={self._target_!r} with model=hf: a Hugging Face model is built from "
                              "its config.json; use model=custom for your own builder")
