@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from trainlab.config.bounds import bounded, check_fields, text
 from trainlab.config.debug import DebugConfig
@@ -761,6 +761,11 @@ def register_configs() -> None:
     """Register the schemas so YAML options can name `/<group>_schema@_here_` in their defaults:
     at the top of the config tree, in no group, so none of them is a group's option."""
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    run, model = OmegaConf.structured(RunConfig), OmegaConf.structured(ModelConfig)
+    # model.tp_plan's keys are the user's module paths: `model.tp_plan={layers.*.fc:colwise}` sets
+    # new keys, which Hydra's struct mode (every key declared) would refuse; its values stay str
+    for tp_plan in (run.model.tp_plan, model.tp_plan):
+        OmegaConf.set_struct(tp_plan, False)
+    cs.store(name="run_schema", node=run)
     for group, schema in _SCHEMAS.items():
-        cs.store(name=f"{group}_schema", node=schema)
+        cs.store(name=f"{group}_schema", node=model if group == "model" else schema)
