@@ -95,3 +95,11 @@ def test_a_preset_takes_a_plan_too_and_the_built_in_one_keeps_its_config_hash():
     with pytest.raises(ValueError, match="model.tp_plan: layers.0.attention.wo is rowwise but its in_features=64 "
                                          "is not divisible by parallel.tp=3"):
         check_user_plan(build_model(run.model, vocab_size=256), {"layers.*.attention.wo": "rowwise"}, 3)
+
+
+def test_a_linear_tied_to_a_module_left_replicated_is_refused():
+    model = _split_model()
+    model.lm_head.weight = model.wte.weight
+    with pytest.raises(ValueError, match=r"model.tp_plan: lm_head shares a parameter with wte \(tied weights\), which "
+                                         r"sharding it would untie; leave lm_head out of model.tp_plan"):
+        check_user_plan(model, {"lm_head": "colwise"}, 2)

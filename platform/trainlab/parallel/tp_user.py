@@ -100,10 +100,15 @@ def user_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, Paralle
     resolved = resolve(model, plan)
     styles: dict[str, ParallelStyle] = {
         path: ColwiseParallel() if style == "colwise" else RowwiseParallel() for path, style in resolved.items()}
+    sharded = {id(p): path for path in resolved for p in model.get_submodule(path).parameters(recurse=False)}
     replicate = _ReplicateOwn()  # one instance: a parameter two modules share is replicated once
     for path, module in model.named_modules():
         if path in resolved or next(module.parameters(recurse=False), None) is None:
             continue
+        tied = next((sharded[id(p)] for p in module.parameters(recurse=False) if id(p) in sharded), None)
+        if tied is not None:
+            raise ValueError(f"{FIELD}: {tied} shares a parameter with {path or type(model).__name__} (tied weights), "
+                             f"which sharding it would untie; leave {tied} out of {FIELD}")
         nested = next((f"{path}.{n}" if path else n for n, c in module.named_children()
                        if next(c.parameters(), None) is not None), None)
         if nested is not None:
