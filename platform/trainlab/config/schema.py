@@ -57,9 +57,9 @@ CHECKPOINTING = ("none", "block", "selective")
 COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
 EXPORTS = ("hf",)
-HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_")
+HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_", "tp_plan")
 """model.* fields that a preset leaves unset: a Hugging Face model's files and what its config.json says
-(model=hf), and your own builder (model=custom)."""
+(model=hf), your own builder (model=custom) and your own tensor-parallel plan (any model)."""
 TP_STYLES = ("colwise", "rowwise")
 """model.tp_plan's styles: torch's ColwiseParallel and RowwiseParallel of an nn.Linear."""
 PLACEMENTS = ("same_type", "pack", "spread")
