@@ -22,6 +22,16 @@ LAYOUTS = {  # case: (family, overrides)
     "gpt_neox_ddp": ("gpt_neox", ["parallel=ddp"]),
     "gemma_fsdp_checkpointed": ("gemma", ["parallel=fsdp", "parallel.activation_checkpoint=block"]),
     "phi_zero1": ("phi", ["parallel=zero1"]),
+    # tensor parallel from a plan in config: the model's own base_model_tp_plan (GPT-NeoX's fused
+    # query_key_value holds whole heads per column block, [heads, 3, head_dim], so colwise cuts by heads)
+    "gpt_neox_tp_plan": ("gpt_neox", ["parallel=tp", "model.tp_plan={layers.*.attention.query_key_value:colwise,"
+                                      "layers.*.attention.dense:rowwise,layers.*.mlp.dense_h_to_4h:colwise,"
+                                      "layers.*.mlp.dense_4h_to_h:rowwise}"]),
+    "gemma_fsdp_tp_plan": ("gemma", ["parallel=fsdp_tp", "model.tp_plan={"
+                                     "layers.*.self_attn.q_proj:colwise,layers.*.self_attn.k_proj:colwise,"
+                                     "layers.*.self_attn.v_proj:colwise,layers.*.self_attn.o_proj:rowwise,"
+                                     "layers.*.mlp.gate_proj:colwise,layers.*.mlp.up_proj:colwise,"
+                                     "layers.*.mlp.down_proj:rowwise}"]),
 }
 WITH_PRECISION = {
     "gpt_neox_fsdp_bf16": ("gpt_neox", ["parallel=fsdp", "precision=bf16"]),
@@ -53,13 +63,19 @@ def references(request, hf_models, exports):
     return spawn_cases(trial_curves_case, 1, cases, timeout=300)
 
 
+FOUR_RANKS = ("gemma_fsdp_tp_plan",)
+"""Cases of 4 ranks (dp x tp); the rest run on 2."""
+
+
 @pytest.fixture(scope="module")
 def two_ranks(request, hf_models, exports):
     wanted = selected_cases(request)
     cases = {k: _overrides(hf_models, fam, o) for k, (fam, o) in {**LAYOUTS, **WITH_PRECISION}.items()
              if k in wanted}
+    four = {k: cases.pop(k) for k in FOUR_RANKS if k in cases}
     cases["export_fsdp"] = _overrides(hf_models, "gpt_neox", ["parallel=fsdp", *_export(exports, "fsdp")])
-    return spawn_cases(trial_curves_case, 2, cases, timeout=300)
+    outcomes = spawn_cases(trial_curves_case, 2, cases, timeout=300)
+    return outcomes | (spawn_cases(trial_curves_case, 4, four, timeout=300) if four else {})
 
 
 @pytest.mark.parametrize("case", list(LAYOUTS))

@@ -60,9 +60,12 @@ def test_a_builder_that_cannot_work_is_refused_naming_it(target, says):
         build_model(run.model, vocab_size=256)
 
 
-@pytest.mark.parametrize("layout", [["parallel=tp", "cluster.num_workers=2"], ["parallel=pp", "cluster.num_workers=2"]])
-def test_tensor_and_pipeline_parallel_are_refused_with_the_layouts_that_work(layout):
-    with pytest.raises(ValueError, match=r"no tensor-parallel plan or pipeline split .* \(parallel=ddp, zero1, zero2, fsdp"):
+@pytest.mark.parametrize("layout, says", [
+    (["parallel=tp", "cluster.num_workers=2"], r"no tensor-parallel plan .*; give one in model.tp_plan .* or use data "
+                                               r"parallelism \(parallel=ddp, zero1, zero2, fsdp"),
+    (["parallel=pp", "cluster.num_workers=2"], r"no pipeline split .* \(parallel=ddp, zero1, zero2, fsdp")])
+def test_tensor_parallel_without_a_plan_and_pipelines_are_refused_with_the_layouts_that_work(layout, says):
+    with pytest.raises(ValueError, match=says):
         plan_layout(compose_run_config([*RUN, *layout]))
 
 

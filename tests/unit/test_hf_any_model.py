@@ -119,7 +119,8 @@ def _run(saved, family, *extra):
 @pytest.mark.parametrize("layout, says", [
     (["parallel=pp"], r"parallel.pp=2 with a gpt_neox model: trainlab cuts only the Llama family .* use parallel.pp=1 "
                       r"with parallel.data_parallel=fsdp"),
-    (["parallel=tp"], r"parallel.tp=2 with a gpt_neox model: .*built-in tensor-parallel plans for the Llama family"),
+    (["parallel=tp"], r"parallel.tp=2 with a gpt_neox model: .*knows the Llama family's names only; give this "
+                      r"model's plan in model.tp_plan"),
 ])
 def test_layouts_it_cannot_cut_are_refused_with_the_alternative(saved, layout, says):
     from trainlab.plan.derive_layout import check_parallel

@@ -172,6 +172,9 @@ def hashed_config(run: RunConfig) -> dict[str, Any]:
         # data=hf's fields: other corpora keep the identity they had before data=hf existed
         for name in HF_ONLY_FIELDS:
             fields.pop(f"data.{name}", None)
+    if not fields.get("model.tp_plan"):
+        # the built-in plan: runs keep the identity they had before model.tp_plan existed
+        fields.pop("model.tp_plan", None)
     if fields.get("train.eval_every") == EVAL_AUTO:
         # validating does not change what is trained: auto hashes as the fixed default it replaced,
         # so sweeps and checkpoints from before it keep their identity (skipped, resumed)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from trainlab.config.bounds import bounded, check_fields, text
 from trainlab.config.debug import DebugConfig
@@ -57,9 +57,11 @@ CHECKPOINTING = ("none", "block", "selective")
 COMPILE = ("auto", "true", "false")
 COMPILE_UNITS = ("model", "block")
 EXPORTS = ("hf",)
-HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_")
+HF_MODEL_FIELDS = ("config", "pretrained", "qkv_bias", "tie_embeddings", "sliding_window", "_target_", "tp_plan")
 """model.* fields that a preset leaves unset: a Hugging Face model's files and what its config.json says
-(model=hf), and your own builder (model=custom)."""
+(model=hf), your own builder (model=custom) and your own tensor-parallel plan (any model)."""
+TP_STYLES = ("colwise", "rowwise")
+"""model.tp_plan's styles: torch's ColwiseParallel and RowwiseParallel of an nn.Linear."""
 PLACEMENTS = ("same_type", "pack", "spread")
 FP16_IMPLS = ("auto", "emulated", "native")
 FP8_IMPLS = ("native", "emulated")
@@ -142,9 +144,20 @@ class ModelConfig:
     """hf only, from config.json: the output head shares the token embedding's weight."""
     sliding_window: int = bounded(0, ge=0, note="0 = none")
     """hf only, from config.json: tokens a sliding-window attention layer sees (Mistral)."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """Your own tensor-parallel plan, used instead of trainlab's built-in one when parallel.tp > 1
+    (for any model: custom, hf or a preset), as transformers' base_model_tp_plan writes it: a module
+    path pattern (dot-separated, `*` matches one whole name, e.g. layers.*.mlp.fc) -> colwise (an
+    nn.Linear sharded on its output features, each rank keeps its part of the output) or rowwise
+    (sharded on its input features, its output summed over the ranks). Every matched module must be
+    an nn.Linear; every other parameter is replicated. Shards hold whole heads: model.n_heads, and
+    each colwise out_features / rowwise in_features, must divide by parallel.tp. {} = the built-in
+    plan (trainlab's and Hugging Face Llama-family blocks only)."""
 
     def __post_init__(self) -> None:
         check_fields(self, section="model")
+        for pattern, style in self.tp_plan.items():
+            _one_of("model", f"tp_plan.{pattern}", style, TP_STYLES)
         if self._target_ and self.name == "hf":
             raise ValueError(f"model._target_={self._target_!r} with model=hf: a Hugging Face model is built from "
                              "its config.json; use model=custom for your own builder")
@@ -761,6 +774,11 @@ def register_configs() -> None:
     """Register the schemas so YAML options can name `/<group>_schema@_here_` in their defaults:
     at the top of the config tree, in no group, so none of them is a group's option."""
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    run, model = OmegaConf.structured(RunConfig), OmegaConf.structured(ModelConfig)
+    # model.tp_plan's keys are the user's module paths: `model.tp_plan={layers.*.fc:colwise}` sets
+    # new keys, which Hydra's struct mode (every key declared) would refuse; its values stay str
+    for tp_plan in (run.model.tp_plan, model.tp_plan):
+        OmegaConf.set_struct(tp_plan, False)
+    cs.store(name="run_schema", node=run)
     for group, schema in _SCHEMAS.items():
-        cs.store(name=f"{group}_schema", node=schema)
+        cs.store(name=f"{group}_schema", node=model if group == "model" else schema)

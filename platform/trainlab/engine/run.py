@@ -116,7 +116,8 @@ def build_trainer(plan: TrialPlan, dist_info: DistInfo, *, tracker: Tracker | No
                          param_dtype=spec.fsdp_param_dtype(run.precision.hp_dtype, emulated=recipe.emulated),
                          compile_unit=run.train.compile_unit if run.train.compile == "true" else None,
                          deterministic=run.train.deterministic, loss_fn=_loss,
-                         pp_microbatches=plan.pp_microbatches, pp_virtual_stages=plan.pp_virtual_stages)
+                         pp_microbatches=plan.pp_microbatches, pp_virtual_stages=plan.pp_virtual_stages,
+                         tp_plan=run.model.tp_plan)
     model = parallel.model
     # this rank's part of the layout gets storage and the one-process model's values
     materialize(model, device=dist_info.device, seed=run.seed)

@@ -5,7 +5,7 @@
 
 The same decisions the engine makes, read rather than copied: the pipeline stages are
 parallel.pp.split_stages' copies of the (meta) model, tensor-parallel shard dims come from
-parallel.tp's plan (param_shard_dims), FSDP2 shards dim 0 of each (tensor-parallel local)
+parallel.tp's plan (param_shard_dims, model.tp_plan's when set), FSDP2 shards dim 0 of each (tensor-parallel local)
 parameter in torch.chunk pieces, ZeRO-1 partitions the optimizer's parameters as
 ZeroRedundancyOptimizer does (largest first, greedily onto the least loaded rank, per group,
 loads carried across groups), and dtypes are those the precision recipe leaves on the model.
@@ -157,7 +157,7 @@ def rank_shards(model: nn.Module, run: RunConfig, *, rank: int, trial_layout: Tr
     at = coords(rank, layout.dims)
     shards: list[Shard] = []
     for part in stage_modules(model, layout, at.pp_rank):
-        tp_dims = _tp_dims(part, layout, run.parallel.sequence_parallel)
+        tp_dims = _tp_dims(part, layout, run.parallel.sequence_parallel, run.model.tp_plan)
         seen: set[int] = set()
         for name, p in part.named_parameters():
             if id(p) in seen or not p.requires_grad:
@@ -183,12 +183,12 @@ def _is_embedding(part: nn.Module, param_name: str) -> bool:
     return isinstance(part.get_submodule(param_name.rpartition(".")[0]), nn.Embedding)
 
 
-def _tp_dims(part: nn.Module, layout: Sharding, sequence_parallel: bool) -> dict[str, int]:
+def _tp_dims(part: nn.Module, layout: Sharding, sequence_parallel: bool, user_plan: dict[str, str]) -> dict[str, int]:
     if layout.dims.tp == 1 or layout.dims.pp > 1:  # parallelize() applies no TP to pipeline stages
         return {}
     from trainlab.parallel.tp import param_shard_dims
 
-    return param_shard_dims(part, sequence_parallel=sequence_parallel)
+    return param_shard_dims(part, sequence_parallel=sequence_parallel, user_plan=user_plan)
 
 
 def _shard_index(at: MeshCoords, layout: Sharding) -> int:

@@ -268,9 +268,17 @@ def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> list[TrialCh
 
 def check_layout(run: RunConfig) -> None:
     """What the model's shape and the backend decide about a layout: tensor-parallel
-    divisibility of heads and MLP width, and the gradient communication the backend can run."""
+    divisibility of heads and MLP width, and the gradient communication the backend can run.
+    With model.tp_plan, the plan against the model's own modules (built on the meta device)."""
     p = run.parallel
-    if p.tp > 1:
+    if p.tp > 1 and run.model.tp_plan:
+        from trainlab.models import build_model
+        from trainlab.parallel.tp import check_user_plan
+
+        with torch.device("meta"):
+            model = build_model(run.model, vocab_size=model_vocab(run), shapes_only=True)
+        check_user_plan(model, run.model.tp_plan, p.tp)
+    elif p.tp > 1:
         from trainlab.models import resolve_dims
         from trainlab.parallel.tp import check_tp
 

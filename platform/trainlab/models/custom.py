@@ -22,7 +22,7 @@ from torch import nn
 
 from trainlab.config.schema import ModelConfig
 
-NOT_ARGUMENTS = ("name", "_target_", "config", "pretrained")
+NOT_ARGUMENTS = ("name", "_target_", "config", "pretrained", "tp_plan")
 
 
 def locate(target: str):
@@ -50,9 +50,10 @@ def builder_kwargs(build, cfg: ModelConfig, *, vocab_size: int) -> dict:
     return {k: v for k, v in fields.items() if k in params}
 
 
-def build_custom(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
+def build_custom(cfg: ModelConfig, *, vocab_size: int, shapes_only: bool = False) -> nn.Module:
     """Your module, checked to have blocks in `.layers`; on the meta device only when it can
-    initialise itself there (init_weights), else on the CPU with torch's global RNG."""
+    initialise itself there (init_weights) or only its names and shapes are read (`shapes_only`),
+    else on the CPU with torch's global RNG."""
     build = locate(cfg._target_)
     kwargs = builder_kwargs(build, cfg, vocab_size=vocab_size)
     model = build(**kwargs)
@@ -64,7 +65,7 @@ def build_custom(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
                          "`.layers`; keep your blocks in an nn.ModuleList named layers (FSDP, activation "
                          "checkpointing and compile work per block)")
     on_meta = any(p.is_meta for p in model.parameters())
-    if on_meta and not callable(getattr(model, "init_weights", None)):
+    if on_meta and not shapes_only and not callable(getattr(model, "init_weights", None)):
         with torch.device("cpu"):  # it cannot initialise itself after a meta build: build it for real
             model = build(**kwargs)
     return model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Callable, ContextManager
@@ -56,7 +57,8 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
                 device: torch.device, mesh: DeviceMesh | None = None,
                 param_dtype: torch.dtype | None = None, compile_unit: str | None = None,
                 deterministic: bool = False, pp_microbatches: int = 1, pp_virtual_stages: int = 1,
-                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Parallelized:
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                tp_plan: Mapping[str, str] | None = None) -> Parallelized:
     """Apply the layout of `dims` / `cfg` to `model`, in torchtitan's order: the pipeline split
     first (each stage is then a model of its own, treated as below), then tensor parallel (it
     changes the parameters into DTensor shards), then activation checkpointing (it wraps the
@@ -72,7 +74,8 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     compile_unit: None (eager), "block" or "model" (train.compile_unit). `deterministic`: DDP
     sums gradients in rank order (parallel.ordered_reduce). `mesh` (from parallel.mesh) is
     needed for anything but one process. pp only: `pp_microbatches` and `pp_virtual_stages`
-    as config.validate resolves them, `loss_fn(logits, targets)` one micro-batch's mean loss."""
+    as config.validate resolves them, `loss_fn(logits, targets)` one micro-batch's mean loss.
+    `tp_plan`: model.tp_plan, the tensor-parallel plan used instead of the built-in one when set."""
     dp_group = _dp_group(mesh, dims)
     make_optimizer = partial(apply_zero1, process_group=dp_group) \
         if cfg.data_parallel == "zero1" and dp_group is not None else _plain_optimizer
@@ -94,7 +97,7 @@ def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
     if dims.tp > 1:
         from trainlab.parallel.tp import apply_tp
 
-        model = apply_tp(model, mesh=mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+        model = apply_tp(model, mesh=mesh["tp"], sequence_parallel=cfg.sequence_parallel, user_plan=tp_plan)
     model = _apply_to_stage(model, cfg=cfg, compile_unit=compile_unit)
     if dims.dp == 1:
         return Parallelized(model=model)

@@ -45,7 +45,8 @@ def apply_replicate(model: nn.Module, *, mesh: DeviceMesh,
         raise ValueError(f"apply_replicate needs the 1-D data-parallel mesh (e.g. world_mesh['dp']), "
                          f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
-    for block in model.blocks():
+    # model=custom has no blocks(): its blocks are its `.layers` (models.custom)
+    for block in model.blocks() if hasattr(model, "blocks") else model.layers:
         replicate(block, mesh=mesh, mp_policy=policy)
     replicate(model, mesh=mesh, mp_policy=policy)
     return model

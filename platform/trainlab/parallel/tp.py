@@ -19,10 +19,14 @@ With ``sequence_parallel`` the residual stream between blocks (and the norms) is
 the sequence dim instead of replicated (Korthikanti et al. 2022): the all-reduces become
 reduce-scatter + all-gather pairs of the same volume and activation memory outside the
 matmuls drops by tp. Without it the norms run replicated, on full sequences.
+
+A model this plan does not fit (model=custom, another family) brings its own in config,
+model.tp_plan, which replaces it (parallel.tp_user).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import torch
@@ -40,7 +44,7 @@ from torch.distributed.tensor.parallel import (
 
 from trainlab.models.args import ModelArgs
 from trainlab.models.block_names import block_names
-from trainlab.models.transformer import Transformer
+from trainlab.parallel.tp_user import check_divisible, resolve, user_tp_plan
 
 
 def check_tp(args: ModelArgs, tp: int) -> None:
@@ -115,10 +119,15 @@ def _check_seq_len(_model: nn.Module, inputs: tuple, *, tp: int) -> None:
             f"train.seq_len to a multiple of {tp} (or turn sequence parallelism off)")
 
 
-def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str, dict[str, ParallelStyle]]:
-    """The tensor-parallel plan of `model`: submodule path ("" = the model itself, then
-    "layers.<i>" per block) -> {child name: its ParallelStyle}. What `apply_tp` applies and
-    what the memory estimate reads (`param_shard_dims`): one place decides the shards."""
+def tp_plan(model: nn.Module, *, sequence_parallel: bool = False,
+            user_plan: Mapping[str, str] | None = None) -> dict[str, ParallelStyle]:
+    """The tensor-parallel plan of `model`: module path ("" = the model itself) -> its
+    ParallelStyle. What `apply_tp` applies, what the memory estimate reads
+    (`param_shard_dims`) and what the checks hold the model to (`check_user_plan`): one place
+    decides the shards. `user_plan` (model.tp_plan) non-empty: that plan (parallel.tp_user),
+    for any model; else the built-in one of trainlab's and Hugging Face Llama-family blocks."""
+    if user_plan:
+        return user_tp_plan(model, user_plan)
     # Layout of the residual stream between the sharded matmuls: sequence-sharded
     # activations under sequence parallelism, full replicated ones otherwise.
     residual = Shard(1) if sequence_parallel else Replicate()
@@ -133,7 +142,7 @@ def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str,
                                   use_local_output=True),
     }
     # A pipeline stage lacks some ends (None) and holds its blocks in an nn.ModuleDict.
-    plan = {"": {k: v for k, v in ends.items() if getattr(model, k, None) is not None}}
+    plan = {k: v for k, v in ends.items() if getattr(model, k, None) is not None}
     names = block_names(model)
     if names.attention_input:  # the block calls its attention with keywords (transformers)
         attention_input = PrepareModuleInput(
@@ -143,7 +152,7 @@ def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str,
         attention_input = PrepareModuleInput(input_layouts=(residual, None, None),
                                              desired_input_layouts=(Replicate(), None, None))
     for key, _ in model.layers.named_children():
-        plan[f"layers.{key}"] = {
+        block = {
             names.attention_norm: norm_style(),
             names.attention: attention_input,
             names.q: ColwiseParallel(),
@@ -156,32 +165,46 @@ def tp_plan(model: Transformer, *, sequence_parallel: bool = False) -> dict[str,
             names.down: RowwiseParallel(output_layouts=residual),
             names.up: ColwiseParallel(),
         }
+        plan.update({f"layers.{key}.{child}": style for child, style in block.items()})
     return plan
 
 
-def param_shard_dims(model: Transformer, *, sequence_parallel: bool = False) -> dict[str, int]:
+def check_user_plan(model: nn.Module, user_plan: Mapping[str, str], tp: int) -> None:
+    """Refuse a model.tp_plan that `apply_tp` cannot apply to `model` `tp` ways: an unknown
+    style, a pattern matching no module or a module that is not an nn.Linear, a module it
+    cannot replicate, a colwise out_features or rowwise in_features `tp` does not divide.
+
+    Raises:
+        ValueError: naming model.tp_plan, the module and what to change.
+    """
+    tp_plan(model, user_plan=user_plan)
+    check_divisible(model, resolve(model, user_plan), tp)
+
+
+def param_shard_dims(model: nn.Module, *, sequence_parallel: bool = False,
+                     user_plan: Mapping[str, str] | None = None) -> dict[str, int]:
     """Parameter name (as model.named_parameters()) -> the dim `apply_tp` shards it on; a
     parameter not named is replicated. torch's styles: ColwiseParallel shards a Linear's
     weight and bias on dim 0 (output features) and an Embedding's weight on dim 1;
     RowwiseParallel a Linear's weight on dim 1 (its bias is replicated) and an Embedding's
     weight on dim 0 (rows of the vocabulary)."""
     dims: dict[str, int] = {}
-    for path, styles in tp_plan(model, sequence_parallel=sequence_parallel).items():
-        for child, style in styles.items():
-            name = f"{path}.{child}" if path else child
-            module = model.get_submodule(name)
-            embedding = isinstance(module, nn.Embedding)
-            if isinstance(style, ColwiseParallel):
-                dims[f"{name}.weight"] = 1 if embedding else 0
-                if getattr(module, "bias", None) is not None:
-                    dims[f"{name}.bias"] = 0
-            elif isinstance(style, RowwiseParallel):
-                dims[f"{name}.weight"] = 0 if embedding else 1
+    for name, style in tp_plan(model, sequence_parallel=sequence_parallel, user_plan=user_plan).items():
+        module = model.get_submodule(name)
+        embedding = isinstance(module, nn.Embedding)
+        if isinstance(style, ColwiseParallel):
+            dims[f"{name}.weight"] = 1 if embedding else 0
+            if getattr(module, "bias", None) is not None:
+                dims[f"{name}.bias"] = 0
+        elif isinstance(style, RowwiseParallel):
+            dims[f"{name}.weight"] = 0 if embedding else 1
     return dims
 
 
-def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
-    """Shard `model` in place over the 1-D tensor-parallel `mesh` and return it.
+def apply_tp(model: nn.Module, *, mesh: DeviceMesh, sequence_parallel: bool = False,
+             user_plan: Mapping[str, str] | None = None) -> nn.Module:
+    """Shard `model` in place over the 1-D tensor-parallel `mesh` and return it, by the
+    built-in plan or, when given, `user_plan` (model.tp_plan; parallel.tp_user).
 
     Apply before data parallelism / FSDP, which must see the DTensor parameters made here.
     Call with the same model (same seed or weights) on every rank of `mesh`: the sharded
@@ -189,22 +212,30 @@ def apply_tp(model: Transformer, *, mesh: DeviceMesh, sequence_parallel: bool = 
     sequence-parallel norms keep each rank's own (torch assumes they are identical).
 
     Raises:
-        ValueError: a multi-dimensional mesh, or a model `check_tp` refuses.
+        ValueError: a multi-dimensional mesh, or a model `check_tp` (`check_user_plan` for a
+            user plan) refuses.
     """
     if mesh.ndim != 1:
         raise ValueError(f"apply_tp needs the 1-D tensor-parallel mesh (e.g. world_mesh['tp']), "
                          f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
-    check_tp(model.args, mesh.size())
-    plan = tp_plan(model, sequence_parallel=sequence_parallel)
-    parallelize_module(model, mesh, plan.pop(""))
+    if user_plan:
+        if sequence_parallel:
+            raise ValueError(SEQUENCE_PARALLEL_WITH_PLAN)
+        check_user_plan(model, user_plan, mesh.size())
+    else:
+        check_tp(model.args, mesh.size())
     if sequence_parallel:
         # SequenceParallel takes each rank's local activations as equal slices of the
         # sequence; an uneven split would desynchronise the collectives (gloo aborts,
         # NCCL hangs), so refuse it before any of them runs.
         model.register_forward_pre_hook(partial(_check_seq_len, tp=mesh.size()))
-    for path, styles in plan.items():
-        parallelize_module(model.get_submodule(path), mesh, styles)
-    return model
+    return parallelize_module(model, mesh, tp_plan(model, sequence_parallel=sequence_parallel,
+                                                   user_plan=user_plan))
+
+
+SEQUENCE_PARALLEL_WITH_PLAN = (
+    "parallel.sequence_parallel=true with model.tp_plan: a plan from config passes plain, replicated "
+    "activations between modules and has no sequence-sharded norms; set parallel.sequence_parallel=false")
 
 
 def clip_grads_with_norm_(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
@@ -226,4 +257,5 @@ def clip_grads_with_norm_(params: list[torch.Tensor], max_norm: float, total_nor
         torch.nn.utils.clip_grads_with_norm_(one_by_one, max_norm, total_norm, foreach=False)
 
 
-__all__ = ["apply_tp", "check_tp", "clip_grads_with_norm_", "param_shard_dims", "tp_plan"]
+__all__ = ["SEQUENCE_PARALLEL_WITH_PLAN", "apply_tp", "check_tp", "check_user_plan", "clip_grads_with_norm_",
+           "param_shard_dims", "tp_plan"]

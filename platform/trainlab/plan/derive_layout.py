@@ -117,21 +117,29 @@ def check_parallel(run: RunConfig) -> None:
             f"parallel.dp={dims.dp} is not divisible by parallel.dp_replicate={p.dp_replicate}; "
             "HSDP shards within dp / dp_replicate ranks: pick a dp_replicate that divides dp"
         )
-    if m._target_ and (p.tp > 1 or p.pp > 1):
-        which = f"parallel.tp={p.tp}" if p.tp > 1 else f"parallel.pp={p.pp}"
+    if m._target_ and p.pp > 1:
         raise ValueError(
-            f"{which} with model._target_={m._target_!r}: trainlab has no tensor-parallel plan or pipeline "
-            "split for your own module's names; use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp)")
-    if m.runs_transformers_forward() and (p.tp > 1 or p.pp > 1):
+            f"parallel.pp={p.pp} with model._target_={m._target_!r}: trainlab has no pipeline split for your own "
+            "module; use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp), or parallel.tp with model.tp_plan")
+    if m._target_ and p.tp > 1 and not m.tp_plan:
+        raise ValueError(
+            f"parallel.tp={p.tp} with model._target_={m._target_!r}: trainlab has no tensor-parallel plan for your "
+            "own module's names; give one in model.tp_plan (e.g. model.tp_plan={layers.*.fc:colwise,"
+            "layers.*.proj:rowwise}) or use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp)")
+    if m.runs_transformers_forward() and p.pp > 1:
         kind = m.hf_model_type()
-        if p.pp > 1:
-            raise ValueError(
-                f"parallel.pp={p.pp} with a {kind} model: trainlab cuts only the Llama family (llama, mistral, qwen2, "
-                f"qwen3) into pipeline stages; a {kind} model runs transformers' own forward in one piece: use "
-                "parallel.pp=1 with parallel.data_parallel=fsdp (it shards per decoder layer)")
         raise ValueError(
-            f"parallel.tp={p.tp} with a {kind} model: trainlab has built-in tensor-parallel plans for the Llama "
-            "family only; use parallel.tp=1 with parallel.data_parallel=fsdp")
+            f"parallel.pp={p.pp} with a {kind} model: trainlab cuts only the Llama family (llama, mistral, qwen2, "
+            f"qwen3) into pipeline stages; a {kind} model runs transformers' own forward in one piece: use "
+            "parallel.pp=1 with parallel.data_parallel=fsdp (it shards per decoder layer)")
+    if m.runs_transformers_forward() and p.tp > 1 and not m.tp_plan:
+        raise ValueError(
+            f"parallel.tp={p.tp} with a {m.hf_model_type()} model: trainlab's built-in tensor-parallel plan knows "
+            "the Llama family's names only; give this model's plan in model.tp_plan (its config's "
+            "base_model_tp_plan names the linears; a fused q/k/v is colwise only where its heads are interleaved) "
+            "or use parallel.tp=1 with parallel.data_parallel=fsdp")
+    if m.tp_plan and p.tp > 1:
+        check_plan_layout(run)
     if p.pp > 1:
         if p.data_parallel != "ddp":
             raise ValueError(
@@ -174,6 +182,21 @@ def check_parallel(run: RunConfig) -> None:
                 f"precision={run.precision.name} with parallel.tp={p.tp} is not supported (FP8 "
                 "linears need their own tensor-parallel plan); use tp=1 or a bf16/fp16 precision"
             )
+
+
+def check_plan_layout(run: RunConfig) -> None:
+    """What model.tp_plan needs of the config (the module paths are checked on the model itself,
+    launch.preflight.check_layout): whole heads per rank, and replicated activations."""
+    p, m = run.parallel, run.model
+    if p.sequence_parallel:
+        from trainlab.parallel.tp import SEQUENCE_PARALLEL_WITH_PLAN
+
+        raise ValueError(SEQUENCE_PARALLEL_WITH_PLAN)
+    if m.n_heads % p.tp:
+        divisors = [d for d in range(1, m.n_heads + 1) if m.n_heads % d == 0]
+        raise ValueError(
+            f"model.n_heads={m.n_heads} is not divisible by parallel.tp={p.tp}: with model.tp_plan every rank "
+            f"holds whole heads; set parallel.tp to a divisor of {m.n_heads} ({divisors}) or change model.n_heads")
 
 
 def _non_ddp_reducer(run: RunConfig) -> str | None:
