@@ -112,6 +112,27 @@ def test_counts_equal_quantize_at_every_threshold(fmt):
         assert_same(x.bfloat16(), fmt, torch.tensor(scale))
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_one_value_past_a_threshold_is_counted(fmt):
+    """cast_stats skips counting where the extremes of |x * scale| are clear of both thresholds:
+    one value at or past either, or one inf or NaN, among clear ones must still be counted."""
+    flush, overflow, _ = cast_limits(fmt)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.cat([edges(fmt, dtype), wide(dtype, seed=3)]).float()
+        clear = x[(x.abs() > flush) & (x.abs() < overflow)]
+        ends = torch.tensor([flush, overflow])
+        past = torch.cat([ends, torch.nextafter(ends, ends.new_tensor(math.inf)),
+                          torch.nextafter(ends, ends.new_tensor(0.0)),
+                          torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan])])
+        assert_same(clear.to(dtype), fmt)
+        for v in past:
+            for scale in (1.0, 2.0**-3, torch.tensor(2.0**-3), torch.full((clear.numel() + 1,), 2.0**-3)):
+                s = scale if not torch.is_tensor(scale) else scale.reshape(-1)[0].item()
+                y = torch.cat([clear, v.reshape(1) / s]).to(dtype) if dtype == torch.float32 else \
+                    torch.cat([clear, v.reshape(1)]).to(dtype)
+                assert_same(y, fmt, scale)
+
+
 @pytest.mark.parametrize("fmt", [parse_format(n) for n in ("e4m3fn", "e5m2", "bf16", "e5m0", "e2m1fn")],
                          ids=lambda f: f.name)
 def test_counts_equal_quantize_rowwise_and_subsampled(fmt):

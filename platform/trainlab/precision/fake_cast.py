@@ -197,15 +197,36 @@ def cast_stats(
 
     Above max_elements elements the fractions are measured on an evenly strided subsample of
     max_elements of them (bounded cost for huge tensors); amax is always over the whole tensor.
-    One device sync.
+    One device sync; two where some value may underflow, overflow or is not finite.
 
-    Counted from cast_limits, without rounding: a few comparisons on |x * scale|, exactly the
-    values quantize(x.float() * scale, fmt, saturate=False) turns into 0 or beyond max_value
+    Counted from cast_limits, without rounding: exactly the values that
+    quantize(x.float() * scale, fmt, saturate=False) turns into 0 or beyond max_value
     (tests/unit/test_cast_stats_thresholds.py checks every format against quantize).
     """
     ax = x.detach().abs()
-    amax = ax.nan_to_num(nan=0.0, posinf=0.0).amax() if x.numel() else x.new_zeros(())
     scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return CastStats(amax=0.0, scale=scale_t.amin().item(), underflow=0.0, overflow=0.0)
+    # first the extremes: y = fl32(|x| * |scale|) grows with |x| and |scale|, so where the smallest
+    # y is above flush and the largest within the range (NaN fails both), nothing is flushed, none
+    # overflows and every x is finite and non-zero: nothing to count, the common case
+    flush, in_range = _limits_in(fmt, torch.float32)
+    lo, hi = ax.aminmax()
+    abs_scale = scale_t.abs()
+    clear = torch.stack([lo.float() * abs_scale.amin() > flush, hi.float() * abs_scale.amax() <= in_range])
+    # a subsample of rowwise scales reports the smallest sampled one, so only the counts say it
+    if scale_t.numel() == 1 or x.numel() <= max_elements:
+        amax_v, scale_v, none_flushed, none_over = torch.cat([hi.double().reshape(1), scale_t.amin().double()
+                                                              .reshape(1), clear.double()]).tolist()
+        if none_flushed and none_over:
+            return CastStats(amax=amax_v, scale=scale_v, underflow=0.0, overflow=0.0)
+    return _counted_cast_stats(x, ax, fmt, scale, scale_t, max_elements=max_elements)
+
+
+def _counted_cast_stats(x: torch.Tensor, ax: torch.Tensor, fmt: FloatFormat, scale: float | torch.Tensor,
+                        scale_t: torch.Tensor, *, max_elements: int) -> CastStats:
+    """cast_stats by counting (ax = |x|): a few comparisons, each counted without a sum's int64 pass."""
+    amax = ax.nan_to_num(nan=0.0, posinf=0.0).amax()
     if x.numel() > max_elements:
         flat = torch.arange(max_elements, device=x.device) * x.numel() // max_elements
         if scale_t.ndim == 0:  # the same elements as below, from the flat tensor
@@ -214,22 +235,22 @@ def cast_stats(
             where = torch.unravel_index(flat, x.shape)
             scale_t = torch.broadcast_to(scale_t, x.shape)[where]
             ax = ax[where]
+    count = torch.count_nonzero
     # a non-finite |x| (inf, NaN) fails every "<=" below, and so does its product with any scale
-    n_finite = (ax <= torch.finfo(ax.dtype).max).sum()
-    n_zero = (ax == 0).sum()
+    n_finite = count(ax <= torch.finfo(ax.dtype).max)
+    n_zero = count(ax == 0)
     if not torch.is_tensor(scale) and scale == 1 and ax.dtype in _EXACT_IN_F32:
         # y = |x| exactly: compared in x's own dtype, the zeros (y = 0 <= flush) taken out
         flush, in_range = _limits_in(fmt, ax.dtype)
-        n_under = (ax <= flush).sum() - n_zero
+        n_under = count(ax <= flush) - n_zero
     else:
         # y = |x| * |scale| rounded to float32, as quantize gets x.float() * scale; a zero x
         # times an infinite scale is NaN there (an overflow, no underflow), so zeros are masked
         flush, in_range = _limits_in(fmt, torch.float32)
         nonzero = ax != 0
-        y = ax.to(torch.float32, copy=True).mul_(scale_t.abs())
-        n_under = ((y <= flush) & nonzero).sum()
-        ax = y
-    n_over = n_finite - (ax <= in_range).sum()  # finite x whose y is not in range (NaN included)
+        ax = ax.to(torch.float32, copy=True).mul_(scale_t.abs())
+        n_under = count((ax <= flush) & nonzero)
+    n_over = n_finite - count(ax <= in_range)  # finite x whose y is not in range (NaN included)
     counts = [amax, scale_t.amin(), n_under, n_finite - n_zero, n_over, n_finite]
     amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack([c.double() for c in counts]).tolist()
     return CastStats(
