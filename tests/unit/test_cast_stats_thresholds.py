@@ -10,7 +10,10 @@ from dataclasses import astuple
 import pytest
 import torch
 
+from trainlab import names
 from trainlab.precision.fake_cast import CastStats, cast_limits, cast_stats, quantize
+from trainlab.precision.policy import CastSpec
+from trainlab.telemetry.numerics import NumericsProbe
 from trainlab.vocab.format_names import FloatFormat, parse_format
 
 NAMED = ["e4m3fn", "e5m2", "fp16", "bf16", "e5m0", "e5m0fn", "e2m1fn", "e2m1", "e3m2", "e2m3", "e3m2fn",
@@ -150,3 +153,24 @@ def test_counts_equal_quantize_rowwise_and_subsampled(fmt):
     assert_same(x.bfloat16(), fmt, max_elements=999)
     assert_same(x[:0], fmt)
     assert_same(x, fmt, -2.0)
+
+
+def test_probe_pools_fp16_gradient_underflow_as_quantize_flushes():
+    """The probe's fp16 gradient counts (flushed at the loss scale, and had it been 1) are the
+    values quantize turns into zero, counted from cast_limits' flush threshold."""
+    fp16 = parse_format("fp16")
+    layer = torch.nn.Linear(4, 512)
+    probe = NumericsProbe([("layer", layer, CastSpec(fp16, fp16, fp16, scaling="loss"))])
+    loss_scale = 1024.0
+    g = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)) * torch.logspace(-12, 0, 512)
+    g[0, :8] = torch.tensor([0.0, -0.0, 2.0**-25, -(2.0**-25), 2.0**-15, 2.0**-14.9, math.inf, math.nan])
+    probe.arm(loss_scale=loss_scale)
+    layer(torch.ones(3, 4)).backward(g)
+    metrics = probe.collect()
+    nonzero = g != 0
+    n = nonzero.sum().item()
+    flushed = (nonzero & (quantize(g, fp16) == 0)).sum().item() / n
+    flushed_unscaled = (nonzero & (quantize(g / loss_scale, fp16) == 0)).sum().item() / n
+    assert 0 < flushed < flushed_unscaled < 1
+    assert metrics[names.NUM_GRAD_UNDERFLOW] == flushed
+    assert metrics[names.NUM_GRAD_UNDERFLOW_UNSCALED] == flushed_unscaled
