@@ -214,19 +214,22 @@ def cast_stats(
     lo, hi = ax.aminmax()
     abs_scale = scale_t.abs()
     clear = torch.stack([lo.float() * abs_scale.amin() > flush, hi.float() * abs_scale.amax() <= in_range])
-    # a subsample of rowwise scales reports the smallest sampled one, so only the counts say it
-    if scale_t.numel() == 1 or x.numel() <= max_elements:
-        amax_v, scale_v, none_flushed, none_over = torch.cat([hi.double().reshape(1), scale_t.amin().double()
-                                                              .reshape(1), clear.double()]).tolist()
-        if none_flushed and none_over:
-            return CastStats(amax=amax_v, scale=scale_v, underflow=0.0, overflow=0.0)
-    return _counted_cast_stats(x, ax, fmt, scale, scale_t, max_elements=max_elements)
+    amax_v, scale_v, none_flushed, none_over = torch.cat([hi.double().reshape(1), scale_t.amin().double()
+                                                          .reshape(1), clear.double()]).tolist()
+    # (a subsample of rowwise scales reports the smallest sampled scale: that one is counted)
+    if none_flushed and none_over and (scale_t.numel() == 1 or x.numel() <= max_elements):
+        return CastStats(amax=amax_v, scale=scale_v, underflow=0.0, overflow=0.0)
+    return _counted_cast_stats(x, ax, fmt, scale, scale_t, max_elements=max_elements,
+                               amax=amax_v if none_over else None, none_flushed=bool(none_flushed))
 
 
 def _counted_cast_stats(x: torch.Tensor, ax: torch.Tensor, fmt: FloatFormat, scale: float | torch.Tensor,
-                        scale_t: torch.Tensor, *, max_elements: int) -> CastStats:
-    """cast_stats by counting (ax = |x|): a few comparisons, each counted without a sum's int64 pass."""
-    amax = ax.nan_to_num(nan=0.0, posinf=0.0).amax()
+                        scale_t: torch.Tensor, *, max_elements: int, amax: float | None,
+                        none_flushed: bool) -> CastStats:
+    """cast_stats by counting (ax = |x|): a comparison per count, each counted without a sum's
+    int64 pass, and none where the extremes already gave it (amax: every value finite and in
+    range; none_flushed: no zero, none flushed)."""
+    amax_t = ax.nan_to_num(nan=0.0, posinf=0.0).amax() if amax is None else None
     if x.numel() > max_elements:
         flat = torch.arange(max_elements, device=x.device) * x.numel() // max_elements
         if scale_t.ndim == 0:  # the same elements as below, from the flat tensor
@@ -236,23 +239,27 @@ def _counted_cast_stats(x: torch.Tensor, ax: torch.Tensor, fmt: FloatFormat, sca
             scale_t = torch.broadcast_to(scale_t, x.shape)[where]
             ax = ax[where]
     count = torch.count_nonzero
+    n = ax.numel()
     # a non-finite |x| (inf, NaN) fails every "<=" below, and so does its product with any scale
-    n_finite = count(ax <= torch.finfo(ax.dtype).max)
-    n_zero = count(ax == 0)
+    n_finite = n if amax is not None else count(ax <= torch.finfo(ax.dtype).max)
+    n_zero = 0 if none_flushed else count(ax == 0)
+    n_under, y = 0, ax
     if not torch.is_tensor(scale) and scale == 1 and ax.dtype in _EXACT_IN_F32:
         # y = |x| exactly: compared in x's own dtype, the zeros (y = 0 <= flush) taken out
         flush, in_range = _limits_in(fmt, ax.dtype)
-        n_under = count(ax <= flush) - n_zero
-    else:
+        if not none_flushed and flush > 0:  # flush 0: dtype holds nothing fmt flushes, bf16's in bf16
+            n_under = count(ax <= flush) - n_zero
+    elif not (none_flushed and amax is not None):
         # y = |x| * |scale| rounded to float32, as quantize gets x.float() * scale; a zero x
         # times an infinite scale is NaN there (an overflow, no underflow), so zeros are masked
         flush, in_range = _limits_in(fmt, torch.float32)
-        nonzero = ax != 0
-        ax = ax.to(torch.float32, copy=True).mul_(scale_t.abs())
-        n_under = count((ax <= flush) & nonzero)
-    n_over = n_finite - count(ax <= in_range)  # finite x whose y is not in range (NaN included)
-    counts = [amax, scale_t.amin(), n_under, n_finite - n_zero, n_over, n_finite]
-    amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack([c.double() for c in counts]).tolist()
+        y = ax.to(torch.float32, copy=True).mul_(scale_t.abs())
+        if not none_flushed:
+            n_under = count((y <= flush) & (ax != 0))
+    n_over = 0 if amax is not None else n_finite - count(y <= in_range)  # finite x, y out of range (or NaN)
+    counts = [amax_t if amax is None else amax, scale_t.amin(), n_under, n_finite - n_zero, n_over, n_finite]
+    amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack(
+        [torch.as_tensor(c, device=x.device).double() for c in counts]).tolist()
     return CastStats(
         amax=amax_v,
         scale=scale_v,
