@@ -28,6 +28,7 @@ Conventions, shared by every format:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -147,6 +148,48 @@ class CastStats:
     current scaling's fp32 x * (max_value / amax) lands there for the largest element."""
 
 
+@functools.lru_cache(maxsize=None)
+def cast_limits(fmt: FloatFormat) -> tuple[float, float, bool]:
+    """Where quantize(y, fmt, saturate=False) leaves fmt's range, for a float32 magnitude y:
+    (flush, overflow, tie_overflows). y <= flush rounds to zero; y > overflow rounds beyond
+    max_value, and so does y == overflow where tie_overflows. Both bounds are float32 values.
+
+    Read off _round_magnitudes_: below min_normal the quantum is min_subnormal, so the tie
+    min_subnormal / 2 (quotient 0.5) rounds to the even 0. At the top the quantum is the one at
+    max_value (a power of two times 2**-man_bits, at least min_subnormal), and the tie half a
+    quantum above max_value rounds to even: away from max_value where its mantissa is odd (IEEE
+    formats: all ones), to it where it is even ("fn": all ones but the last bit, e4m3fn 448,
+    whose tie is 464). With man_bits=0 the tie (quotient 1.5) goes to the even exponent code,
+    the parity of 2**E's float32 exponent field, as quantize decides it.
+    """
+    top_exp = math.frexp(fmt.max_value)[1] - 1  # max_value = m * 2**top_exp, 1 <= m < 2
+    quantum = max(2.0**top_exp, fmt.min_normal) * 2.0**-fmt.man_bits
+    if fmt.man_bits == 0:
+        tie_overflows = (top_exp + 127) % 2 == 1  # float32 exponent field of 2**top_exp odd
+    else:
+        tie_overflows = round(fmt.max_value / quantum) % 2 == 1
+    return fmt.min_subnormal / 2, fmt.max_value + quantum / 2, tie_overflows
+
+
+_EXACT_IN_F32 = (torch.float32, torch.bfloat16, torch.float16)
+"""dtypes whose values float32 holds exactly: compared in their own dtype, no conversion."""
+
+
+@functools.lru_cache(maxsize=None)
+def _limits_in(fmt: FloatFormat, dtype: torch.dtype) -> tuple[float, float]:
+    """cast_limits as "y <= a" tests on magnitudes y held in dtype (one of _EXACT_IN_F32):
+    (a of flushed to zero, a of in range), each the largest dtype value passing the test."""
+    flush, overflow, tie_overflows = cast_limits(fmt)
+
+    def largest_at_most(t: float, *, strict: bool) -> float:
+        v = torch.tensor(t, dtype=torch.float64).to(dtype)  # nearest (beyond dtype's max: inf)
+        if v.item() > t or (strict and v.item() == t):
+            v = torch.nextafter(v, torch.tensor(-math.inf, dtype=dtype))
+        return v.item()
+
+    return largest_at_most(flush, strict=False), largest_at_most(overflow, strict=tie_overflows)
+
+
 def cast_stats(
     x: torch.Tensor, fmt: FloatFormat, scale: float | torch.Tensor = 1.0, *, max_elements: int = 1 << 20
 ) -> CastStats:
@@ -154,25 +197,69 @@ def cast_stats(
 
     Above max_elements elements the fractions are measured on an evenly strided subsample of
     max_elements of them (bounded cost for huge tensors); amax is always over the whole tensor.
-    One device sync.
+    One device sync; two where some value may underflow, overflow or is not finite.
+
+    Counted from cast_limits, without rounding: exactly the values that
+    quantize(x.float() * scale, fmt, saturate=False) turns into 0 or beyond max_value
+    (tests/unit/test_cast_stats_thresholds.py checks every format against quantize).
     """
-    amax = torch.where(x.isfinite(), x.abs(), 0).amax() if x.numel() else x.new_zeros(())
+    ax = x.detach().abs()
     scale_t = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return CastStats(amax=0.0, scale=scale_t.amin().item(), underflow=0.0, overflow=0.0)
+    # first the extremes: y = fl32(|x| * |scale|) grows with |x| and |scale|, so where the smallest
+    # y is above flush and the largest within the range (NaN fails both), nothing is flushed, none
+    # overflows and every x is finite and non-zero: nothing to count, the common case
+    flush, in_range = _limits_in(fmt, torch.float32)
+    lo, hi = ax.aminmax()
+    abs_scale = scale_t.abs()
+    clear = torch.stack([lo.float() * abs_scale.amin() > flush, hi.float() * abs_scale.amax() <= in_range])
+    amax_v, scale_v, none_flushed, none_over = torch.cat([hi.double().reshape(1), scale_t.amin().double()
+                                                          .reshape(1), clear.double()]).tolist()
+    # (a subsample of rowwise scales reports the smallest sampled scale: that one is counted)
+    if none_flushed and none_over and (scale_t.numel() == 1 or x.numel() <= max_elements):
+        return CastStats(amax=amax_v, scale=scale_v, underflow=0.0, overflow=0.0)
+    return _counted_cast_stats(x, ax, fmt, scale, scale_t, max_elements=max_elements,
+                               amax=amax_v if none_over else None, none_flushed=bool(none_flushed))
+
+
+def _counted_cast_stats(x: torch.Tensor, ax: torch.Tensor, fmt: FloatFormat, scale: float | torch.Tensor,
+                        scale_t: torch.Tensor, *, max_elements: int, amax: float | None,
+                        none_flushed: bool) -> CastStats:
+    """cast_stats by counting (ax = |x|): a comparison per count, each counted without a sum's
+    int64 pass, and none where the extremes already gave it (amax: every value finite and in
+    range; none_flushed: no zero, none flushed)."""
+    amax_t = ax.nan_to_num(nan=0.0, posinf=0.0).amax() if amax is None else None
     if x.numel() > max_elements:
-        # unravel the sample's flat indices so a broadcast scale is indexed, never materialized
         flat = torch.arange(max_elements, device=x.device) * x.numel() // max_elements
-        where = torch.unravel_index(flat, x.shape)
-        scale_t = torch.broadcast_to(scale_t, x.shape)[where]
-        x = x[where]
-    # rounded without saturation: whatever rounds beyond max_value becomes inf/NaN, so both
-    # counts are read off the value the cast rounds to, not off the unrounded product
-    rounded = quantize(x.float() * scale_t, fmt, saturate=False)
-    finite = x.isfinite()
-    nonzero = finite & (x != 0)
-    underflow = nonzero & (rounded == 0)
-    overflow = finite & ~rounded.isfinite()
-    counts = [amax, scale_t.amin(), underflow.sum(), nonzero.sum(), overflow.sum(), finite.sum()]
-    amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack([c.double() for c in counts]).tolist()
+        if scale_t.ndim == 0:  # the same elements as below, from the flat tensor
+            ax = ax.reshape(-1)[flat]
+        else:  # unravel the flat indices so a broadcast scale is indexed, never materialized
+            where = torch.unravel_index(flat, x.shape)
+            scale_t = torch.broadcast_to(scale_t, x.shape)[where]
+            ax = ax[where]
+    count = torch.count_nonzero
+    n = ax.numel()
+    # a non-finite |x| (inf, NaN) fails every "<=" below, and so does its product with any scale
+    n_finite = n if amax is not None else count(ax <= torch.finfo(ax.dtype).max)
+    n_zero = 0 if none_flushed else count(ax == 0)
+    n_under, y = 0, ax
+    if not torch.is_tensor(scale) and scale == 1 and ax.dtype in _EXACT_IN_F32:
+        # y = |x| exactly: compared in x's own dtype, the zeros (y = 0 <= flush) taken out
+        flush, in_range = _limits_in(fmt, ax.dtype)
+        if not none_flushed and flush > 0:  # flush 0: dtype holds nothing fmt flushes, bf16's in bf16
+            n_under = count(ax <= flush) - n_zero
+    elif not (none_flushed and amax is not None):
+        # y = |x| * |scale| rounded to float32, as quantize gets x.float() * scale; a zero x
+        # times an infinite scale is NaN there (an overflow, no underflow), so zeros are masked
+        flush, in_range = _limits_in(fmt, torch.float32)
+        y = ax.to(torch.float32, copy=True).mul_(scale_t.abs())
+        if not none_flushed:
+            n_under = count((y <= flush) & (ax != 0))
+    n_over = 0 if amax is not None else n_finite - count(y <= in_range)  # finite x, y out of range (or NaN)
+    counts = [amax_t if amax is None else amax, scale_t.amin(), n_under, n_finite - n_zero, n_over, n_finite]
+    amax_v, scale_v, n_under, n_nonzero, n_over, n_finite = torch.stack(
+        [torch.as_tensor(c, device=x.device).double() for c in counts]).tolist()
     return CastStats(
         amax=amax_v,
         scale=scale_v,

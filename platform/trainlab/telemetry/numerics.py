@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainlab import names
-from trainlab.precision.fake_cast import CastStats, cast_stats, quantize, tensor_scale
+from trainlab.precision.fake_cast import CastStats, cast_limits, cast_stats, tensor_scale
 from trainlab.precision.policy import CastSpec
 from trainlab.telemetry.sharded import full
 from trainlab.telemetry.stages import sum_over_stages
@@ -80,11 +80,13 @@ class NumericsProbe:
         if spec.scaling == "loss" and kind == "grad_output":
             # pooled over layers: [non-zero values, flushed at the loss scale used, flushed had
             # the loss not been scaled (what fp16 without scaling sees)]
-            g = x.detach().float()
-            nonzero = g != 0
-            counts = torch.stack([nonzero.sum(),
-                                  (nonzero & (quantize(g, fmt) == 0)).sum(),
-                                  (nonzero & (quantize(g / self.loss_scale, fmt) == 0)).sum()])
+            # quantize(g, fmt) == 0 exactly where |g| <= flush (fake_cast.cast_limits), no rounding
+            flush = cast_limits(fmt)[0]
+            g = x.detach().float().abs()
+            n_zero = torch.count_nonzero(g == 0)
+            counts = torch.stack([g.numel() - n_zero,
+                                  torch.count_nonzero(g <= flush) - n_zero,
+                                  torch.count_nonzero(g.div_(self.loss_scale) <= flush) - n_zero])
         return stats, counts
 
     def collect(self, *, group=None) -> dict[str, float]:
