@@ -129,11 +129,17 @@ def test_layouts_it_cannot_cut_are_refused_with_the_alternative(saved, layout, s
         check_parallel(_run(saved, "gpt_neox", *layout))
 
 
-def test_estimate_says_it_does_not_know_the_family(saved):
+def test_estimate_counts_the_models_own_state(saved):
+    """trainlab estimate sizes another family from its meta-device model: the parameters it shards
+    are the live model's, its FLOPs per token are MFU's."""
     from trainlab.estimate.shape import model_shape
+    from trainlab.models.accounting import model_flops_per_token
 
-    with pytest.raises(NotImplementedError, match="a phi model: trainlab estimates its presets and the Llama-family"):
-        model_shape(_run(saved, "phi"))
+    cfg, model = _model(saved["phi"])
+    shape = model_shape(_run(saved, "phi"))
+    assert shape.params == num_params(model)
+    assert shape.block_params == num_params(model.layers[1])
+    assert shape.model_flops_per_token(32) == model_flops_per_token(cfg, model, vocab_size=300, seq_len=32)
 
 
 def test_an_architecture_transformers_does_not_know_is_refused_before_ray(tmp_path):
@@ -160,10 +166,18 @@ def test_export_loads_into_transformers_with_the_same_logits(saved, tmp_path):
         assert torch.equal(loaded, model(TOKENS))
 
 
-def test_estimate_command_says_it_in_one_line(saved, capsys):
+def test_estimate_command_shows_the_family(saved, capsys):
+    from trainlab.estimate_command import main
+
+    main(["model=hf", f"model.pretrained={saved['gpt_neox']}", "data=text", "parallel=fsdp"])
+    out = capsys.readouterr().out
+    assert "fits" in out and "MFU" in out
+
+
+def test_estimate_command_says_what_it_cannot_size_in_one_line(capsys):
     from trainlab.estimate_command import main
 
     with pytest.raises(SystemExit) as stop:
-        main(["model=hf", f"model.pretrained={saved['gpt_neox']}", "data=text"])
+        main(["model=custom", "model._target_=custom_model.build"])
     assert stop.value.code == 2
-    assert capsys.readouterr().err.startswith("error: a gpt_neox model: trainlab estimates its presets")
+    assert capsys.readouterr().err.startswith("error: model._target_='custom_model.build': trainlab estimates")

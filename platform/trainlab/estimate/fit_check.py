@@ -87,13 +87,12 @@ def weights_refusal(run: RunConfig, cluster: ClusterSpec) -> str | None:
     however many CPU ranks share it): a model no layout can hold, refused in microseconds."""
     from trainlab.estimate.hardware import hardware
     from trainlab.estimate.shape import model_shape
-    from trainlab.models.accounting import count_params
 
     try:
         total_gb = sum(hardware(n.type).memory_gb * (1 if n.type == CPU else n.count) for n in cluster.nodes)
     except ValueError:
         return None  # a device the estimate does not know: estimate_trial says so
-    params = count_params(model_shape(run).args)
+    params = model_shape(run).params
     need_gb = 2 * params / GB_SHOWN
     if need_gb <= total_gb:
         return None

@@ -3,7 +3,8 @@
     shape = model_shape(run)
     hp, lowp, attention = shape.flops_per_token(blocks=[0, 1], head=True, seq_len=2048, checkpoint="none")
 
-Counted from the same ModelArgs the engine builds (models.args.resolve_dims) and the same layer
+Counted from the same ModelArgs the engine builds (models.args.resolve_dims; a Hugging Face family
+outside the Llama family: from its meta-device model) and the same layer
 policy the precision recipe applies (precision.policy.plan_layers on a meta-device model: no
 memory, exact names and shapes), so an FP8 trial's FP8 share is the one it runs.
 """
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from torch import nn
+
 from trainlab.config.schema import RunConfig
 from trainlab.data.build_corpus import corpus_vocab_size
-from trainlab.models.accounting import block_param_count
+from trainlab.models.accounting import block_param_count, count_params, num_params
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.vocab.precision import spec_of
 
@@ -33,6 +37,15 @@ class ModelShape:
     """Per block: weights of the linears that run in low precision (FP8 / emulated formats)."""
     head_lowp: bool
     """The output head runs in low precision (keep_hp without 'output')."""
+    params: int
+    """All parameters (a tied head once)."""
+    flops_params: int
+    """The parameters MFU's 6N counts: all but the token embedding (a tied head still counts)."""
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token as MFU counts them (models.accounting.flops_per_token's rule)."""
+        a = self.args
+        return float(6 * self.flops_params + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len)
 
     @property
     def dim(self) -> int:
@@ -71,30 +84,38 @@ def model_shape(run: RunConfig) -> ModelShape:
         raise NotImplementedError(
             f"model._target_={run.model._target_!r}: trainlab estimates its presets and Hugging Face models "
             "(model=hf), whose shapes it knows; your own module is trained unestimated")
-    if run.model.runs_transformers_forward():
-        raise NotImplementedError(
-            f"a {run.model.hf_model_type()} model: trainlab estimates its presets and the Llama-family Hugging "
-            "Face models (llama, mistral, qwen2, qwen3), whose blocks it knows; this family is trained unestimated")
     args = resolve_dims(run.model, vocab_size=corpus_vocab_size(run.data))
+    spec = spec_of(run.precision.name)
+    other_family = run.model.runs_transformers_forward()
+    model = _meta_model(run, args) if spec.low_precision_layers or other_family else None
+    lowp, head_lowp = _lowp_weights(run, args, model) if spec.low_precision_layers else ([0] * args.n_layers, False)
+    if other_family:
+        # another family's blocks (biases, a 2-matrix MLP, fused q/k/v): counted on the meta-device model
+        # itself, every block as its first; activations keep the Llama-family formula (estimate.activations)
+        block = model.layers[0]
+        tied = model.get_submodule("output").weight is model.get_input_embeddings_weight()
+        return ModelShape(
+            args=args, block_linear=sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear)),
+            block_params=num_params(block), lowp=tuple(lowp), head_lowp=head_lowp, params=num_params(model),
+            flops_params=num_params(model, exclude_embedding=not tied))
     d, hd = args.dim, args.head_dim
     linear = d * args.n_heads * hd * 2 + 2 * d * args.n_kv_heads * hd + 3 * d * args.ffn_dim
-    spec = spec_of(run.precision.name)
-    lowp = [0] * args.n_layers
-    head_lowp = False
-    if spec.low_precision_layers:
-        lowp, head_lowp = _lowp_weights(run, args)
     return ModelShape(args=args, block_linear=linear, block_params=block_param_count(args), lowp=tuple(lowp),
-                      head_lowp=head_lowp)
+                      head_lowp=head_lowp, params=count_params(args),
+                      flops_params=count_params(args, exclude_embedding=True))
 
 
-def _lowp_weights(run: RunConfig, args: ModelArgs) -> tuple[list[int], bool]:
-    import torch
-
+def _meta_model(run: RunConfig, args: ModelArgs) -> nn.Module:
+    """The model the engine builds, on the meta device: its own module names (model=hf), no memory."""
     from trainlab.models import build_model
+
+    with torch.device("meta"):
+        return build_model(run.model, vocab_size=args.vocab_size)
+
+
+def _lowp_weights(run: RunConfig, args: ModelArgs, model: nn.Module) -> tuple[list[int], bool]:
     from trainlab.precision.policy import plan_layers
 
-    with torch.device("meta"):  # the model the engine builds, with its own module names (model=hf)
-        model = build_model(run.model, vocab_size=args.vocab_size)
     spec = spec_of(run.precision.name)
     plan = plan_layers(model, list(run.precision.keep_hp or []), size_filter=spec.size_filter)
     modules = dict(model.named_modules())

@@ -16,7 +16,6 @@ from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.result import GB, DeviceSpec, Estimate, RankEstimate, RankMemory
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
-from trainlab.models.accounting import flops_per_token
 from trainlab.vocab.gpus import NOTES
 from trainlab.vocab.nodes import CPU, ClusterSpec
 from trainlab.vocab.precision import spec_of
@@ -39,10 +38,9 @@ def estimate_trial(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialL
                      memory=memories[r], time=times[r])
         for r, hw in enumerate(layout.hardware))
     tokens = run.train.global_batch_size * run.train.seq_len
-    args = model_shape(run).args
     notes = tuple(sorted({NOTES[hw.type] for hw in layout.hardware if hw.type in NOTES}))
     return Estimate(ranks=ranks, tokens_per_step=tokens,
-                    flops_per_step=flops_per_token(args, seq_len=run.train.seq_len) * tokens,
+                    flops_per_step=model_shape(run).model_flops_per_token(run.train.seq_len) * tokens,
                     calibration=cal.source, notes=notes)
 
 

@@ -60,6 +60,10 @@ class HFAnyCausalLM(nn.Module):
             self._hf_paths[name] = path
             self.add_module(name, module)
 
+    def blocks(self) -> list[nn.Module]:
+        """The decoder layers in order (as Transformer.blocks)."""
+        return list(self.layers)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.lm(input_ids=tokens, use_cache=False).logits
 
