@@ -82,3 +82,29 @@ def test_stability_counters_name_the_first_nonfinite_value():
     c.record(step=3, loss=math.nan, grad_norm=math.nan, applied=False)
     assert (c.skipped_steps, c.nonfinite_steps) == (2, 2)
     assert (c.first_nonfinite_step, c.first_nonfinite) == (2, "grad_norm")
+
+
+def test_cpu_peak_probe_reads_the_idle_rate_beside_busy_processes():
+    """A gang's ranks probe the CPU peak while Ray and the other ranks start: the probe must read
+    the core's own rate, not what is left of it, or MFU (achieved / peak) reads over 100 %."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from trainlab.telemetry.peak_flops import cpu_probe_peak
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        idle = cpu_probe_peak("fp32").flops_per_s
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+        try:
+            loaded = [cpu_probe_peak("fp32").flops_per_s for _ in range(3)]
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+    finally:
+        torch.set_num_threads(threads)
+    assert min(loaded) > 0.8 * idle, (idle, loaded)

@@ -86,6 +86,6 @@ def _probe_single_thread(dtype: str) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a rank's cores are its cluster.cpus_per_worker: scale one core's rate
     try:
-        return cpu_probe_peak(dtype, size=256, seconds=0.2).flops_per_s / 1e12
+        return cpu_probe_peak(dtype).flops_per_s / 1e12  # the probe MFU's denominator takes
     finally:
         torch.set_num_threads(threads)

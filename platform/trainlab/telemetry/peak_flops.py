@@ -54,13 +54,16 @@ def _probe(dtype: torch.dtype, *, size: int, seconds: float) -> Peak:
     a = torch.randn(size, size, generator=gen).to(dtype)
     b = torch.randn(size, size, generator=gen).to(dtype)
     torch.mm(a, b)  # warm up the kernel selection
+    # the best single matmul (a few ms): a gang's ranks probe together while Ray and the other
+    # ranks start, and on a shared core a longer window is often cut by another process (4 matmuls
+    # per window measured 57-102 GFLOP/s beside 3 busy processes on this 2-core machine, where
+    # one per window gives 99-103, its rate when idle), which made CPU MFU read over 100 %
     best = 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - t0))
+        torch.mm(a, b)
+        best = max(best, 2 * size**3 / (time.perf_counter() - t0))
     return Peak(best, f"probe:cpu:{'bf16' if dtype == torch.bfloat16 else 'fp32'}")
 
 
