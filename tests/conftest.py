@@ -84,6 +84,34 @@ def spawn_ranks(target: Callable, world: int, *args, results: int = 1, timeout: 
     return got
 
 
+def gloo_rank(rank: int, world: int, port: int, out, rank_main: Callable[[], dict]) -> None:
+    """spawn_ranks' target for a test whose every rank runs `rank_main()` (a module-level function)
+    in a gloo process group: puts (rank, its result), or (rank, its traceback) instead of leaving
+    the parent to time out."""
+    import traceback
+
+    import torch.distributed as dist
+
+    from trainlab.distributed import close_distributed
+
+    rank_env(rank, world, port)
+    dist.init_process_group("gloo")
+    try:
+        out.put((rank, rank_main()))
+    except BaseException:
+        out.put((rank, traceback.format_exc()))
+    finally:
+        close_distributed(barrier=False)
+
+
+def every_rank(rank_main: Callable[[], dict], world: int) -> dict[int, dict]:
+    """rank -> what `rank_main()` returned on it, over `world` gloo ranks; fails with a rank's traceback."""
+    results = dict(spawn_ranks(gloo_rank, world, rank_main, results=world))
+    for rank, result in results.items():
+        assert isinstance(result, dict), f"rank {rank} failed:\n{result}"
+    return results
+
+
 def rank0_unless_failed(reports: list) -> dict:
     """From spawn_ranks' `(rank, {case: result})` items of every rank: rank 0's results, where a
     case that raised on any rank (caught there as its traceback, a str, so the other cases still

@@ -7,15 +7,14 @@ from a sharded run loads back into transformers as the trained model."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from hf_checks import RUN, export_overrides, transformers_first_loss, transformers_logits
 from spawn_cases import selected_cases, spawn_cases, trial_curves_case
 from trainlab import names
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # the unit tests in the gate build and run them
 
-RUN = ["model=hf", "data=text", "train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_size=2",
-       "train.seq_len=32", "train.eval_every=2", "train.eval_batches=4", "optim.warmup_steps=1",
-       "optim.eps=1e-6", "train.numerics_every=0"]
 
 LAYOUTS = {  # case: (family, overrides)
     "gpt_neox_fsdp": ("gpt_neox", ["parallel=fsdp"]),
@@ -49,17 +48,13 @@ def exports(tmp_path_factory):
     return tmp_path_factory.mktemp("exports")
 
 
-def _export(exports, case: str) -> list[str]:
-    return ["train.export=hf", f"output_dir={exports / case}"]
-
-
 @pytest.fixture(scope="module")
 def references(request, hf_models, exports):
     wanted = selected_cases(request)
     families = {"gpt_neox"} | {LAYOUTS[c][0] for c in wanted if c in LAYOUTS} | {
         WITH_PRECISION[c][0] for c in wanted if c in WITH_PRECISION}
     cases = {f: _overrides(hf_models, f, []) for f in sorted(families)}
-    cases["gpt_neox"] += _export(exports, "one")
+    cases["gpt_neox"] += export_overrides(exports, "one")
     return spawn_cases(trial_curves_case, 1, cases, timeout=300)
 
 
@@ -73,7 +68,7 @@ def two_ranks(request, hf_models, exports):
     cases = {k: _overrides(hf_models, fam, o) for k, (fam, o) in {**LAYOUTS, **WITH_PRECISION}.items()
              if k in wanted}
     four = {k: cases.pop(k) for k in FOUR_RANKS if k in cases}
-    cases["export_fsdp"] = _overrides(hf_models, "gpt_neox", ["parallel=fsdp", *_export(exports, "fsdp")])
+    cases["export_fsdp"] = _overrides(hf_models, "gpt_neox", ["parallel=fsdp", *export_overrides(exports, "fsdp")])
     outcomes = spawn_cases(trial_curves_case, 2, cases, timeout=300)
     return outcomes | (spawn_cases(trial_curves_case, 4, four, timeout=300) if four else {})
 
@@ -99,38 +94,14 @@ def test_other_family_composes_with_a_precision_mode(references, two_ranks, case
 
 
 def test_step_zero_loss_is_transformers_loss(references, hf_models):
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    from trainlab.config import compose_run_config
-    from trainlab.data.batches import TokenBatches
-    from trainlab.data.build_corpus import build_corpus
-
-    run = compose_run_config(_overrides(hf_models, "gpt_neox", []))
-    t = run.train
-    batch = TokenBatches(build_corpus(run.data).train, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
-                         micro_batch_size=t.global_batch_size, dp_rank=0, dp_size=1, seed=run.seed).next_step()
-    (inputs, targets), = batch
-    model = AutoModelForCausalLM.from_pretrained(hf_models["gpt_neox"], dtype=torch.float32)
-    with torch.no_grad():
-        expected = F.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten()).item()
     train, _, _ = references["gpt_neox"].result()
-    assert train[0] == pytest.approx(expected, abs=1e-5)
+    assert train[0] == pytest.approx(transformers_first_loss(_overrides(hf_models, "gpt_neox", []), hf_models["gpt_neox"]),
+                                     abs=1e-5)
 
 
 def test_export_from_fsdp_loads_into_transformers_as_the_trained_model(references, two_ranks, exports, hf_models):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     references["gpt_neox"].result()
     assert two_ranks["export_fsdp"].result()[2] == names.STATUS_FINISHED
-    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-
-    def logits(folder):
-        with torch.no_grad():
-            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(input_ids=tokens).logits
-
-    one = logits(exports / "one" / names.ARTIFACT_HF_MODEL)
-    assert torch.allclose(logits(exports / "fsdp" / names.ARTIFACT_HF_MODEL), one, atol=1e-4, rtol=0)
-    assert not torch.allclose(logits(hf_models["gpt_neox"]), one, atol=1e-3)
+    one = transformers_logits(exports / "one" / names.ARTIFACT_HF_MODEL)
+    assert torch.allclose(transformers_logits(exports / "fsdp" / names.ARTIFACT_HF_MODEL), one, atol=1e-4, rtol=0)
+    assert not torch.allclose(transformers_logits(hf_models["gpt_neox"]), one, atol=1e-3)

@@ -7,15 +7,14 @@ slice, a missed name or a random init would move the curve."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from hf_checks import RUN, export_overrides, transformers_first_loss, transformers_logits
 from spawn_cases import selected_cases, spawn_cases, trial_curves_case
 from trainlab import names
 
 pytestmark = pytest.mark.distributed
 
-RUN = ["model=hf", "data=text", "train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_size=2",
-       "train.seq_len=32", "train.eval_every=2", "train.eval_batches=4", "optim.warmup_steps=1",
-       "optim.eps=1e-6", "train.numerics_every=0"]
 EVERY_ALIGNED = ["precision.keep_hp=[output,unaligned]"]
 
 LAYOUTS = {  # case: (family, world, overrides)
@@ -52,10 +51,6 @@ def exports(tmp_path_factory):
     return tmp_path_factory.mktemp("exports")
 
 
-def _export(exports, case: str) -> list[str]:
-    return ["train.export=hf", f"output_dir={exports / case}"]
-
-
 @pytest.fixture(scope="module")
 def references(request, hf_models, exports):
     """One process per family the selected tests compare with (the step-0 and export tests: llama)."""
@@ -63,7 +58,7 @@ def references(request, hf_models, exports):
     families = {"llama"} | {LAYOUTS[c][0] for c in wanted if c in LAYOUTS} | {
         WITH_PRECISION[c][0] for c in wanted if c in WITH_PRECISION}
     cases = {f: _overrides(hf_models, f, []) for f in sorted(families)}
-    cases["llama"] += _export(exports, "one")
+    cases["llama"] += export_overrides(exports, "one")
     return spawn_cases(trial_curves_case, 1, cases, timeout=300)
 
 
@@ -72,7 +67,7 @@ def two_ranks(request, hf_models, exports):
     wanted = selected_cases(request)
     cases = {k: _overrides(hf_models, fam, o) for k, (fam, w, o) in LAYOUTS.items() if k in wanted}
     cases |= {k: _overrides(hf_models, fam, o) for k, (fam, o) in WITH_PRECISION.items() if k in wanted}
-    cases |= {f"export_{k}": _overrides(hf_models, "llama", [*o, *_export(exports, k)])
+    cases |= {f"export_{k}": _overrides(hf_models, "llama", [*o, *export_overrides(exports, k)])
               for k, o in EXPORTS.items() if k in selected_cases(request, "export_case")}
     return spawn_cases(trial_curves_case, 2, cases, timeout=300)
 
@@ -105,24 +100,9 @@ def test_hf_model_layout_composes_with_a_precision_mode(references, two_ranks, c
 def test_step_zero_loss_is_transformers_loss_on_the_same_batch(references, hf_models):
     """The first step's loss (before any update) equals transformers' own forward and loss on
     the batch trainlab drew: the fine-tune starts from the checkpoint, not from an init."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    from trainlab.config import compose_run_config
-    from trainlab.data.batches import TokenBatches
-    from trainlab.data.build_corpus import build_corpus
-
-    run = compose_run_config(_overrides(hf_models, "llama", []))
-    t = run.train
-    batch = TokenBatches(build_corpus(run.data).train, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
-                         micro_batch_size=t.global_batch_size, dp_rank=0, dp_size=1, seed=run.seed).next_step()
-    (inputs, targets), = batch
-    model = AutoModelForCausalLM.from_pretrained(hf_models["llama"], dtype=torch.float32)
-    with torch.no_grad():
-        expected = F.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten()).item()
     train, _, _ = references["llama"].result()
-    assert train[0] == pytest.approx(expected, abs=1e-5)
+    assert train[0] == pytest.approx(transformers_first_loss(_overrides(hf_models, "llama", []), hf_models["llama"]),
+                                     abs=1e-5)
 
 
 @pytest.mark.slow
@@ -132,17 +112,9 @@ def test_export_from_every_layout_loads_into_transformers_as_the_trained_model(r
     """train.export=hf from a sharded (fsdp), column/row-split (tp) or staged (pp) model gives the
     save_pretrained folder of the one-process run's trained model: transformers loads each to the
     same logits, which are not the starting checkpoint's (the export holds what was trained)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     references["llama"].result()
     assert two_ranks[f"export_{export_case}"].result()[2] == names.STATUS_FINISHED
-    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-
-    def logits(folder):
-        with torch.no_grad():
-            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(input_ids=tokens).logits
-
-    one = logits(exports / "one" / names.ARTIFACT_HF_MODEL)
-    assert torch.allclose(logits(exports / export_case / names.ARTIFACT_HF_MODEL), one, atol=1e-4, rtol=0)
-    assert not torch.allclose(logits(hf_models["llama"]), one, atol=1e-3)
+    one = transformers_logits(exports / "one" / names.ARTIFACT_HF_MODEL)
+    exported = transformers_logits(exports / export_case / names.ARTIFACT_HF_MODEL)
+    assert torch.allclose(exported, one, atol=1e-4, rtol=0)
+    assert not torch.allclose(transformers_logits(hf_models["llama"]), one, atol=1e-3)

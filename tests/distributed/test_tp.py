@@ -7,15 +7,12 @@ seed on the same batches, the way the trainer steps (clip by the global norm, Ad
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rank_env, spawn_ranks
+from conftest import every_rank
 from trainlab.config import compose_run_config
-from trainlab.distributed import close_distributed
 from trainlab.models import build_model, resolve_dims
 from trainlab.models.transformer import Attention, apply_rope, rope_tables
 from trainlab.parallel.tp import check_tp, clip_grads_with_norm_
@@ -130,25 +127,9 @@ def _rank_main() -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
-    rank_env(rank, world, port)
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    try:
-        queue.put((rank, _rank_main()))
-    except BaseException:  # report instead of leaving the parent to time out
-        queue.put((rank, traceback.format_exc()))
-    finally:
-        close_distributed(barrier=False)
-
-
 @pytest.fixture(scope="module")
 def tp_runs() -> dict:
-    results = dict(spawn_ranks(_worker, WORLD, results=WORLD))
-    for rank, result in results.items():
-        assert isinstance(result, dict), f"rank {rank} failed:\n{result}"
-    return results
+    return every_rank(_rank_main, WORLD)
 
 
 @pytest.mark.parametrize("case", [name for name, _, _ in CASES])

@@ -5,16 +5,13 @@ cannot handle is refused naming model.tp_plan. One spawn of 2 ranks runs every c
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import rank_env, spawn_ranks
+from conftest import every_rank
 from custom_model import TP_PLAN, build_split
-from trainlab.distributed import close_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -82,25 +79,9 @@ def _rank_main() -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
-    rank_env(rank, world, port)
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    try:
-        queue.put((rank, _rank_main()))
-    except BaseException:  # report instead of leaving the parent to time out
-        queue.put((rank, traceback.format_exc()))
-    finally:
-        close_distributed(barrier=False)
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    results = dict(spawn_ranks(_worker, WORLD, results=WORLD))
-    for rank, result in results.items():
-        assert isinstance(result, dict), f"rank {rank} failed:\n{result}"
-    return results
+    return every_rank(_rank_main, WORLD)
 
 
 def test_your_plan_trains_like_one_process(runs):
