@@ -28,6 +28,7 @@ def _env(tmp_path, hidden: str = "ray,mlflow") -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow  # test_ddp's torchrun run keeps the engine-without-Ray check in the gate
 def test_one_gpu_torchrun_joins_a_process_group_without_ray_or_mlflow(tmp_path):
     """A 1-process torchrun run initialises a process group (NCCL on a GPU, gloo here) as a
     multi-process one does, and says which in its tags; Ray and MLflow are not importable."""

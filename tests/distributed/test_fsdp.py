@@ -258,6 +258,7 @@ def test_zero2_keeps_blocks_gathered_from_forward_to_backward_and_zero3_does_not
     assert _result(two_ranks, "zero3")["first_block_gathered_for_backward"] is False
 
 
+@pytest.mark.slow  # 4 ranks; fsdp and its zero forms on 2 stay in the gate
 def test_hsdp_two_by_two_matches_one_process(single, four_ranks):
     _assert_matches(_result(four_ranks, "hsdp"), single)
 

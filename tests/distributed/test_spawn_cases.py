@@ -26,6 +26,7 @@ def _case(rank: int, world: int, args: tuple[str, int]) -> tuple[int, int, int]:
     return os.getpid(), dist.get_world_size(), int(total)
 
 
+@pytest.mark.slow  # the harness's own check, with a failing rank
 def test_each_case_reports_under_its_name_and_a_failure_names_its_case_and_rank():
     got = spawn_cases(_case, 2, {"a": ("ok", -1), "b": ("ok", -1), "bad": ("fail", 1), "c": ("ok", -1)},
                       timeout=120)

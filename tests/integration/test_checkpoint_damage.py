@@ -129,7 +129,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+GATE = ("shard_flipped", "manifest_changed", "another_model")
+"""One refusal of each kind in the gate tier (a damaged shard, a damaged manifest, another config);
+the other forms of the same checks run in the slow tier: each is a CLI start-up of ~6 s."""
+
+
+@pytest.mark.parametrize("case", [c if c[0] in GATE else pytest.param(c, marks=pytest.mark.slow) for c in CASES],
+                         ids=[c[0] for c in CASES])
 def test_a_damaged_or_foreign_checkpoint_is_refused_before_ray_starts(case, saved):
     name, damage, resume, extra, says = case
     work = saved[0]
@@ -151,6 +157,7 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_before_ray_starts(case, save
     assert digest(ckpts) == before, "the refused checkpoint was changed"
 
 
+@pytest.mark.slow  # a trial that trains: the gate refuses, this recovers
 def test_auto_resumes_from_the_checkpoint_before_a_damaged_latest_one_and_says_so(saved, tmp_path):
     _, _, uninterrupted = saved
     ckpts = copy_of(saved, "fallback")
@@ -169,6 +176,7 @@ def test_auto_resumes_from_the_checkpoint_before_a_damaged_latest_one_and_says_s
     assert [c.step for c in complete_checkpoints(ckpts)] == [2, 4]
 
 
+@pytest.mark.slow  # a trial that trains until its save fails
 def test_a_save_that_cannot_be_written_fails_cleanly_and_leaves_no_partial_folder(saved, tmp_path):
     work, root, _ = saved
     sizes = {p.name: p.stat().st_size for p in step_dir(root, 2).iterdir()}

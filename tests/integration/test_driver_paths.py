@@ -175,11 +175,13 @@ def work(tmp_path_factory) -> Path:
 
 # ------------------------------------------------------------------------------ tracking URI forms
 @pytest.mark.parametrize("args, env, says", [
-    (["tracking.uri=sqlite://mlflow2.db"], {},
-     ["tracking.uri='sqlite://mlflow2.db'", "sqlite:///mlflow2.db", "sqlite:////", "absolute"]),
+    pytest.param(["tracking.uri=sqlite://mlflow2.db"], {},
+                 ["tracking.uri='sqlite://mlflow2.db'", "sqlite:///mlflow2.db", "sqlite:////", "absolute"],
+                 marks=pytest.mark.slow),  # file:// is the same check in the gate
     (["tracking.uri=file://mlruns"], {}, ["tracking.uri='file://mlruns'", "file:///", "mlruns"]),
-    ([], {"MLFLOW_TRACKING_URI": "garbage:::x"},
-     ["MLFLOW_TRACKING_URI='garbage:::x'", "scheme 'garbage'", "http://HOST:PORT"]),
+    pytest.param([], {"MLFLOW_TRACKING_URI": "garbage:::x"},
+                 ["MLFLOW_TRACKING_URI='garbage:::x'", "scheme 'garbage'", "http://HOST:PORT"],
+                 marks=pytest.mark.slow),  # the unit tests check the scheme; one CLI start-up fewer in the gate
     ([f"tracking.uri=postgresql://user:{PASSWORD}@127.0.0.1:1/db"], {},
      ["tracking.uri='postgresql://user:***@127.0.0.1:1/db'", "127.0.0.1:1", "within 5 s"]),
 ], ids=["sqlite_two_slashes", "file_two_slashes", "env_garbage", "postgresql_unreachable"])

@@ -33,6 +33,7 @@ def _tokens_per_s(text: str) -> list[float]:
     return [float(m.replace(",", "")) for m in re.findall(r"tokens/s ([\d,]+)", text)]
 
 
+@pytest.mark.slow  # the gate's trial estimate is test_a_trial_that_does_not_fit_is_an_answer_in_red
 def test_a_trial_is_estimated_as_the_estimator_computes_it(cli_env, tmp_path):
     args = ["model=tiny", "parallel=fsdp", "precision=bf16", "cluster.num_workers=4", "train.global_batch_size=32",
             "cluster.nodes=[2xH100,2xH100]"]
@@ -54,6 +55,7 @@ def test_a_trial_that_does_not_fit_is_an_answer_in_red(cli_env, tmp_path):
     assert "does NOT fit" in proc.stdout and "on its V100" in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.slow  # one CLI start-up per trial; the gate estimates one trial
 def test_a_sweep_is_estimated_trial_by_trial_and_ranked(cli_env, tmp_path):
     args = ["-m", "+sweep=parallel_grid", "model=tiny", "cluster.nodes=[2xA100]"]
     proc, sessions = _cmd("estimate", args, tmp_path, cli_env)

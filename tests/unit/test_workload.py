@@ -265,6 +265,7 @@ def test_token_digest_covers_validation_and_every_drawn_batch():
 
 
 # ---- processes and pytest under a deadline --------------------------------------------------------
+@pytest.mark.slow  # real child processes and their grace periods
 def test_children_interrupt_before_kill_and_poll_while_running(tmp_path):
     script = textwrap.dedent("""
         import sys, time
@@ -284,6 +285,7 @@ def test_children_interrupt_before_kill_and_poll_while_running(tmp_path):
     assert len(polls) >= 2 and "interrupted" in (tmp_path / "log").read_text()
 
 
+@pytest.mark.slow  # a real pytest child under a deadline
 def test_pytest_under_a_deadline_keeps_names_reasons_and_xml(tmp_path, capsys):
     """tests/gpu/conftest.py's reason lines come as failures happen; SIGINT at the deadline lets
     pytest write its summary and JUnit XML."""
