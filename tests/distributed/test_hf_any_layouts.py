@@ -21,6 +21,8 @@ LAYOUTS = {  # case: (family, overrides)
     "gpt_neox_ddp": ("gpt_neox", ["parallel=ddp"]),
     "gemma_fsdp_checkpointed": ("gemma", ["parallel=fsdp", "parallel.activation_checkpoint=block"]),
     "phi_zero1": ("phi", ["parallel=zero1"]),
+    # a random init (transformers' own, per module from (seed, name)) is the one process's, sharded
+    "gpt_neox_init_fsdp": ("gpt_neox_init", ["parallel=fsdp"]),
     # tensor parallel from a plan in config: the model's own base_model_tp_plan (GPT-NeoX's fused
     # query_key_value holds whole heads per column block, [heads, 3, head_dim], so colwise cuts by heads)
     "gpt_neox_tp_plan": ("gpt_neox", ["parallel=tp", "model.tp_plan={layers.*.attention.query_key_value:colwise,"
@@ -40,6 +42,9 @@ WITH_PRECISION = {
 
 
 def _overrides(hf_models, family: str, extra: list[str]) -> list[str]:
+    """A fine-tune of `family`'s saved model; 'FAMILY_init': its config from transformers' random init."""
+    if family.endswith("_init"):
+        return [*RUN, f"model.config={hf_models[family.removesuffix('_init')]}", *extra]
     return [*RUN, f"model.pretrained={hf_models[family]}", *extra]
 
 
