@@ -38,6 +38,7 @@ _ALIASES = {
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
     "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim"),
     "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+    "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
 }
 """config.json keys of the same dimension across transformers' architectures (GPT-2's n_embd...)."""
 
@@ -126,8 +127,8 @@ def _dims(raw: dict, *, path: str, field: str) -> HFDims:
         raise ValueError(f"{field}: {path} has no model_type; point it at a config.json saved by transformers "
                          "(save_pretrained writes model_type)")
 
-    def lookup(key: str):
-        return next((raw[k] for k in _ALIASES.get(key, (key,)) if raw.get(k) is not None), None)
+    def lookup(key: str, default=None):
+        return next((raw[k] for k in _ALIASES.get(key, (key,)) if raw.get(k) is not None), default)
 
     def need(key: str, kind=int):
         value = lookup(key)
@@ -149,8 +150,7 @@ def _dims(raw: dict, *, path: str, field: str) -> HFDims:
         n_kv_heads=int(n_kv), head_dim=int(head_dim), ffn_dim=int(ffn_dim),
         vocab_size=need("vocab_size"), max_seq_len=int(lookup("max_position_embeddings") or 2048),
         rope_theta=float(theta),
-        norm_eps=float(next((raw[k] for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
-                             if raw.get(k) is not None), 1e-6)),
+        norm_eps=float(lookup("norm_eps", 1e-6)),
         init_std=float(raw.get("initializer_range", 0.02)),
         qkv_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),

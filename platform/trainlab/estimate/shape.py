@@ -18,7 +18,7 @@ from torch import nn
 
 from trainlab.config.schema import RunConfig
 from trainlab.data.build_corpus import corpus_vocab_size
-from trainlab.models.accounting import block_param_count, count_params, num_params
+from trainlab.models.accounting import block_param_count, count_params, matmul_params, num_params
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.vocab.precision import spec_of
 
@@ -93,11 +93,10 @@ def model_shape(run: RunConfig) -> ModelShape:
         # another family's blocks (biases, a 2-matrix MLP, fused q/k/v): counted on the meta-device model
         # itself, every block as its first; activations keep the Llama-family formula (estimate.activations)
         block = model.layers[0]
-        tied = model.get_submodule("output").weight is model.get_input_embeddings_weight()
         return ModelShape(
             args=args, block_linear=sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear)),
             block_params=num_params(block), lowp=tuple(lowp), head_lowp=head_lowp, params=num_params(model),
-            flops_params=num_params(model, exclude_embedding=not tied))
+            flops_params=matmul_params(model))
     d, hd = args.dim, args.head_dim
     linear = d * args.n_heads * hd * 2 + 2 * d * args.n_kv_heads * hd + 3 * d * args.ffn_dim
     return ModelShape(args=args, block_linear=linear, block_params=block_param_count(args), lowp=tuple(lowp),

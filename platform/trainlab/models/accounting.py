@@ -68,6 +68,13 @@ def flops_per_token(args: ModelArgs, *, seq_len: int) -> float:
     return float(6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
 
 
+def matmul_params(model: nn.Module) -> int:
+    """The parameters MFU's 6N counts in a model of another Hugging Face family (models.hf_any): all
+    but the token embedding (a lookup); a head tied to it still counts (its matmul costs FLOPs)."""
+    tied = model.get_submodule("output").weight is model.get_input_embeddings_weight()
+    return num_params(model, exclude_embedding=not tied)
+
+
 def custom_flops_per_token(params: int) -> float:
     """model=custom's training FLOPs per token: 6 x its parameters without the token embedding,
     counted on the module itself. Its attention's score matmuls are not counted (trainlab cannot
@@ -85,7 +92,5 @@ def model_flops_per_token(cfg, model: nn.Module, *, vocab_size: int, seq_len: in
     if args.hf_family and not own_loop(args.hf_family):
         # another family's blocks are its own (biases, a 2-matrix MLP, fused q/k/v): count the module's
         # parameters, and its attention from the config's heads as flops_per_token does
-        tied = model.get_submodule("output").weight is model.get_input_embeddings_weight()
-        n = num_params(model, exclude_embedding=not tied)
-        return float(6 * n + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
+        return float(6 * matmul_params(model) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
     return flops_per_token(args, seq_len=seq_len)

@@ -34,6 +34,8 @@ from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, r
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from trainlab.parallel.activation_checkpoint import indexed_blocks
+
 
 def apply_replicate(model: nn.Module, *, mesh: DeviceMesh,
                     reduce_dtype: torch.dtype | None = None) -> nn.Module:
@@ -45,8 +47,7 @@ def apply_replicate(model: nn.Module, *, mesh: DeviceMesh,
         raise ValueError(f"apply_replicate needs the 1-D data-parallel mesh (e.g. world_mesh['dp']), "
                          f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
-    # model=custom has no blocks(): its blocks are its `.layers` (models.custom)
-    for block in model.blocks() if hasattr(model, "blocks") else model.layers:
+    for _, block in indexed_blocks(model):  # blocks() or `.layers` (model=custom), as checkpointing finds them
         replicate(block, mesh=mesh, mp_policy=policy)
     replicate(model, mesh=mesh, mp_policy=policy)
     return model

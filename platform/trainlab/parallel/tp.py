@@ -44,7 +44,7 @@ from torch.distributed.tensor.parallel import (
 
 from trainlab.models.args import ModelArgs
 from trainlab.models.block_names import block_names
-from trainlab.parallel.tp_user import check_divisible, resolve, user_tp_plan
+from trainlab.parallel.tp_user import check_divisible, user_tp_plan
 
 
 def check_tp(args: ModelArgs, tp: int) -> None:
@@ -177,8 +177,7 @@ def check_user_plan(model: nn.Module, user_plan: Mapping[str, str], tp: int) -> 
     Raises:
         ValueError: naming model.tp_plan, the module and what to change.
     """
-    tp_plan(model, user_plan=user_plan)
-    check_divisible(model, resolve(model, user_plan), tp)
+    check_divisible(model, tp_plan(model, user_plan=user_plan), tp)
 
 
 def param_shard_dims(model: nn.Module, *, sequence_parallel: bool = False,
@@ -218,10 +217,11 @@ def apply_tp(model: nn.Module, *, mesh: DeviceMesh, sequence_parallel: bool = Fa
     if mesh.ndim != 1:
         raise ValueError(f"apply_tp needs the 1-D tensor-parallel mesh (e.g. world_mesh['tp']), "
                          f"got a {mesh.ndim}-D mesh {mesh.mesh_dim_names}")
+    if user_plan and sequence_parallel:
+        raise ValueError(SEQUENCE_PARALLEL_WITH_PLAN)
+    plan = tp_plan(model, sequence_parallel=sequence_parallel, user_plan=user_plan)
     if user_plan:
-        if sequence_parallel:
-            raise ValueError(SEQUENCE_PARALLEL_WITH_PLAN)
-        check_user_plan(model, user_plan, mesh.size())
+        check_divisible(model, plan, mesh.size())  # check_user_plan's checks, on the plan applied
     else:
         check_tp(model.args, mesh.size())
     if sequence_parallel:
@@ -229,8 +229,7 @@ def apply_tp(model: nn.Module, *, mesh: DeviceMesh, sequence_parallel: bool = Fa
         # sequence; an uneven split would desynchronise the collectives (gloo aborts,
         # NCCL hangs), so refuse it before any of them runs.
         model.register_forward_pre_hook(partial(_check_seq_len, tp=mesh.size()))
-    return parallelize_module(model, mesh, tp_plan(model, sequence_parallel=sequence_parallel,
-                                                   user_plan=user_plan))
+    return parallelize_module(model, mesh, plan)
 
 
 SEQUENCE_PARALLEL_WITH_PLAN = (

@@ -77,11 +77,14 @@ def resolve(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def check_divisible(model: nn.Module, resolved: Mapping[str, str], tp: int) -> None:
-    """Each colwise linear's out_features and each rowwise one's in_features split into `tp`
-    equal shards (ValueError naming the module and the fix)."""
-    for path, style in resolved.items():
+def check_divisible(model: nn.Module, styles: Mapping[str, ParallelStyle], tp: int) -> None:
+    """Each colwise linear's out_features and each rowwise one's in_features of `styles` (what
+    `user_tp_plan` made) split into `tp` equal shards (ValueError naming the module and the fix)."""
+    for path, parallel_style in styles.items():
+        if not isinstance(parallel_style, (ColwiseParallel, RowwiseParallel)):
+            continue  # replicated
         linear = model.get_submodule(path)
+        style = "colwise" if isinstance(parallel_style, ColwiseParallel) else "rowwise"
         side, size = ("out_features", linear.out_features) if style == "colwise" else ("in_features",
                                                                                        linear.in_features)
         if size % tp:

@@ -126,13 +126,14 @@ def check_parallel(run: RunConfig) -> None:
             f"parallel.tp={p.tp} with model._target_={m._target_!r}: trainlab has no tensor-parallel plan for your "
             "own module's names; give one in model.tp_plan (e.g. model.tp_plan={layers.*.fc:colwise,"
             "layers.*.proj:rowwise}) or use data parallelism (parallel=ddp, zero1, zero2, fsdp or hsdp)")
-    if m.runs_transformers_forward() and p.pp > 1:
+    other_family = m.runs_transformers_forward()
+    if other_family and p.pp > 1:
         kind = m.hf_model_type()
         raise ValueError(
             f"parallel.pp={p.pp} with a {kind} model: trainlab cuts only the Llama family (llama, mistral, qwen2, "
             f"qwen3) into pipeline stages; a {kind} model runs transformers' own forward in one piece: use "
             "parallel.pp=1 with parallel.data_parallel=fsdp (it shards per decoder layer)")
-    if m.runs_transformers_forward() and p.tp > 1 and not m.tp_plan:
+    if other_family and p.tp > 1 and not m.tp_plan:
         raise ValueError(
             f"parallel.tp={p.tp} with a {m.hf_model_type()} model: trainlab's built-in tensor-parallel plan knows "
             "the Llama family's names only; give this model's plan in model.tp_plan (its config's "
