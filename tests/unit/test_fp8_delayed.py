@@ -50,7 +50,9 @@ def test_matches_linear_within_fp8_tolerance_once_history_is_filled():
         want, got, emulated = step(ref, x, g), step(fp8, x, g), step(emu, x, g)
         errors.append([rel_err(a, b) for a, b in zip(got, want)])
         for a, b in zip(got, emulated):  # same casts, same scales: only GEMM rounding differs
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-9)
+            # (the order of an fp32 sum over K=128 terms: an output that cancels to near zero is off
+            # by up to ~K x eps = 1.5e-5 of the tensor's size; 3.4e-6 measured on the 2-core machine)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
         update_delayed_scales(fp8)
         update_delayed_scales(emu)
     # measured: step 0 (scale 1.0) forward/dW ~55-58%; steps 1-2 forward ~3.6%, dx/dW ~5.6-6.2% (e5m2)
