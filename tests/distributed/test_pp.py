@@ -11,9 +11,10 @@ from torch import nn
 from conftest import rank_env, spawn_ranks
 from trainlab import names
 from trainlab.config import compose_run_config
+from trainlab.config.layout_types import bubble_fraction
 from trainlab.distributed import close_distributed
 from trainlab.models import build_model
-from trainlab.parallel.pp import SCHEDULES, bubble_fraction, check_pp, split_stages
+from trainlab.parallel.pp import SCHEDULES, check_pp, split_stages
 from trainlab.plan.here import plan_here
 
 pytestmark = pytest.mark.distributed

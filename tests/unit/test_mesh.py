@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainlab.config.layout_types import ParallelDims
-from trainlab.parallel.mesh import coords, mesh_shape
+from trainlab.config.layout_types import ParallelDims, coords
+from trainlab.parallel.mesh import mesh_shape
 
 
 @pytest.mark.parametrize(("dims", "replicate", "expected"), [

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from trainlab.config.convert import compose_run_config
+from trainlab.config.layout_types import bubble_fraction
 from trainlab.estimate.calibration import Calibration, load_calibration
 from trainlab.estimate.hardware import hardware
 from trainlab.estimate.links import Link, all_gather_s, all_reduce_s
@@ -14,7 +15,6 @@ from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.shape import model_shape
 from trainlab.estimate.timing import rank_times, step_terms
 from trainlab.models.accounting import count_params
-from trainlab.parallel.pp import bubble_fraction
 from trainlab.plan.derive_layout import plan_layout
 from trainlab.vocab.gpus import GPUS
 from trainlab.vocab.nodes import ClusterSpec

@@ -1,7 +1,9 @@
 """A trial's layout as decided: the types every layer reads, whoever decided them.
 
 trainlab.plan.derive_layout derives them (plan_layout, the one place parallel_dims runs); the
-estimate, the engine and parallelize() are handed them.
+estimate, the engine and parallelize() are handed them. The arithmetic of a layout that needs no
+process group (a rank's coordinates, a pipeline's bubble in theory) is here too, so the estimate
+reads it without importing the parallel layer (torch.distributed's FSDP and pipelining: seconds).
 """
 
 from __future__ import annotations
@@ -20,6 +22,30 @@ class ParallelDims:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class MeshCoords:
+    """Where this rank sits: which data shard it reads, which stage and tp slice it holds."""
+
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+
+
+def coords(rank: int, dims: ParallelDims) -> MeshCoords:
+    """This rank's coordinates in the dp-major layout (trainlab.parallel.mesh): tp innermost,
+    then pp, dp outermost."""
+    tp_rank = rank % dims.tp
+    pp_rank = (rank // dims.tp) % dims.pp
+    dp_rank = rank // (dims.tp * dims.pp)
+    return MeshCoords(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
+
+
+def bubble_fraction(*, pp: int, n_microbatches: int, virtual_stages: int = 1) -> float:
+    """A pipeline's idle share of a step in theory, equal-cost stages and free communication:
+    (p - 1) / (v m + p - 1); v = 1 for GPipe and 1F1B (the same bubble, 1F1B holds less memory)."""
+    return (pp - 1) / (virtual_stages * n_microbatches + pp - 1)
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,8 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout_types import TrialLayout
+from trainlab.config.layout_types import TrialLayout, coords
 from trainlab.estimate.shards import Sharding, rank_shards, stage_modules
-from trainlab.parallel.mesh import coords
 
 F32 = 4
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout_types import TrialLayout
+from trainlab.config.layout_types import TrialLayout, coords
 from trainlab.estimate.activations import rank_activations
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
@@ -32,7 +32,6 @@ from trainlab.estimate.shards import (
     rank_shards,
     stage_modules,
 )
-from trainlab.parallel.mesh import coords
 
 STEP_BYTES = 4
 """AdamW's per-parameter `step`: a float32 scalar tensor (torch's and LowPrecisionAdamW's)."""

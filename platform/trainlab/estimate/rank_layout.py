@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainlab.config.layout_types import TrialLayout
+from trainlab.config.layout_types import MeshCoords, TrialLayout, coords
 from trainlab.config.schema import RunConfig
 from trainlab.data.shares import plan_shares
 from trainlab.estimate.hardware import Hardware, hardware
 from trainlab.estimate.links import Link, group_link
-from trainlab.parallel.mesh import MeshCoords, coords
 from trainlab.vocab.nodes import CPU, ClusterSpec
 from trainlab.vocab.precision import spec_of
 

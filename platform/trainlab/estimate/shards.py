@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout_types import ParallelDims, TrialLayout
+from trainlab.config.layout_types import MeshCoords, ParallelDims, TrialLayout, coords
 from trainlab.data.build_corpus import corpus_vocab_size
-from trainlab.parallel.mesh import MeshCoords, coords
 
 
 @dataclass(frozen=True)

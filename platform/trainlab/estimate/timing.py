@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from trainlab.config.layout_types import bubble_fraction
 from trainlab.config.schema import RunConfig
 from trainlab.estimate.calibration import Calibration
 from trainlab.estimate.calls import rank_calls
@@ -52,7 +53,6 @@ from trainlab.estimate.links import (
 from trainlab.estimate.rank_layout import Layout
 from trainlab.estimate.result import RankTime
 from trainlab.estimate.shape import ModelShape, model_shape
-from trainlab.parallel.pp import bubble_fraction
 from trainlab.vocab.precision import emulates, spec_of
 
 _BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}

@@ -8,20 +8,9 @@ frequent) and pipeline stages next, data-parallel replicas outermost. HSDP split
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainlab.config.layout_types import ParallelDims
-
-
-@dataclass(frozen=True)
-class MeshCoords:
-    """Where this rank sits: which data shard it reads, which stage and tp slice it holds."""
-
-    dp_rank: int
-    pp_rank: int
-    tp_rank: int
 
 
 def mesh_shape(dims: ParallelDims, *, dp_replicate: int = 1) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -35,14 +24,6 @@ def mesh_shape(dims: ParallelDims, *, dp_replicate: int = 1) -> tuple[tuple[int,
     if not parts:
         parts = [("dp", 1)]
     return tuple(s for _, s in parts), tuple(n for n, _ in parts)
-
-
-def coords(rank: int, dims: ParallelDims) -> MeshCoords:
-    """This rank's coordinates in the dp-major layout (no process group needed)."""
-    tp_rank = rank % dims.tp
-    pp_rank = (rank // dims.tp) % dims.pp
-    dp_rank = rank // (dims.tp * dims.pp)
-    return MeshCoords(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
 
 
 def build_mesh(dims: ParallelDims, *, device_type: str, dp_replicate: int = 1) -> DeviceMesh:

@@ -36,6 +36,7 @@ from torch.distributed.pipelining import (
 )
 
 from trainlab.clock import Mark, device_clock, total_seconds
+from trainlab.config.layout_types import bubble_fraction
 from trainlab.config.schema import PP_SCHEDULES
 from trainlab.config.validate import check_pp_layout
 from trainlab.models.transformer import Transformer
@@ -58,12 +59,6 @@ def check_pp(*, n_layers: int, pp: int, virtual_stages: int = 1, batch: int, n_m
             f"into parallel.pp_microbatches={n_microbatches} equal micro-batches; use a divisor of "
             f"{batch} (equal micro-batches make the mean of their losses the full batch's loss)"
         )
-
-
-def bubble_fraction(*, pp: int, n_microbatches: int, virtual_stages: int = 1) -> float:
-    """Idle share of a step in theory, equal-cost stages and free communication:
-    (p - 1) / (v m + p - 1); v = 1 for GPipe and 1F1B (the same bubble, 1F1B holds less memory)."""
-    return (pp - 1) / (virtual_stages * n_microbatches + pp - 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,5 +345,5 @@ def clip_grad_norm_(stages: list[nn.Module], *, max_norm: float,
     return norm
 
 
-__all__ = ["SCHEDULES", "Pipeline", "bubble_fraction", "build_pipeline", "check_pp",
+__all__ = ["SCHEDULES", "Pipeline", "build_pipeline", "check_pp",
            "clip_grad_norm_", "global_grad_norm", "global_grad_norm_tensor", "split_stages"]
