@@ -249,6 +249,34 @@ BEST_DELTA_VAL_LOSS = "sweep/best_delta_val_loss"
 """On a parent: the winner's val loss minus the baseline's at equal tokens (negative = better)."""
 
 
+OBJECTIVE_PREFIX = "objective/"
+"""On a trial run: what it returned to its sweeper (vocab.objectives), one metric per objective."""
+
+
+def objective_metric(name: str) -> str:
+    return f"{OBJECTIVE_PREFIX}{name}"
+
+
+TAG_OBJECTIVE = "objective"
+"""On a sweep's parent run: the objectives its trials returned, comma-separated, in order."""
+TAG_SWEEPER = "sweeper"
+"""On a parent: the Hydra sweeper that proposed the trials (basic, optuna, nevergrad, ax, ...)."""
+TAG_SAMPLER = "sampler"
+"""On a parent: the sweeper's sampler or optimizer (TPESampler, RandomSampler, ...; `grid` for basic)."""
+TAG_SWEEPER_SEED = "sweeper_seed"
+"""On a parent: the sampler's seed (`none` when unseeded: a rerun cannot replay the study)."""
+TAG_DIRECTION = "direction"
+"""On a parent: the sweeper's directions, comma-separated, one per objective."""
+TAG_PARETO = "pareto"
+"""On a trial run: `true` when its configuration is on the study's Pareto front (several objectives)."""
+TAG_PARETO_FRONT = "pareto_front"
+"""On a parent: the configuration labels on the Pareto front, `; `-separated."""
+PARETO_SIZE = "sweep/pareto_size"
+"""On a parent: how many configurations are on the Pareto front."""
+TRIALS_TOTAL = "sweep/trials"
+"""On a parent: trials the study ran, across all of its sweeper's batches."""
+
+
 def trials_metric(status: str) -> str:
     """On a parent: how many of its trials ended with `status`, e.g. sweep/trials_finished."""
     return f"sweep/trials_{status}"

@@ -228,7 +228,7 @@ def test_progress_events_feed_the_pruner_and_others_are_ignored():
 
 # ---------------------------------------------------------------- the config
 @pytest.mark.parametrize(("knobs", "says"), [
-    ({"prune": "hyperband"}, ["hydra.launcher.prune=hyperband", "none, margin, asha"]),
+    ({"prune": "pbt"}, ["hydra.launcher.prune=pbt", "none, margin, asha, median, successive_halving, hyperband"]),
     ({"prune": "margin", "prune_margin": -0.1}, ["hydra.launcher.prune_margin=-0.1", ">= 0",
                                                   "hydra.launcher.prune_margin=0.1"]),
     ({"prune": "margin", "prune_margin": math.nan}, ["hydra.launcher.prune_margin=nan", "finite"]),

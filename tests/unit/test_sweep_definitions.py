@@ -24,12 +24,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from trainlab.config import ConfigError
 from trainlab.config.convert import CONF_DIR, SWEEPS_DIR, to_run_config
+from trainlab.config.multirun import expand_sweep
 from trainlab.config.prune_rule import PruneConfig, check_prunable
 from trainlab.config.schema import register_configs
+from trainlab.config.study_rule import BASIC_SWEEPER
 from trainlab.launch.preflight import preflight
 from trainlab.precision.capability import cpu_lacks_native
 
 SWEEPS = sorted(p.stem for p in (SWEEPS_DIR / "sweep").glob("*.yaml"))
+SEARCHES = ("lr_precision_search",)
+"""Kept sweeps whose sweeper is a search (Hydra's Optuna sweeper): their jobs are proposed, not a grid."""
 README_SWEEPS = ("precision_shootout", "format_ladder", "parallel_grid", "lr_precision_stability")
 
 
@@ -46,13 +50,20 @@ def _covering(jobs: list[list[str]]) -> list[list[str]]:
 def _sweep(name: str) -> tuple[dict, list[list[str]], list[tuple[list[str], object]]]:
     """The sweep's params as composed, its jobs' overrides as Hydra's basic sweeper makes them,
     and (job, RunConfig or the ConfigError refusing it) for the covering jobs."""
+    searched = None
+    if name in SEARCHES:  # (config.multirun composes with a Hydra of its own: before this one starts)
+        searched = [list(job.overrides) for job in expand_sweep(["-m", f"+sweep={name}"]).jobs]
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"+sweep={name}"], return_hydra_config=True)
         params = dict(cfg.hydra.sweeper.params or {})
-        parsed = OverridesParser.create().parse_overrides(
-            [f"+sweep={name}", *(f"{k}={v}" for k, v in params.items())])
-        (jobs,) = BasicSweeper.split_arguments(parsed, None)  # no max_batch_size: one batch of every job
+        if searched is not None:  # a search: the trials known before any runs
+            assert cfg.hydra.sweeper._target_ != BASIC_SWEEPER, name
+            jobs = searched
+        else:
+            parsed = OverridesParser.create().parse_overrides(
+                [f"+sweep={name}", *(f"{k}={v}" for k, v in params.items())])
+            (jobs,) = BasicSweeper.split_arguments(parsed, None)  # no max_batch_size: one batch of every job
         checked = []
         for job in _covering(jobs):
             try:
@@ -81,8 +92,11 @@ def test_the_readmes_sweeps_are_all_kept():
 def test_every_job_of_a_kept_sweep_composes_and_passes_the_launchers_checks(name, capsys):
     params, jobs, checked = _sweep(name)
     assert params, f"sweeps/sweep/{name}.yaml sweeps nothing (no hydra.sweeper.params)"
-    sizes = [len(str(v).split(",")) for v in params.values()]
-    assert len(jobs) == functools.reduce(int.__mul__, sizes), (len(jobs), params)
+    if name in SEARCHES:  # its listed trials: Optuna's random start, each value within the space
+        assert len(jobs) >= 2, jobs
+    else:
+        sizes = [len(str(v).split(",")) for v in params.values()]
+        assert len(jobs) == functools.reduce(int.__mul__, sizes), (len(jobs), params)
     refused = [f"{' '.join(job)}: {run}" for job, run in checked if isinstance(run, ConfigError)
                if not _refused_for_cpu_rowwise(job, run)]
     assert not refused, "\n".join(refused)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from trainlab.launch.sweep import _pick, varied_keys
+from trainlab.launch.sweep_trial import pick as _pick
+from trainlab.launch.sweep_trial import varied_keys
 
 
 def test_varied_keys_are_the_dimensions_that_differ():

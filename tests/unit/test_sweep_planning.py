@@ -129,17 +129,17 @@ def test_a_key_given_twice_is_warned_about(capsys):
 # ---- what the sweep says while it prepares: a count, then its size and estimated compute
 
 def test_planning_a_sweep_prints_a_count_on_stderr(monkeypatch, capsys):
-    from trainlab.launch import sweep
+    from trainlab.launch import study
 
-    monkeypatch.setattr(sweep, "plan_launch", lambda run, **kw: SimpleNamespace(run=run))
-    todo = [sweep.Trial(idx=i, overrides=[f"seed={i}"], run=SimpleNamespace()) for i in range(20)]
-    assert len(sweep._refuse_unplaceable(todo)) == 20
+    monkeypatch.setattr(study, "plan_launch", lambda run, **kw: SimpleNamespace(run=run))
+    todo = [study.Trial(idx=i, overrides=[f"seed={i}"], run=SimpleNamespace()) for i in range(20)]
+    assert len(study.Study()._placeable(todo)) == 20
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == "planning trials: 20/20" and "planning trials: 2/20" in err  # a line every tenth in a log
 
 
 def test_the_sweeps_estimated_compute_is_summed_over_its_trials():
-    from trainlab.launch.sweep import compute_line
+    from trainlab.launch.sweep_report import compute_line
 
     def trial(step_s, steps, ranks):
         est = SimpleNamespace(step_time_s=step_s, ranks=(None,) * ranks)

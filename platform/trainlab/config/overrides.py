@@ -32,7 +32,7 @@ from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
 from trainlab.config.override_hints import check_group_options, unreadable_override_message
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
-from trainlab.config.sweep_limits import check_launcher_limits, check_sweep_size
+from trainlab.config.sweep_limits import check_keep_warm, check_launcher_limits, check_sweep_size
 from trainlab.console import console
 
 # Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
@@ -44,13 +44,15 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def check_overrides(args: Sequence[str], *, folders: bool = True,
-                    check_run: Callable[[RunConfig], None] | None = None, warn_duplicates: bool = True) -> None:
+                    check_run: Callable[[RunConfig], None] | None = None, warn_duplicates: bool = True) -> Any:
     """Compose conf/ with the command line's overrides as Hydra will; ConfigError with one clear
     line if Hydra refuses them. In a multirun the swept keys are left to each job's check.
     `folders=False`: a command that writes no Hydra folder (`trainlab estimate`) skips their check.
     `check_run`: the caller's further check of a single run's typed config (the command passes
     the plan's layout check, which lives above this layer), ConfigError to refuse it.
-    `warn_duplicates=False`: the caller put defaults of its own before the user's overrides."""
+    `warn_duplicates=False`: the caller put defaults of its own before the user's overrides.
+    Returns the config composed from the fixed overrides (Hydra's node included), None where the
+    command line only asks Hydra something (--help, --cfg, ...)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -62,7 +64,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if any(a.split("=")[0] in _HYDRA_ONLY_FLAGS for a in args):
-        return
+        return None
     multirun = any(a in _MULTIRUN_FLAGS for a in args)
     texts = [a for a in args if a not in _MULTIRUN_FLAGS]
     try:
@@ -113,6 +115,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
             check_hydra_folder(cfg, multirun=multirun)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    return composed[0]
 
 
 def _empty_sweep_message(o: Any) -> str:
@@ -194,6 +197,7 @@ def _check_launcher(cfg: Any) -> None:
         return
     try:
         check_launcher_limits(launcher)
+        check_keep_warm(launcher, cluster_address=str(cfg.get("cluster", {}).get("address") or ""))
         prune_config(launcher)
     except ValueError as e:
         raise ConfigError(str(e)) from None

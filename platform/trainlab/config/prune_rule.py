@@ -21,9 +21,12 @@ from trainlab.config.bounds import bounded, check_fields, check_value
 from trainlab.config.schema import RunConfig
 
 SECTION = "hydra.launcher"
-PRUNE_RULES = ("none", "margin", "asha")
-_USES = {"prune_margin": ("margin",), "prune_grace_tokens": ("margin", "asha"),
-         "prune_reduction_factor": ("asha",)}
+OPTUNA_PRUNERS = ("median", "successive_halving", "hyperband")
+"""Optuna's pruners, run by the launcher over the multirun's curves (launch.optuna_pruner)."""
+PRUNE_RULES = ("none", "margin", "asha", *OPTUNA_PRUNERS)
+_USES = {"prune_margin": ("margin",), "prune_grace_tokens": ("margin", "asha", *OPTUNA_PRUNERS),
+         "prune_reduction_factor": ("asha", "successive_halving", "hyperband"),
+         "prune_startup_trials": ("median",)}
 """Which rules read each knob (the others ignore it, with a warning)."""
 
 
@@ -33,18 +36,27 @@ class PruneConfig:
     """none: a trial stops early only when it diverges (train.stop_on_nonfinite, as always);
     margin: when its val loss is worse than the best trial's at equal tokens by more than
     prune_margin, after prune_grace_tokens; asha: asynchronous successive halving (Ray Tune's
-    ASHAScheduler, one bracket) with rungs at prune_grace_tokens x prune_reduction_factor^k."""
+    ASHAScheduler, one bracket) with rungs at prune_grace_tokens x prune_reduction_factor^k;
+    median, successive_halving, hyperband: Optuna's pruners over the same curves, at equal tokens."""
     prune_margin: float = bounded(0.1, ge=0, note="a fraction of the best val loss: 0.1 = 10 % worse")
     prune_grace_tokens: int = bounded(0, ge=0, note="0 = a quarter of the sweep's shortest trial")
     """Tokens a trial trains before margin may stop it; asha's first rung."""
     prune_reduction_factor: float = bounded(4.0, gt=1, why="a rung keeps the best 1/factor of the trials "
                                                            "that reached it, and rungs are factor apart")
+    prune_startup_trials: int = bounded(5, ge=0, note="trials that end before median prunes any")
 
     def __post_init__(self) -> None:
         check_value(f"{SECTION}.prune", self.prune, kind=str)
         if self.prune not in PRUNE_RULES:
             raise ValueError(f"{SECTION}.prune={self.prune} is not a pruning rule; set {SECTION}.prune to one of "
                              f"{', '.join(PRUNE_RULES)} (none: only a divergence stops a trial early)")
+        if self.prune in OPTUNA_PRUNERS:
+            try:
+                import optuna  # noqa: F401
+            except ImportError:
+                raise ValueError(f"{SECTION}.prune={self.prune} is Optuna's pruner, and optuna is not installed; "
+                                 "pip install hydra-optuna-sweeper (it brings optuna), or use "
+                                 f"{SECTION}.prune=asha (the same idea, no Optuna)") from None
         check_fields(self, section=SECTION)
 
     @property
@@ -69,6 +81,11 @@ def prune_config(launcher: Any) -> PruneConfig:
     return PruneConfig(**values)
 
 
+def validates_on_the_way(run: RunConfig) -> bool:
+    """The trial validates before its last step (what pruning and val loss at equal tokens read)."""
+    return bool(run.train.eval_interval) and run.train.eval_interval < run.train.max_steps
+
+
 def max_tokens(run: RunConfig) -> int:
     """Tokens a trial sees by its last step (every rank's share of the global batch)."""
     return run.train.max_steps * run.train.global_batch_size * run.train.seq_len
@@ -85,7 +102,7 @@ def check_prunable(config: PruneConfig, runs: Sequence[RunConfig], labels: Seque
     if not config.enabled or not runs:
         return
     for run, label in zip(runs, labels):
-        if not run.train.eval_interval or run.train.eval_interval >= run.train.max_steps:
+        if not validates_on_the_way(run):
             every = max(1, run.train.max_steps // 10)
             raise ValueError(
                 f"{SECTION}.prune={config.prune} compares the trials' val losses while they train, but job "

@@ -772,8 +772,11 @@ _SCHEMAS = {
 
 def register_configs() -> None:
     """Register the schemas so YAML options can name `/<group>_schema@_here_` in their defaults:
-    at the top of the config tree, in no group, so none of them is a group's option."""
+    at the top of the config tree, in no group, so none of them is a group's option. Once per
+    ConfigStore (the app's import and the override check both call it: 0.15 s each)."""
     cs = ConfigStore.instance()
+    if "run_schema.yaml" in cs.repo:
+        return
     run, model = OmegaConf.structured(RunConfig), OmegaConf.structured(ModelConfig)
     # model.tp_plan's keys are the user's module paths: `model.tp_plan={layers.*.fc:colwise}` sets
     # new keys, which Hydra's struct mode (every key declared) would refuse; its values stay str

@@ -30,6 +30,27 @@ def check_launcher_limits(launcher: Any) -> None:
                              f"e.g. its default hydra.launcher.{key}={default}")
 
 
+def check_keep_warm(launcher: Any, *, cluster_address: str) -> None:
+    """hydra.launcher.keep_warm_s against the gangs it would keep: ValueError naming the key, the
+    value and the fix. Gangs outlive the command only on a cluster that outlives it, and only
+    warm gangs are kept."""
+    keep = getattr(launcher, "keep_warm_s", None)
+    if keep is None or keep == 0:
+        return
+    if keep < 0:
+        raise ValueError(f"hydra.launcher.keep_warm_s={keep:g} is negative; give seconds >= 0 "
+                         "(0 = gangs end with the multirun), e.g. hydra.launcher.keep_warm_s=600")
+    if not getattr(launcher, "reuse_gangs", True):
+        raise ValueError(f"hydra.launcher.keep_warm_s={keep:g} keeps warm gangs, but hydra.launcher.reuse_gangs=false "
+                         "gives each trial a gang of its own; drop hydra.launcher.reuse_gangs=false, or "
+                         "hydra.launcher.keep_warm_s")
+    if not cluster_address:
+        raise ValueError(f"hydra.launcher.keep_warm_s={keep:g} keeps gangs warm between commands on a running "
+                         "cluster, but cluster.address is empty: the local Ray cluster this command starts "
+                         "ends with it; start one (ray start --head --node-ip-address=127.0.0.1) and give "
+                         "cluster.address=127.0.0.1:6379, or drop hydra.launcher.keep_warm_s")
+
+
 def check_sweep_size(num_trials: int, *, max_trials: int | None, swept: str = "") -> None:
     """ValueError for a sweep of no trial, or of more than `max_trials` (0 or None: no bound).
     `swept`: the sweep's dimensions as a person reads them ('seed (10000 values)')."""
