@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import psutil
@@ -313,6 +316,30 @@ def kill_tree(marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int):
+    """A one-node cluster of `num_cpus` CPUs started as a user starts one (`ray start --head`),
+    on 127.0.0.1 only (multi-node clusters off, so no service binds another address), in a temp
+    dir of its own; stopped by ending that dir's processes (`ray stop` would stop every Ray
+    cluster on the machine). Yields (address, env): the env a command joining it runs with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    temp_dir = tempfile.mkdtemp(prefix="tlj", dir="/tmp")  # short: Ray's socket paths
+    env["RAY_TMPDIR"] = temp_dir  # its address file too: no other cluster's `auto` is touched
+    port = free_port()
+    ray = str(Path(sys.executable).parent / "ray")
+    try:
+        subprocess.run([ray, "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
+                        "--num-cpus", str(num_cpus), "--temp-dir", temp_dir, "--include-dashboard", "false",
+                        "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port",
+                        str(free_port()), "--disable-usage-stats"],
+                       env=env | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, check=True, capture_output=True,
+                       timeout=120)
+        yield SimpleNamespace(address=f"127.0.0.1:{port}", env=env)
+    finally:
+        kill_tree(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def trainlab_cmd(*args: str) -> list[str]:

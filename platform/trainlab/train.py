@@ -7,6 +7,7 @@ Torchrun); otherwise the trial runs as a Ray gang (RayGang). Everything below ta
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -57,14 +58,30 @@ def main() -> None:
     """The command: the overrides composed once first, so a bad one is a one-line error with
     exit status 2 (as every bad input) rather than Hydra's report; then the Hydra app."""
     from trainlab.config.overrides import check_overrides
+    from trainlab.config.study_rule import storage_override
     from trainlab.plan.derive_layout import plan_layout
 
     try:  # the layout too (the plan's check, before Hydra makes its folder and before torch loads)
-        check_overrides(sys.argv[1:], check_run=plan_layout)
+        composed = check_overrides(sys.argv[1:], check_run=plan_layout)
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    app()
+    storage = storage_override(composed)  # Hydra's Optuna sweeper: its study shared with the launcher
+    if storage is not None:
+        sys.argv.append(storage)
+    # Optuna's sweeper imports alembic, whose every plugin says "setup plugin ..." through Hydra's INFO logging
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        app()
+    finally:  # a multirun ended (Hydra returned, or a sweeper raised): its study's table, answer and parent
+        study = sys.modules.get("trainlab.launch.study")  # imported only where a multirun ran
+        outcomes = study.close_open_studies() if study is not None else []
+    failed = sum(o.failed for o in outcomes)
+    if failed:
+        from trainlab.console import console
+
+        console.print(f"[red]{failed} of {sum(o.trials for o in outcomes)} trials failed[/]")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

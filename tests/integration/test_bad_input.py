@@ -45,8 +45,9 @@ from trainlab.redact import redact
 
 VOCAB = 100
 REFUSAL_CPU_S = 10.0
-"""CPU seconds a refusal may take: measured 0.3-0.4 s where the config layer refuses, about 3 s
-where the trial's plan does (it imports torch first); see test_refusal_time.py."""
+"""CPU seconds a refusal may take: measured 0.3-0.5 s where the config layer refuses, 3-5 s
+where the trial's plan does (it imports torch first; a checkpoint refusal reads the checkpoint
+back too); see test_refusal_time.py."""
 HANG_S = 600
 """A command still running after this is killed and its case fails (a refusal that hangs)."""
 TINY = ["model=tiny", "train.max_steps=2", "train.seq_len=32", "train.global_batch_size=4",
@@ -244,6 +245,13 @@ CASES = [
     C("sweep_empty_range", ["-m", "seed=range(5,5)"], ["seed=range(5,5)", "no value", "seed=range(5,9)"]),
     C("sweep_over_max_trials", ["-m", "seed=range(0,300)"],
       ["300 trials", "hydra.launcher.max_trials=256", "hydra.launcher.max_trials=300"]),
+    C("keep_warm_on_a_local_cluster", ["-m", "seed=0,1", "hydra.launcher.keep_warm_s=60"],
+      ["hydra.launcher.keep_warm_s=60", "cluster.address is empty", "ray start --head --node-ip-address=127.0.0.1"]),
+    C("keep_warm_without_warm_gangs", ["-m", "seed=0,1", "cluster.address=127.0.0.1:6379",
+                                       "hydra.launcher.keep_warm_s=60", "hydra.launcher.reuse_gangs=false"],
+      ["hydra.launcher.keep_warm_s=60", "hydra.launcher.reuse_gangs=false"]),
+    C("keep_warm_negative", ["-m", "seed=0,1", "hydra.launcher.keep_warm_s=-1"],
+      ["hydra.launcher.keep_warm_s=-1", "negative", ">= 0"]),
     C("sweep_negative_concurrency", ["-m", "seed=0,1", "hydra.launcher.max_concurrent_trials=-1"],
       ["hydra.launcher.max_concurrent_trials=-1", ">= 0"]),
     C("sweep_file_missing", ["-m", "+sweep=nope"], ["sweep=nope", "precision_shootout", "sweeps/sweep/"]),

@@ -5,43 +5,23 @@ trials ran."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from conftest import free_port, kill_tree, trainlab_cmd
+from conftest import ray_head, trainlab_cmd
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-RAY = str(Path(sys.executable).parent / "ray")
 HEAD_CPUS = 2
 
 
 @pytest.fixture
 def head():
-    """A one-node cluster of HEAD_CPUS CPUs on 127.0.0.1, in a temp dir of its own; stopped by
-    ending that dir's processes (`ray stop` would stop every Ray cluster on the machine)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-    temp_dir = tempfile.mkdtemp(prefix="tlj", dir="/tmp")  # short: Ray's socket paths
-    env["RAY_TMPDIR"] = temp_dir  # its address file too: no other cluster's `auto` is touched
-    port = free_port()
-    try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
-                        "--num-cpus", str(HEAD_CPUS), "--temp-dir", temp_dir, "--include-dashboard", "false",
-                        "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port",
-                        str(free_port()), "--disable-usage-stats"],
-                       env=env, check=True, capture_output=True, timeout=120)
-        yield SimpleNamespace(address=f"127.0.0.1:{port}", env=env)
-    finally:
-        kill_tree(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    with ray_head(HEAD_CPUS) as h:
+        yield h
 
 
 def _trial_runs(db: Path) -> list[str]:

@@ -29,7 +29,7 @@ def _trainlab(args, *, cwd, uri, timeout=600, ray_tmp=None):
 
 
 BAD = [  # (overrides, what the one error line must say: the field, the value, the fix)
-    (["hydra.launcher.prune=hyperband"], ["hydra.launcher.prune=hyperband", "one of none, margin, asha"]),
+    (["hydra.launcher.prune=pbt"], ["hydra.launcher.prune=pbt", "one of none, margin, asha, median, successive_halving, hyperband"]),
     (["hydra.launcher.prune=margin", "hydra.launcher.prune_margin=-0.5"],
      ["hydra.launcher.prune_margin=-0.5", ">= 0", "hydra.launcher.prune_margin=0.1"]),
     (["hydra.launcher.prune=asha", "hydra.launcher.prune_reduction_factor=abc"],

@@ -12,7 +12,11 @@ Two paths, each named by what it imports:
 
 Measured on the 2-core development machine, shared (on an idle one the wall time is about the
 CPU time): the config layer 0.31-0.37 s of CPU, 1.4-3.1 s wall at a load average of 18-30 and
-7-11 s at 40; the plan 2.6-3.0 s of CPU, 13 s wall at 18, 33-123 s at 35-40.
+7-11 s at 40; the plan 2.6-3.0 s of CPU, 13 s wall at 18, 33-123 s at 35-40. Idle, 2026-12-02:
+the config layer 0.45-0.54 s of CPU (0.73-0.86 s while the schemas were registered twice: CI
+measured over 1.0), the plan 2.8-2.9 s (a missing data file) and 5.2-5.3 s (a missing
+checkpoint: 11 s, and 12.4-13.0 s in CI, while MLflow's store was opened before the checkpoint
+was read).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import json
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,6 +41,8 @@ from trainlab.tracking.trial_tracking import TrackingTarget
 
 TAKE_TIMEOUT_S = 0.5
 """How long one wait for a trial's events lasts before the driver looks at its interrupt."""
+RENEW_S = 5.0
+"""How often an idle slot renews its kept gang's claim (launch.kept_gang.CLAIM_LAPSE_S)."""
 
 
 class TrialFailed(RuntimeError):
@@ -52,40 +55,68 @@ def shape_key(plan: TrialPlan) -> str:
     return json.dumps({"device": plan.device, "scaling": scaling(plan.gang)}, sort_keys=True, default=str)
 
 
-class WarmGang:
-    """One warm gang: its queue actor and its Ray Train run (fit() in a thread)."""
+def gang_trainer(queue, *, name: str, device: str, scaling: dict, budget: int, storage_path: str):
+    """The Ray Train run of a warm gang: its workers loop over `queue` (launch.gang_worker),
+    `budget` restarts of its worker group (FailureConfig), each failure's reason handed to the
+    queue. `scaling`: launch.placement.scaling of the gang. Fitted by the driver (WarmGang) or
+    by a keeper (launch.kept_gang)."""
+    from ray.train import FailureConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig
+    from ray.train.torch import TorchTrainer
 
-    def __init__(self, *, number: int, plan: TrialPlan, key: str, budget: int, storage_path: str):
+    from trainlab.distributed import backend_for
+    from trainlab.launch.gang_queue import failure_callback
+    from trainlab.launch.gang_worker import gang_loop
+    from trainlab.launch.rendezvous import BoundTorchConfig
+
+    return TorchTrainer(
+        gang_loop,
+        train_loop_config={"queue": queue, "device": device},
+        torch_config=BoundTorchConfig(backend=backend_for(device)),
+        scaling_config=ScalingConfig(**scaling),
+        run_config=RayRunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=budget),
+                                callbacks=[failure_callback(queue)]),
+    )
+
+
+class WarmGang:
+    """One warm gang: its queue and its Ray Train run, fitted in a thread of the driver, or by a
+    keeper that outlives the command (`keep_warm_s` > 0, launch.kept_gang), which is its queue too."""
+
+    def __init__(self, *, number: int, plan: TrialPlan, key: str, budget: int, storage_path: str,
+                 keep_warm_s: float = 0, owner: str = "", kept: tuple | None = None):
+        """`kept`: (keeper, the runs it ran) claimed from an earlier command (kept_gang.claim_kept)."""
         import ray
-        from ray.train import FailureConfig, ScalingConfig
-        from ray.train import RunConfig as RayRunConfig
-        from ray.train.torch import TorchTrainer
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from trainlab.distributed import backend_for
-        from trainlab.launch.gang_queue import failure_callback, start_queue
-        from trainlab.launch.gang_worker import gang_loop
-        from trainlab.launch.rendezvous import BoundTorchConfig
+        from trainlab.launch.gang_queue import start_queue
+        from trainlab.launch.kept_gang import start_keeper
 
         self.number, self.key, self.device = number, key, plan.device
-        self.ran: list[RunConfig] = []
+        self.ran: list[RunConfig] = list(kept[1]) if kept else []
         """The trials this gang took, in order (engine.isolation decides who may follow)."""
+        self.reclaimed = kept is not None
+        """Kept warm by an earlier command: its first trial here is not a gang start."""
         self._seq = itertools.count(1)
         self._error: BaseException | None = None
+        self._owner, self._renewed, self._keep_warm_s = owner, time.monotonic(), keep_warm_s
         self.abandoned = False
         """A trial on it was let go at an interrupt: Ray's shutdown ends the gang."""
+        self._thread: threading.Thread | None = None
+        self._keeper = None
+        if kept:
+            self.queue = self._keeper = kept[0]
+            return
         # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        spec = {"name": f"gang{number}", "device": plan.device, "scaling": scaling(plan.gang), "budget": budget,
+                "storage_path": storage_path}
+        if keep_warm_s > 0:
+            self.queue = self._keeper = start_keeper(key=key, device=plan.device, spec=spec, keep_warm_s=keep_warm_s,
+                                                     owner=owner, scheduling_strategy=here)
+            return
         self.queue = start_queue(scheduling_strategy=here)
-        self._trainer = TorchTrainer(
-            gang_loop,
-            train_loop_config={"queue": self.queue, "device": plan.device},
-            torch_config=BoundTorchConfig(backend=backend_for(plan.device)),
-            scaling_config=ScalingConfig(**scaling(plan.gang)),
-            run_config=RayRunConfig(name=f"gang{number}", storage_path=storage_path,
-                                    failure_config=FailureConfig(max_failures=budget),
-                                    callbacks=[failure_callback(self.queue)]),
-        )
+        self._trainer = gang_trainer(self.queue, **spec)
         self._thread = threading.Thread(target=self._fit, name=f"gang{number}-fit", daemon=True)
         self._thread.start()
 
@@ -97,7 +128,27 @@ class WarmGang:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        if self._keeper is None:
+            return self._thread.is_alive()
+        return self._kept_state()["alive"]
+
+    def _kept_state(self) -> dict:
+        import ray
+
+        try:
+            state = ray.get(self._keeper.state.remote(self._owner), timeout=60)
+        except ray.exceptions.RayError as e:  # the keeper is gone (its node, `ray stop`)
+            state = {"alive": False, "error": f"the gang's keeper is gone: {e}"}
+        if not state["alive"] and state["error"] and self._error is None:
+            self._error = RuntimeError(state["error"])
+        return state
+
+    def renew(self) -> None:
+        """A kept gang between trials: its claim renewed every RENEW_S (kept_gang.CLAIM_LAPSE_S)."""
+        now = time.monotonic()
+        if self._keeper is not None and now - self._renewed > RENEW_S:
+            self._renewed = now
+            self._keeper.state.remote(self._owner)
 
     def run(self, plan: TrialPlan, *, name: str, tracking: TrackingTarget,
             on_event: Callable[[ProgressEvent], None], stop: StopRequest | None = None) -> TrialResult | None:
@@ -110,7 +161,9 @@ class WarmGang:
 
         if shape_key(plan) != self.key:  # planned otherwise than the pool saw it: a gang of its own
             return run_on_ray(plan, name=name, tracking=tracking, on_event=on_event, stop=stop)
-        key = f"{self.number}.{next(self._seq)}"
+        # unique across commands: a kept gang's queue holds the outcomes of an earlier owner's trials too
+        key = f"{self._owner} gang {self.number}.{next(self._seq)}" if self._keeper is not None \
+            else f"{self.number}.{next(self._seq)}"
         payload = {"plan": plan, "tracking": tracking}
         ray.get(self.queue.submit.remote(key, payload, plan.run.cluster.max_failures))
         # a signal on the driver (PREEMPT) or the pruner's request (PRUNE), through the queue
@@ -135,16 +188,26 @@ class WarmGang:
         self.abandoned = True
         return None
 
-    def close(self) -> None:
-        """No more trials: the gang's loop ends after the one it runs."""
+    def close(self, *, keep: bool = False) -> None:
+        """No more trials: the gang's loop ends after the one it runs; `keep` (a kept gang whose
+        run is alive, the multirun done): released, warm for the next command instead."""
+        if self._keeper is not None and keep and not self.abandoned and self.alive:
+            import ray
+
+            # waited for: a call left in flight is lost when the command exits, the gang owned by no one
+            try:
+                ray.get(self._keeper.release.remote(self._owner, self.ran, self._keep_warm_s), timeout=60)
+            except ray.exceptions.RayError:  # gone meanwhile: nothing left to keep
+                pass
+            return
         self.queue.end.remote()
 
     def join(self) -> None:
         """Wait for the Ray Train run to end and remove the queue (not after an interrupt let a
-        trial go: Ray's shutdown ends it)."""
+        trial go: Ray's shutdown ends it; a kept gang's keeper ends its run and itself)."""
         import ray
 
-        if self.abandoned:
+        if self.abandoned or self._keeper is not None:
             return
         self._thread.join()
         ray.kill(self.queue)
@@ -160,80 +223,134 @@ class _Planned:
 
 
 RunOne = Callable[..., None]
-"""(trial, *, runner, gang_tag) -> None: sweep's per-trial work (launch.lifecycle.train and reporting)."""
+"""(trial, *, runner, gang_tag) -> None: the study's per-trial work (launch.lifecycle.train and reporting)."""
 
 
 class GangPool:
-    """K slots, each running trials on at most one warm gang at a time (see the module docstring)."""
+    """K slots, each running trials on at most one warm gang at a time (see the module docstring).
 
-    def __init__(self, trials: Sequence, *, slots: int, run_one: RunOne, storage_path: str):
-        """`trials`: each with its plan (t.plan), made on the driver before the first starts."""
-        self._pending = list(trials)
-        self._slots = max(1, min(slots, len(self._pending)))
-        self._run_one = run_one
+    The pool belongs to the whole multirun (launch.study): a sweeper's batches are submitted one
+    after another and a slot keeps its gang warm between them, so a later batch starts on warm
+    gangs like the later trials of a grid. `close` ends the gangs."""
+
+    def __init__(self, *, storage_path: str, expected_trials: int = 0, keep_warm_s: float = 0):
+        """`expected_trials`: how many trials the multirun may submit in all (a sweeper's n_trials;
+        0 = those submitted): each gang's restart budget covers them. `keep_warm_s` > 0
+        (hydra.launcher.keep_warm_s): gangs are kept by keepers (launch.kept_gang) that outlive
+        the command; a free one an earlier command kept is taken before a gang is started."""
+        from trainlab.launch.kept_gang import driver_id
+
+        self._keep_warm_s = keep_warm_s
+        self._owner = driver_id() if keep_warm_s > 0 else ""
+        self._run_of: dict[int, RunOne] = {}
         self._storage_path = storage_path
-        self._lock = threading.Lock()
+        self._expected = expected_trials
+        self._changed = threading.Condition()
+        self._pending: list = []
+        self._planned: dict = {}
+        self._done: dict[int, threading.Event] = {}
+        self._budget: dict[str, int] = {}
+        self._closing = False
+        self._threads: list[threading.Thread] = []
         self._numbers = itertools.count(1)
         self.gangs: list[WarmGang] = []
-        self._planned = {t.idx: _plan(t.plan) for t in self._pending}
-        keys = [p.key for p in self._planned.values()]
-        # restarts a gang may need: every trial of its shape failing each of its attempts
-        self._budget = {k: sum(t.run.cluster.max_failures + 1 for t in self._pending
-                               if self._planned[t.idx].key == k) for k in set(keys)}
 
-    def run(self) -> None:
-        """Run every trial (until an interrupt: those not started stay pending)."""
-        threads = [threading.Thread(target=self._slot, name=f"gang-slot{i}", daemon=True)
-                   for i in range(self._slots)]
-        for t in threads:
-            t.start()
-        for t in threads:
+    def submit(self, trials: Sequence, *, slots: int, run_one: RunOne) -> None:
+        """Queue `trials` (each with its plan, t.plan, made on the driver before any starts), each
+        to be run by `run_one`, up to `slots` at once (slots only grow: a warm gang is never dropped
+        for a smaller batch)."""
+        with self._changed:
+            for t in trials:
+                self._run_of[t.idx] = run_one
+                planned = self._planned[t.idx] = _plan(t.plan)
+                # restarts a gang may need: every trial of its shape failing each of its attempts
+                self._budget[planned.key] = self._budget.get(planned.key, 0) + t.run.cluster.max_failures + 1
+                self._done[t.idx] = threading.Event()
+                self._pending.append(t)
+            for i in range(len(self._threads), max(1, slots)):
+                thread = threading.Thread(target=self._slot, name=f"gang-slot{i}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            self._changed.notify_all()
+
+    def wait(self, trials: Sequence) -> None:
+        """Until each of `trials` ended (after an interrupt: until those started ended; the rest stay pending)."""
+        for t in trials:
+            self._done[t.idx].wait()
+
+    def close(self) -> None:
+        """No more trials: each slot's gang ends after the trial it runs."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        for t in self._threads:
             t.join()
         for gang in self.gangs:
             gang.join()
+
+    def _next(self, gang: WarmGang | None):
+        """The slot's next (trial, reason) as _pick gives it, waiting while nothing is pending;
+        None once the pool closes or a signal stops the multirun (pending trials are then let go)."""
+        with self._changed:
+            while True:
+                if interrupt.current().signum:
+                    for t in self._pending:  # never started: left for the rerun
+                        self._done[t.idx].set()
+                    self._pending.clear()
+                    return None
+                picked = self._pick(gang)
+                if picked is not None:
+                    return picked
+                if self._closing:
+                    return None
+                if gang is not None:  # a kept gang's claim lapses unless its driver calls it
+                    gang.renew()
+                self._changed.wait(TAKE_TIMEOUT_S)  # a signal is looked at between waits
 
     def _slot(self) -> None:
         gang: WarmGang | None = None
         lost = ""  # why the slot has no gang though it had one
         try:
-            while not interrupt.current().signum:
-                with self._lock:
-                    picked = self._pick(gang)
-                if picked is None:
-                    break
+            while (picked := self._next(gang)) is not None:
                 trial, reason = picked
-                planned = self._planned[trial.idx]
-                if planned.solo:  # its own gang, as without warm gangs
-                    if gang is not None:
-                        gang.close()
-                        gang = None
-                    self._run_one_safely(trial, runner=None, gang_tag=f"fresh: {planned.solo}")
-                    continue
-                if reason:
-                    if gang is not None:
-                        gang.close()  # before the new one asks for its resources
-                    gang = self._start(trial, planned)
-                    tag = f"fresh: {lost or reason} (gang {gang.number})"
-                    lost = ""
-                else:
-                    tag = f"warm #{len(gang.ran) + 1} on gang {gang.number}"
-                gang.ran.append(trial.run)
-                self._run_one_safely(trial, runner=gang.run, gang_tag=tag)
-                if not gang.alive:  # its Ray Train run failed: the next trial gets a new gang
-                    gang, lost = None, f"gang {gang.number} failed"
+                try:
+                    planned = self._planned[trial.idx]
+                    if planned.solo:  # its own gang, as without warm gangs
+                        if gang is not None:
+                            gang.close()
+                            gang = None
+                        self._run_one_safely(trial, runner=None, gang_tag=f"fresh: {planned.solo}")
+                        continue
+                    if reason:
+                        if gang is not None:
+                            gang.close()  # before the new one asks for its resources
+                        gang = self._start(planned)
+                        if gang.reclaimed:
+                            tag = f"warm #{len(gang.ran) + 1} on gang {gang.number} (kept from an earlier command)"
+                        else:
+                            tag = f"fresh: {lost or reason} (gang {gang.number})"
+                        lost = ""
+                    else:
+                        tag = f"warm #{len(gang.ran) + 1} on gang {gang.number}"
+                    gang.ran.append(trial.run)
+                    self._run_one_safely(trial, runner=gang.run, gang_tag=tag)
+                    if not gang.alive:  # its Ray Train run failed: the next trial gets a new gang
+                        gang, lost = None, f"gang {gang.number} failed"
+                finally:
+                    self._done[trial.idx].set()
         finally:
-            if gang is not None:
-                gang.close()
+            if gang is not None:  # kept for the next command if the multirun ended as planned
+                gang.close(keep=self._closing and not interrupt.current().signum)
 
     def _run_one_safely(self, trial, **kwargs) -> None:
         try:
-            self._run_one(trial, **kwargs)
+            self._run_of[trial.idx](trial, **kwargs)
         except Exception:  # noqa: BLE001 - a bug in one trial's reporting must not strand the trials after it
             traceback.print_exc()
 
     def _pick(self, gang: WarmGang | None):
         """(trial, "") for the next trial that may follow on `gang`; else (the first pending
-        trial, why it needs a fresh gang); None when nothing is left."""
+        trial, why it needs a fresh gang); None when nothing is pending. Under the lock."""
         if not self._pending:
             return None
         if gang is not None and gang.alive:
@@ -250,10 +367,26 @@ class GangPool:
             return t, fresh_gang_reason(ran=gang.ran, run=t.run, device=gang.device).removeprefix("fresh gang: ")
         return t, "no warm gang of its shape"
 
-    def _start(self, trial, planned: _Planned) -> WarmGang:
-        gang = WarmGang(number=next(self._numbers), plan=planned.plan, key=planned.key,
-                        budget=self._budget[planned.key], storage_path=self._storage_path)
-        with self._lock:
+    def _start(self, planned: _Planned) -> WarmGang:
+        with self._changed:
+            budget = self._budget[planned.key]
+            if self._expected:  # a sweeper's later batches may bring as many again of this shape
+                budget = max(budget, self._expected * (planned.plan.run.cluster.max_failures + 1))
+            number = next(self._numbers)
+        kept = None
+        if self._keep_warm_s > 0:
+            from trainlab.launch.kept_gang import claim_kept
+
+            run, device = planned.plan.run, planned.plan.device
+            kept = claim_kept(planned.key, owner=self._owner, keep_warm_s=self._keep_warm_s,
+                              fits=lambda ran: not fresh_gang_reason(ran=ran, run=run, device=device))
+        if kept is None:  # a free kept gang (an earlier command's) must not hold what this one needs
+            from trainlab.launch.kept_gang import make_room
+
+            make_room(scaling(planned.plan.gang))
+        gang = WarmGang(number=number, plan=planned.plan, key=planned.key, budget=budget,
+                        storage_path=self._storage_path, keep_warm_s=self._keep_warm_s, owner=self._owner, kept=kept)
+        with self._changed:
             self.gangs.append(gang)
         return gang
 

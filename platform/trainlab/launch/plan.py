@@ -31,7 +31,7 @@ from trainlab.launch.preflight import TrialChecks, check_comm_backend, gang_refu
 from trainlab.launch.ray_trial import connect
 from trainlab.plan.derive_layout import plan_layout
 from trainlab.plan.trial_plan import GangShape, TrialPlan, Where, plan_trial
-from trainlab.tracking.continued_run import end_orphaned_runs, unfinished_trial
+from trainlab.tracking.continued_run import end_orphaned_runs, may_continue, unfinished_trial
 from trainlab.tracking.store import ensure_store, resolve_tracking_uri
 
 
@@ -49,12 +49,13 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
     checks = preflight(run, tracking_uri=uri, services=services, swept=swept)  # 'auto' is left for a joined cluster
-    if uri is not None:  # the driver's first touch of the store: a new sqlite one made once, locked
+    # the driver's first touch of the store (a new sqlite one made once, locked: seconds of MLflow's
+    # imports and migrations) only once the checkpoint refusals are behind, unless the store says
+    # where the checkpoint folder is (a stopped single trial run again)
+    looks_up = uri is not None and may_continue(run, parent_run_id=parent_run_id)
+    if looks_up:
         ensure_store(uri)
-    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if uses_mlflow else None
-    if uses_mlflow and not parent_run_id:  # a driver killed with SIGKILL left its run RUNNING
-        for line in end_orphaned_runs(run, tracking_uri=uri, keep=found.run_id if found else None):
-            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
+    found = unfinished_trial(run, tracking_uri=uri, parent_run_id=parent_run_id) if looks_up else None
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
     try:  # every file read back against its digest at save; another config's checkpoint refused
@@ -63,6 +64,11 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
     (claim or check_free)(root)  # another driver trains this trial now: refused before Ray starts
+    if uri is not None and not looks_up:
+        ensure_store(uri)
+    if uses_mlflow and not parent_run_id:  # a driver killed with SIGKILL left its run RUNNING
+        for line in end_orphaned_runs(run, tracking_uri=uri, keep=found.run_id if found else None):
+            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
     device, gang = plan_gang(run, checks.device, gang_checked=swept is not None)
     if checks.device == "auto":  # what preflight could not check before the cluster said what it has
         try:

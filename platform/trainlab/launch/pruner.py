@@ -122,8 +122,15 @@ class Pruner:
             return {}
         return self.report(key, step=event.step, tokens=event.tokens, val_loss=event.val_loss)
 
-    def ended(self, key: Hashable) -> None:
-        """Trial `key` ended: it is never stopped, its curve still compares."""
+    def add(self, labels: Mapping[Hashable, str]) -> None:
+        """The trials of a sweeper's later batch (launch.study): judged with the others from now on."""
+        with self._lock:
+            for key, label in labels.items():
+                self._curves.setdefault(key, _Curve(label))
+
+    def ended(self, key: Hashable, **_) -> None:
+        """Trial `key` ended: it is never stopped, its curve still compares (its status and final
+        value are for launch.optuna_pruner's study)."""
         with self._lock:
             self._curves[key].ended = True
 

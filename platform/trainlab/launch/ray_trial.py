@@ -98,6 +98,10 @@ def connect(run: RunConfig) -> None:
     listens on cluster.host (loopback unless told otherwise)."""
     if not run.cluster.address:
         local_node_options(run.cluster.host)  # before Ray is imported
+    elif is_loopback(run.cluster.address.rpartition(":")[0] or run.cluster.address):
+        # a cluster on this machine's loopback: ray.init swaps a loopback address for the machine's
+        # routable IP (services.resolve_ip_for_localhost) unless multi-node clusters are off
+        os.environ.setdefault(_SINGLE_NODE_ENV, "0")
     import ray
 
     if ray.is_initialized():
@@ -205,8 +209,10 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
 
     from trainlab.distributed import backend_for
     from trainlab.launch.event_stream import start_stream
+    from trainlab.launch.kept_gang import make_room
     from trainlab.launch.rendezvous import BoundTorchConfig
 
+    make_room(scaling(plan.gang))  # a free kept gang (an earlier sweep's) must not hold what this one needs
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     events = start_stream(scheduling_strategy=here)

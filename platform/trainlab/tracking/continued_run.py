@@ -159,13 +159,19 @@ def end_left_running(client, found: list, *, keep: set[str], by: str) -> list[st
     return said
 
 
-def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | None) -> UnfinishedTrial | None:
-    """find_unfinished_trial where the trial would otherwise start afresh: a single trial (a
+def may_continue(run: RunConfig, *, parent_run_id: str | None) -> bool:
+    """Whether the store may say where this trial goes on (unfinished_trial): a single trial (a
     sweep's parent finds its own) with train.resume=auto, no train.checkpoint_dir (an explicit
-    folder is resumed from as it is) and no checkpoint in its own default folder."""
+    folder is resumed from as it is) and no checkpoint in its own default folder (a fixed
+    output_dir: resumed from there). Otherwise its checkpoint folder is known without the store."""
     if parent_run_id or run.train.checkpoint_dir or run.train.resume != "auto":
-        return None
-    if latest_checkpoint(checkpoint_root(run)) is not None:  # a fixed output_dir: resumed from there
+        return False
+    return latest_checkpoint(checkpoint_root(run)) is None
+
+
+def unfinished_trial(run: RunConfig, *, tracking_uri: str, parent_run_id: str | None) -> UnfinishedTrial | None:
+    """find_unfinished_trial where the trial would otherwise start afresh (may_continue)."""
+    if not may_continue(run, parent_run_id=parent_run_id):
         return None
     return find_unfinished_trial(run, tracking_uri=tracking_uri)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainlab import names
@@ -20,10 +21,13 @@ from trainlab.tracking.runs import mlflow_status
 from trainlab.vocab.processes import process_id
 
 
-def sweep_id(*, sweep_name: str, experiment: str, job_overrides: list[list[str]]) -> str:
-    """Same name, experiment and set of jobs -> same id (job order does not matter)."""
+def sweep_id(*, sweep_name: str, experiment: str, job_overrides: list[list[str]], study: dict | None = None) -> str:
+    """Same name, experiment and set of jobs -> same id (job order does not matter). A search
+    (launch.study) passes its first batch's jobs and `study`, its sweeper's identity and objectives:
+    a seeded sampler proposes the same first batch again, so a rerun finds the study it continues."""
     jobs = sorted(" ".join(sorted(o)) for o in job_overrides)
-    blob = json.dumps({"sweep": sweep_name, "experiment": experiment, "jobs": jobs})
+    blob = json.dumps({"sweep": sweep_name, "experiment": experiment, "jobs": jobs,
+                       **({"study": study} if study is not None else {})}, sort_keys=study is not None)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -135,11 +139,14 @@ def close_sweep_parent(*, tracking_uri: str, parent_run_id: str, status: str, su
     client.set_terminated(parent_run_id, status=mlflow_status(status))  # an interrupted sweep: KILLED
 
 
-def log_sweep_result(*, tracking_uri: str, parent_run_id: str, result) -> None:
+def log_sweep_result(*, tracking_uri: str, parent_run_id: str, result,
+                     trial_labels: Mapping[str, str] | None = None) -> None:
     """The sweep's result (a compare.records.Answer) on its parent run: the winner as a tag, its
     val loss, speedup and Δ val loss and the trials per status as metrics, so the parent's row in
     MLflow's runs table says what won. A rerun logs again at the same step, a later value: MLflow
-    shows the newest; a winner that no longer is one is overwritten with NaN, never left stale."""
+    shows the newest; a winner that no longer is one is overwritten with NaN, never left stale.
+    A study of several objectives (result.pareto_front is not None) gets its Pareto front as well,
+    on the parent and on the trial runs of `trial_labels` (run id -> configuration label)."""
     import math
     import time
 
@@ -156,3 +163,28 @@ def log_sweep_result(*, tracking_uri: str, parent_run_id: str, result) -> None:
     tags = [RunTag(names.TAG_BEST_CONFIG, result.best or "none"),
             RunTag(names.TAG_SWEEP_RESULT, result.line[:5000])]  # MLflow's tag value limit is 8000
     client.log_batch(parent_run_id, metrics=metrics, tags=tags)
+    if result.pareto_front is not None:
+        log_pareto_front(tracking_uri=tracking_uri, parent_run_id=parent_run_id, front=result.pareto_front,
+                         trial_labels=trial_labels or {})
+
+
+def log_pareto_front(*, tracking_uri: str, parent_run_id: str, front: Sequence[str],
+                     trial_labels: Mapping[str, str]) -> None:
+    """A study's Pareto front (compare.pareto) where MLflow's UI shows and filters it: its labels
+    and size on the parent (names.TAG_PARETO_FRONT, `none` when empty; names.PARETO_SIZE), and on
+    each trial run of `trial_labels` names.TAG_PARETO `true` or `false`, as its configuration is on
+    the front or not (`tags.pareto = 'true'` lists the front's runs). Every value is written each
+    time, so a rerun leaves none stale: a configuration that left the front reads `false`."""
+    import time
+
+    from mlflow.entities import Metric, RunTag
+
+    client = _client(tracking_uri)
+    labels = "; ".join(front)
+    if len(labels) > 5000:  # MLflow's tag value limit is 8000; the size metric still counts them all
+        labels = labels[:4990] + " ..."
+    client.log_batch(parent_run_id, metrics=[Metric(names.PARETO_SIZE, float(len(front)), int(time.time() * 1000), 0)],
+                     tags=[RunTag(names.TAG_PARETO_FRONT, labels or "none")])
+    on = set(front)
+    for run_id, label in trial_labels.items():
+        client.set_tag(run_id, names.TAG_PARETO, "true" if label in on else "false")
