@@ -3,14 +3,18 @@
 One function (`answer`) computes it, once, where the sweep is summarized (summarize puts it on
 the Summary as `summary.answer`); `trainlab compare` prints its line first, report.html and
 summary.md open with it, and the sweep's parent MLflow run carries it
-(tracking.sweep_runs.log_sweep_result), so all of them say the same thing.
+(tracking.sweep_runs.log_sweep_result), so all of them say the same thing. A study of several
+objectives has a trade-off as well as a winner: its answer also names the Pareto front
+(compare.pareto), on the line after.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from trainlab import names
+from trainlab.compare import pareto
 from trainlab.compare.records import Answer, ConfigRow, Summary
 
 OK = "ok"  # summarize.verdict's word for "as good as the baseline"
@@ -43,7 +47,16 @@ def _why_none(summary: Summary) -> str:
 
 def answer(summary: Summary) -> Answer:
     """The fastest configuration whose verdict is ok (highest speedup; ties by label), with its
-    speedup and Δ val loss vs the baseline; when none is ok, a line that says why."""
+    speedup and Δ val loss vs the baseline; when none is ok, a line that says why. In a study of
+    several objectives, also its Pareto front and the line that names it."""
+    result = _fastest_ok(summary)
+    if not pareto.has_front(summary.objectives):
+        return result
+    return replace(result, pareto_front=summary.pareto_front,
+                   pareto_line=pareto.front_line(summary.objectives, summary.pareto_front))
+
+
+def _fastest_ok(summary: Summary) -> Answer:
     counts = _counts(summary.rows)
     if summary.baseline is None:
         return Answer(line="no configuration is ok: no configuration has a finished trial to be the "

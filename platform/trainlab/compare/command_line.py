@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "V100:2'), for sweeps whose trials landed on different GPUs")
     p.add_argument("--out", metavar="DIR", help="output folder (default: ./compare/<sweep name>/)")
     p.add_argument("--no-log", action="store_true",
-                   help=f"do not log the files to the parent run (under {names.ARTIFACT_COMPARE_DIR}/)")
+                   help=f"do not log the files to the parent run (under {names.ARTIFACT_COMPARE_DIR}/), nor "
+                        f"a study's Pareto front to its runs (tags {names.TAG_PARETO_FRONT}, {names.TAG_PARETO})")
     return p
 
 
@@ -58,6 +59,8 @@ def _print_result(result) -> None:
     console = _console()
     # what people come for, first, on one line however long (a script reads it with head -1)
     console.print(result.summary.answer.line, markup=False, soft_wrap=True)
+    if result.summary.answer.pareto_line:  # a study of several objectives: its trade-off, second
+        console.print(result.summary.answer.pareto_line, markup=False, soft_wrap=True)
     if result.sweep.note:
         console.print(f"[yellow]note:[/] {escape(result.sweep.note)}")
     for table in tables.rich_tables(result.summary, title=title_of(result.sweep)):

@@ -1,5 +1,6 @@
 """The whole comparison: load a sweep, summarize it (its answer with it), write the files, log
-them to the parent; and the answer alone, logged to the parent at a sweep's end."""
+them to the parent; and the answer alone, logged to the parent at a sweep's end. A study of
+several objectives gets its Pareto front on its parent and trial runs at both."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainlab import names
-from trainlab.compare import estimates, plots, tables
+from trainlab.compare import estimates, pareto, plots, tables
 from trainlab.compare.answer import without_trials
 from trainlab.compare.html_report import write_report
 from trainlab.compare.layer_plots import write_layer_heatmaps
 from trainlab.compare.read_sweep import load_sweep
 from trainlab.compare.records import Answer, ConfigRow, Summary, SweepData, Trial
 from trainlab.compare.summarize import TOLERANCE, summarize
+from trainlab.tracking.sweep_runs import log_pareto_front
 
 SUMMARY_MD = "summary.md"
 SUMMARY_CSV = "summary.csv"
@@ -92,6 +94,11 @@ def log_to_parent(data: SweepData, files: tuple[Path, ...]) -> None:
         client.log_artifact(data.parent_run_id, str(f), artifact_path=names.ARTIFACT_COMPARE_DIR)
 
 
+def trial_labels(data: SweepData) -> dict[str, str]:
+    """Each trial run's configuration label (run id -> label): which runs a Pareto tag goes on."""
+    return {t.run_id: t.label for t in data.trials}
+
+
 def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: str | None = None,
                   parent_run_id: str | None = None, baseline: str | None = None,
                   target_loss: float | None = None, tolerance: float = TOLERANCE,
@@ -103,15 +110,21 @@ def compare_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: st
     out_dir defaults to ./compare/<sweep name>/. by_hardware splits each configuration by the
     device types its trials ran on.
     """
-    data = load_sweep(tracking_uri=tracking_uri, sweep=sweep, experiment=experiment,
-                      parent_run_id=parent_run_id)
-    if by_hardware:
-        data = replace(data, trials=tuple(by_device_types(t) for t in data.trials))
-    summary = summarize(data.trials, baseline=baseline, target_loss=target_loss, tolerance=tolerance)
+    loaded = load_sweep(tracking_uri=tracking_uri, sweep=sweep, experiment=experiment,
+                        parent_run_id=parent_run_id)
+    data = replace(loaded, trials=tuple(by_device_types(t) for t in loaded.trials)) if by_hardware else loaded
+    summary = summarize(data.trials, baseline=baseline, target_loss=target_loss, tolerance=tolerance,
+                        objectives=data.objectives)
     out = Path(out_dir).resolve() if out_dir else default_out_dir(data.name)
     files = write_outputs(data, summary, out_dir=out)
     if log:
         log_to_parent(data, files)
+        if pareto.has_front(loaded.objectives):
+            # the runs' tags name the configurations the study ran, not this view's split by hardware
+            front = summarize(loaded.trials, objectives=loaded.objectives).pareto_front if by_hardware \
+                else summary.pareto_front
+            log_pareto_front(tracking_uri=tracking_uri, parent_run_id=loaded.parent_run_id, front=front,
+                             trial_labels=trial_labels(loaded))
     return CompareResult(sweep=data, summary=summary, out_dir=out, files=files, report=files[-1],
                          logged_to_run=data.parent_run_id if log else None)
 
@@ -120,16 +133,22 @@ def sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer:
     """The answer for a sweep's parent run as `trainlab compare --parent` computes it (default
     baseline, target and tolerance), read back from MLflow; a sweep without trial runs gets
     zero counts and a line that says so."""
+    return _answer_and_labels(tracking_uri=tracking_uri, parent_run_id=parent_run_id)[0]
+
+
+def _answer_and_labels(*, tracking_uri: str, parent_run_id: str) -> tuple[Answer, dict[str, str]]:
+    """sweep_answer, and trial_labels for the Pareto tags ({} without trial runs)."""
     try:
         data = load_sweep(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
     except ValueError as e:  # no trial runs yet (every job refused at submission)
-        return without_trials(str(e))
-    return summarize(data.trials).answer
+        return without_trials(str(e)), {}
+    return summarize(data.trials, objectives=data.objectives).answer, trial_labels(data)
 
 
 def log_sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer | None:
     """sweep_answer onto the parent run (tracking.sweep_runs.log_sweep_result), at a sweep's
-    end. None, with a warning, when that fails: the trials' runs are what matter, the parent's
+    end, and in a study of several objectives its Pareto front onto the parent and trial runs.
+    None, with a warning, when that fails: the trials' runs are what matter, the parent's
     summary can be had again with `trainlab compare`."""
     from rich.markup import escape
 
@@ -138,8 +157,9 @@ def log_sweep_answer(*, tracking_uri: str, parent_run_id: str) -> Answer | None:
     from trainlab.tracking.sweep_runs import log_sweep_result
 
     try:
-        result = sweep_answer(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
-        log_sweep_result(tracking_uri=tracking_uri, parent_run_id=parent_run_id, result=result)
+        result, labels = _answer_and_labels(tracking_uri=tracking_uri, parent_run_id=parent_run_id)
+        log_sweep_result(tracking_uri=tracking_uri, parent_run_id=parent_run_id, result=result,
+                         trial_labels=labels)
     except Exception as e:  # noqa: BLE001 - a summary must never fail the sweep it summarizes
         console.print(f"[yellow]warning:[/] the sweep's result was not logged to its parent run "
                       f"{parent_run_id} ({escape(type(e).__name__ + ': ' + redact(str(e))[:300])}); "

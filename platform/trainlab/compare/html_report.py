@@ -15,6 +15,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 .answer { font-size: 1.25em; font-weight: 600; margin: 0 0 1em; padding: 0.6em 1em;
           border-left: 6px solid #2a7d4f; background: #eef7f1; }
 .answer.none { border-left-color: #b35c00; background: #fdf3e6; }
+.pareto { font-weight: 600; margin: -0.5em 0 1em; padding: 0.4em 1em; border-left: 6px solid #3b6ea5;
+          background: #eef3fa; }
 .scroll { max-width: 100%; overflow-x: auto; }  /* a wide table scrolls in its box, not the page */
 table { border-collapse: collapse; font-size: 0.9em; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; white-space: nowrap; }
@@ -53,12 +55,13 @@ def _trials_table(trials: Sequence[Trial]) -> str:
 
 def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, context: list[str],
                  images: Sequence[Path], path: Path, estimates_html: str = "") -> Path:
-    """The answer (compare.answer) first, then the title, what the table was computed against,
-    the summary table, estimate vs measured (compare.estimates, where trials were estimated), the
-    plots, the trials."""
+    """The answer (compare.answer) first and, in a study of several objectives, its Pareto front;
+    then the title, what the table was computed against, the summary table, estimate vs measured
+    (compare.estimates, where trials were estimated), the plots, the trials."""
     result = summary.answer
+    front = f'<p class="pareto" id="pareto">{html.escape(result.pareto_line)}</p>\n' if result.pareto_line else ""
     meta = "".join(f"<li>{html.escape(x)}</li>" for x in [*context, *tables.headline(summary)])
-    defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.DEFINITIONS)
+    defs = "".join(f"<li>{html.escape(d)}</li>" for d in tables.definitions(summary))
     imgs = "\n".join(_img(p) for p in images)
     page = f"""<!DOCTYPE html>
 <html lang="en">
@@ -69,7 +72,7 @@ def write_report(summary: Summary, trials: Sequence[Trial], *, title: str, conte
 </head>
 <body>
 <p class="answer{'' if result.best else ' none'}" id="answer">{html.escape(result.line)}</p>
-<h1>{html.escape(title)}</h1>
+{front}<h1>{html.escape(title)}</h1>
 <ul class="meta">{meta}</ul>
 <h2>Summary</h2>
 {tables.html_table(summary)}

@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from trainlab import names
-from trainlab.compare import curves
+from trainlab.compare import curves, pareto
 from trainlab.compare.records import Summary, Trial
 
 DPI = 110
@@ -20,6 +20,8 @@ TRAIN_LOSS_PNG = "train_loss_vs_tokens.png"
 THROUGHPUT_PNG = "throughput.png"
 LOSS_SCALE_PNG = "loss_scale.png"
 UNDERFLOW_PNG = "underflow.png"
+PARETO_PNG = "pareto.png"
+LABEL_ALL_UP_TO = 12  # pareto.png names every point up to this many configurations, else the front's
 
 
 def _figure() -> tuple[Figure, object]:
@@ -242,11 +244,65 @@ def underflow(summary: Summary, trials: Sequence[Trial], *, title: str, path: Pa
     return path
 
 
+def pareto_figure(summary: Summary, *, title: str) -> Figure | None:
+    """Every configuration with both values as a point on the study's first two objectives (x the
+    second, y the first), the front's points ringed, labelled and joined by the staircase that
+    bounds what they dominate; None where the sweep has no front. With three objectives or more
+    the front is over all of them, so its points are ringed but not joined (no staircase in 2-D)."""
+    if not pareto.has_front(summary.objectives):
+        return None
+    y_obj, x_obj = summary.objectives[:2]
+    fig, ax = _figure()
+    colors = _colors(summary)
+    pts = [(r, r.objective_values[1], r.objective_values[0]) for r in summary.rows
+           if None not in r.objective_values[:2]]
+    front = sorted((p for p in pts if p[0].pareto), key=lambda p: (p[1], p[2]))
+    for r, x, y in pts:
+        ax.plot(x, y, linestyle="none", marker="o", color=colors[r.label], markersize=9 if r.pareto else 6,
+                markeredgecolor="black" if r.pareto else "none", markeredgewidth=1.5, alpha=1 if r.pareto else 0.6,
+                zorder=3)
+    if front and len(summary.objectives) == 2:
+        # the corner between two neighbours is the one worse than both: "pre" goes up (down) at the
+        # left point where higher x is better, "post" at the right one where lower is
+        ax.step([p[1] for p in front], [p[2] for p in front], where="pre" if x_obj.better > 0 else "post",
+                color="black", linewidth=1.2, zorder=2)
+    # a few configurations: every point named; many (a long search): the front's only, still readable
+    for r, x, y in front if len(pts) > LABEL_ALL_UP_TO else pts:
+        ax.annotate(textwrap.fill(r.label, 28), (x, y), xytext=(6, 6), textcoords="offset points",
+                    fontsize="small", color="black" if r.pareto else "dimgrey")
+    ax.margins(0.12)  # room for the labels of the outermost points
+    if not pts:
+        _no_data(ax, "objective value")
+    else:
+        for what, edge, size in (("on the Pareto front", "black", 9), ("dominated", "none", 6)):
+            ax.plot([], [], linestyle="none", marker="o", color="grey", markeredgecolor=edge,
+                    markeredgewidth=1.5, markersize=size, label=what)
+        ax.legend(fontsize="small")
+    over = "" if len(summary.objectives) == 2 else (
+        f"\n(front over {', '.join(o.name for o in summary.objectives)}; the first two plotted)")
+    ax.set(xlabel=f"{x_obj.name} ({pareto.better_words(x_obj)})",
+           ylabel=f"{y_obj.name} ({pareto.better_words(y_obj)})", title=title + over)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def pareto_plot(summary: Summary, *, title: str, path: Path) -> Path | None:
+    """pareto_figure as a PNG at path; None (no file) where the sweep has no front."""
+    fig = pareto_figure(summary, title=title)
+    if fig is None:
+        path.unlink(missing_ok=True)  # a stale plot from an earlier compare would mislead
+        return None
+    fig.savefig(path)
+    return path
+
+
 def write_all(summary: Summary, trials: Sequence[Trial], *, sweep: str, out_dir: Path) -> list[Path]:
-    """Every plot into out_dir; loss_scale.png only when some configuration has a loss scale,
-    underflow.png only when some trial cast to low precision."""
+    """Every plot into out_dir; pareto.png (first) only in a study of several objectives,
+    loss_scale.png only when some configuration has a loss scale, underflow.png only when some
+    trial cast to low precision."""
     target = summary.target_loss if summary.target_loss is not None and math.isfinite(
         summary.target_loss) else None
+    front = pareto_plot(summary, title=f"{sweep}: Pareto front (mean over seeds)", path=out_dir / PARETO_PNG)
     paths = [
         loss_vs_tokens(summary, trials, metric=names.VAL_LOSS, ylabel="validation loss",
                        title=f"{sweep}: validation loss", path=out_dir / VAL_LOSS_PNG, target=target),
@@ -257,4 +313,4 @@ def write_all(summary: Summary, trials: Sequence[Trial], *, sweep: str, out_dir:
     scale = loss_scale(summary, trials, title=f"{sweep}: loss scale", path=out_dir / LOSS_SCALE_PNG)
     under = underflow(summary, trials, title=f"{sweep}: underflow of low-precision casts",
                       path=out_dir / UNDERFLOW_PNG)
-    return paths + [p for p in (scale, under) if p]
+    return [p for p in (front,) if p] + paths + [p for p in (scale, under) if p]

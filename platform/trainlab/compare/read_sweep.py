@@ -14,6 +14,7 @@ from trainlab.compare.records import Series, SweepData, Trial
 from trainlab.tracking.runs import config_of
 from trainlab.tracking.store import TrackingStore
 from trainlab.tracking.sweep_runs import job_key
+from trainlab.vocab.objectives import OBJECTIVES, Objective
 
 # the histories compare uses; other metrics stay in MLflow
 METRICS = (
@@ -23,7 +24,7 @@ METRICS = (
     names.STEP_TIME_S, names.PEAK_MEM_GB_MAX, *names.EST_METRICS,  # estimate vs measured (compare.estimates)
     *(names.cast_max_metric(kind, stat) for kind in names.CAST_TENSORS
       for stat in (names.CAST_UNDERFLOW, names.CAST_OVERFLOW)),
-)
+)  # and every `objective/<name>` a trial logged (_loaded)
 _PAGE = 1000
 
 
@@ -135,6 +136,22 @@ def _int_or_none(text: str | None) -> int | None:
         return None
 
 
+def _loaded(logged: set[str]) -> list[str]:
+    """Which of a run's metrics compare reads: METRICS, and what it returned to a sweeper (one
+    `objective/<name>` per objective, the Pareto front's values), whichever objectives they are."""
+    return [*(k for k in METRICS if k in logged), *sorted(k for k in logged if k.startswith(names.OBJECTIVE_PREFIX))]
+
+
+def objectives_of(parent) -> tuple[tuple[Objective, ...], str]:
+    """The objectives the parent's names.TAG_OBJECTIVE names, in order, and a note for the user
+    naming any this trainlab does not know (left out: their direction is unknown), else ""."""
+    listed = [n.strip() for n in parent.data.tags.get(names.TAG_OBJECTIVE, "").split(",") if n.strip()]
+    unknown = [n for n in listed if n not in OBJECTIVES]
+    note = (f"objective(s) {', '.join(unknown)} of the parent's tag {names.TAG_OBJECTIVE} are unknown to this "
+            f"trainlab (it knows {', '.join(OBJECTIVES)}): left out of the Pareto front") if unknown else ""
+    return tuple(OBJECTIVES[n] for n in listed if n in OBJECTIVES), note
+
+
 def read_trial(client, run) -> Trial:
     """A child run as a Trial, with the histories of METRICS it logged."""
     tags = run.data.tags
@@ -151,7 +168,7 @@ def read_trial(client, run) -> Trial:
         attempt_key=job_key(tags) if {names.TAG_CONFIG_HASH, names.TAG_OVERRIDES} & set(tags) else run.info.run_id,
         device_types=tags.get(names.TAG_DEVICE_TYPES, ""),
         world_size=_int_or_none(tags.get(names.TAG_WORLD_SIZE)) or 0,
-        metrics={k: _series(client, run.info.run_id, k) for k in METRICS if k in logged},
+        metrics={k: _series(client, run.info.run_id, k) for k in _loaded(logged)},
         params=config_of(dict(run.data.params), tags), params_sha=tags.get(names.TAG_PARAMS_SHA, ""),
         loss_curve_sha=tags.get(names.TAG_LOSS_CURVE_SHA, ""),
         est_bound=tags.get(names.TAG_EST_BOUND, ""), est_calibration=tags.get(names.TAG_EST_CALIBRATION, ""),
@@ -223,7 +240,8 @@ def load_sweep(*, tracking_uri: str, sweep: str | None = None, experiment: str |
     if superseded:
         note = "; ".join(filter(None, [note, f"{superseded} earlier attempt(s) of rerun jobs left out "
                                              f"(only each job's latest run counts)"]))
+    objectives, unknown = objectives_of(parent)
     return SweepData(name=_sweep_name(parent, exp.name), experiment_name=exp.name,
                      experiment_id=exp.experiment_id, parent_run_id=parent.info.run_id,
                      tracking_uri=tracking_uri, trials=tuple(reversed(trials)),  # oldest first
-                     n_parents=len(parents), note=note)
+                     n_parents=len(parents), note="; ".join(filter(None, [note, unknown])), objectives=objectives)

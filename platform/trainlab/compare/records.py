@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainlab.vocab.objectives import Objective
+
 Series = tuple[tuple[int, float], ...]
 """A metric history as (step, value) pairs, sorted by step, one value per step."""
 
@@ -57,6 +59,9 @@ class SweepData:
     trials: tuple[Trial, ...]
     n_parents: int = 1  # parent runs that matched the selector; the most recent was taken
     note: str = ""  # said to the user, e.g. which of several parent runs was taken
+    objectives: tuple[Objective, ...] = ()
+    """What its trials returned to the sweeper (the parent's names.TAG_OBJECTIVE), in order; () for a
+    sweep that names none. With two or more, compare marks the Pareto front (compare.pareto)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,11 @@ class ConfigRow:
     max_underflow: float | None = None  # largest sampled underflow fraction of any cast
     max_overflow: float | None = None  # largest sampled saturated/overflowed fraction
     verdict: str = ""  # see summarize.verdict
+    objective_values: tuple[float | None, ...] = ()
+    """One per Summary.objectives (a study of several): the mean over its finished and pruned trials
+    of what each returned to the sweeper (compare.pareto.objective_means); () otherwise."""
+    pareto: bool | None = None
+    """On the study's Pareto front; None where the sweep has no front (fewer than two objectives)."""
 
     @property
     def has_numbers(self) -> bool:
@@ -122,6 +132,10 @@ class Answer:
     trials_by_status: tuple[tuple[str, int], ...] = ()
     """Trials per status (names.STATUS_* and compare.answer.UNFINISHED) over every configuration,
     zeros included; a rerun job counts once (its latest attempt, as compare.read_sweep reads it)."""
+    pareto_front: tuple[str, ...] | None = None
+    """The labels on the Pareto front (Summary.pareto_front); None where the sweep has no front."""
+    pareto_line: str = ""
+    """The line after `line` naming the front (compare.pareto.front_line); "" without a front."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +151,10 @@ class Summary:
     answer: Answer | None = None
     """The fastest ok configuration (compare.answer), computed once by summarize for everyone who
     prints, writes or logs it; None only inside summarize, before it is computed."""
+    objectives: tuple[Objective, ...] = ()  # the study's (SweepData.objectives)
+    pareto_front: tuple[str, ...] = ()
+    """The labels of the rows on the Pareto front, best first on the first objective (compare.pareto.front);
+    () where there is no front (compare.pareto.has_front) or no configuration has every value."""
 
     def row(self, label: str) -> ConfigRow:
         """The row of configuration `label`."""

@@ -23,6 +23,9 @@ Definitions (also printed in summary.md and report.html):
 - verdict: baseline; failed (every trial failed); diverged (any trial diverged); pruned (every
   trial was stopped early by hydra.launcher.prune); degraded (Δ val loss at equal tokens above
   `tolerance` x the baseline's final val loss); ok.
+- Pareto front (a study of several objectives, compare.pareto): per configuration, the mean over
+  its finished and pruned trials of each `objective/<name>` its sweeper got; the configurations
+  no other one beats on every objective.
 
 Numbers come from finished trials only (a pruned trial stopped before its end: its last val loss
 is at fewer tokens); stability columns from every trial.
@@ -35,10 +38,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from trainlab import names
-from trainlab.compare import curves
+from trainlab.compare import curves, pareto
 from trainlab.compare.answer import answer
 from trainlab.compare.records import ConfigRow, Summary, Trial
 from trainlab.compare.repro import reproducibility
+from trainlab.vocab.objectives import Objective
 from trainlab.vocab.precision import SPECS
 
 TARGET_FACTOR = 1.05  # default target loss: the baseline's mean final val loss x this
@@ -179,13 +183,27 @@ def _resolve_baseline(rows: Sequence[ConfigRow], baseline: str | None) -> str | 
     return baseline
 
 
+def _with_front(rows: list[ConfigRow], groups: dict[str, list[Trial]],
+                objectives: Sequence[Objective]) -> tuple[list[ConfigRow], tuple[str, ...]]:
+    """The rows with their objective values and Pareto flags, and the front; the rows as they are
+    where the sweep has no front. Neither depends on the baseline."""
+    if not pareto.has_front(objectives):
+        return rows, ()
+    rows = [replace(r, objective_values=pareto.objective_means(groups[r.label], objectives)) for r in rows]
+    front = pareto.front(rows, objectives)
+    return [replace(r, pareto=r.label in front) for r in rows], front
+
+
 def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
-              target_loss: float | None = None, tolerance: float = TOLERANCE) -> Summary:
+              target_loss: float | None = None, tolerance: float = TOLERANCE,
+              objectives: Sequence[Objective] = ()) -> Summary:
     """Aggregate trials per configuration label and compare each to the baseline.
 
     baseline: a configuration label; default: see default_baseline. target_loss: the loss
     for "tokens to target"; default: the baseline's mean final val loss x TARGET_FACTOR.
     tolerance: Δ val loss, as a fraction of the baseline's, above which a row is degraded.
+    objectives: what the trials returned to their sweeper (SweepData.objectives); with two or
+    more, the rows carry their values and the Pareto front (compare.pareto).
     """
     if target_loss is not None and not math.isfinite(target_loss):
         raise ValueError(f"target loss must be a finite number, got {target_loss!r}")
@@ -194,13 +212,15 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
         groups.setdefault(t.label, []).append(t)
     rows = [_base_row(label, ts) for label, ts in groups.items()]
     rows.sort(key=lambda r: (precision_rank(r.precision), r.label))
+    rows, front = _with_front(rows, groups, objectives)
+    study = {"objectives": tuple(objectives), "pareto_front": front}
     base_label = _resolve_baseline(rows, baseline)
     notes: list[str] = []
     if base_label is None:
         notes.append("no configuration has a finished trial: no baseline, speedup or Δ")
         return _answered(Summary(rows=tuple(rows), baseline=None, target_loss=target_loss,
                                  target_source="given" if target_loss is not None else "none",
-                                 notes=tuple(notes), repro=reproducibility(trials)))
+                                 notes=tuple(notes), repro=reproducibility(trials), **study))
 
     base = next(r for r in rows if r.label == base_label)
     base_trials = [t for t in groups[base_label] if t.status == names.STATUS_FINISHED]
@@ -230,7 +250,7 @@ def summarize(trials: Sequence[Trial], *, baseline: str | None = None,
         out.append(replace(row, verdict=verdict(row, base_val_loss=base.final_val_loss_mean,
                                                  tolerance=tolerance)))
     return _answered(Summary(rows=tuple(out), baseline=base_label, target_loss=target_loss,
-                             target_source=source, notes=tuple(notes), repro=reproducibility(trials)))
+                             target_source=source, notes=tuple(notes), repro=reproducibility(trials), **study))
 
 
 def _answered(summary: Summary) -> Summary:

@@ -1,4 +1,7 @@
-"""The summary as text: one column definition rendered to a rich table, Markdown, HTML and CSV."""
+"""The summary as text: one column definition rendered to a rich table, Markdown, HTML and CSV.
+
+A study of several objectives adds one column per objective and `pareto` after the status
+(columns), and a line naming its front after the answer; a sweep of one shows neither."""
 
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from trainlab.compare import repro
+from trainlab.compare import pareto, repro
 from trainlab.compare.records import ConfigRow, Summary
+from trainlab.vocab.objectives import Objective
 
 NA = "-"  # where a configuration has no number (no finished trial, or nothing logged)
 
@@ -101,8 +105,51 @@ DEFINITIONS = (
 )
 
 
+PARETO_DEFINITION = (
+    "objective/<name> ↓ / ↑: what the configuration's trials returned to the sweeper (lower / higher is "
+    "better), mean over its finished and pruned trials with a finite value; pareto: yes when no other "
+    "configuration is at least as good on every objective and better on one, - where a value is missing.")
+
+Column = tuple[str, Callable[[ConfigRow], str]]
+
+
+def _objective_value(x: float | None) -> str:
+    # objectives range from a loss (3.4127) to a throughput (183,412 tokens/s): five digits of either
+    return NA if x is None else f"{x:,.0f}" if abs(x) >= 1000 else f"{x:#.5g}"
+
+
+def _objective_column(i: int, o: Objective) -> Column:
+    return f"{o.metric} {pareto.arrow(o)}", lambda r: _objective_value(r.objective_values[i])
+
+
+def _pareto_cell(r: ConfigRow) -> str:
+    if None in r.objective_values:
+        return NA
+    return "yes" if r.pareto else "no"
+
+
+def columns(summary: Summary) -> tuple[Column, ...]:
+    """COLUMNS; in a study of several objectives, with one column per objective and `pareto`
+    after the status, where a reader of a trade-off looks first."""
+    if not pareto.has_front(summary.objectives):
+        return COLUMNS
+    at = [h for h, _ in COLUMNS].index("status") + 1
+    study = (*(_objective_column(i, o) for i, o in enumerate(summary.objectives)), ("pareto", _pareto_cell))
+    return (*COLUMNS[:at], *study, *COLUMNS[at:])
+
+
+def definitions(summary: Summary) -> tuple[str, ...]:
+    """DEFINITIONS, and the objective and pareto columns' where the table has them."""
+    return (*DEFINITIONS, PARETO_DEFINITION) if pareto.has_front(summary.objectives) else DEFINITIONS
+
+
 def cells(summary: Summary) -> list[list[str]]:
-    return [[fn(r) for _, fn in COLUMNS] for r in summary.rows]
+    return [[fn(r) for _, fn in columns(summary)] for r in summary.rows]
+
+
+def answer_lines(summary: Summary) -> list[str]:
+    """The answer's line, and in a study of several objectives the line naming its front."""
+    return [summary.answer.line, *filter(None, [summary.answer.pareto_line])]
 
 
 def headline(summary: Summary) -> list[str]:
@@ -118,15 +165,16 @@ STABILITY_FROM = "skipped"  # the terminal splits the table here: 15 columns do 
 def rich_tables(summary: Summary, *, title: str) -> list[Table]:
     """The summary as two terminal tables (results, then stability), each led by the config, and
     a reproducibility table when the sweep has runs that should match (compare.repro)."""
-    split = [h for h, _ in COLUMNS].index(STABILITY_FROM)
+    cols_all = columns(summary)
+    split = [h for h, _ in cols_all].index(STABILITY_FROM)
     all_cells = cells(summary)
     out = []
-    for part, cols in ((title, range(0, split)), (f"{title}: stability", range(split, len(COLUMNS)))):
+    for part, cols in ((title, range(0, split)), (f"{title}: stability", range(split, len(cols_all)))):
         # 'trials' is left out: the status column already counts them, and width is scarce
-        idx = [0, *[i for i in cols if i != 0 and COLUMNS[i][0] != "trials"]]
+        idx = [0, *[i for i in cols if i != 0 and cols_all[i][0] != "trials"]]
         table = Table(title=part)
         for i in idx:
-            table.add_column(COLUMNS[i][0], overflow="fold")
+            table.add_column(cols_all[i][0], overflow="fold")
         for r, row_cells in zip(summary.rows, all_cells):
             # no finished trial: red, there is nothing to compare; the baseline in bold
             style = "bold" if r.is_baseline else ("red" if not r.has_numbers else None)
@@ -142,17 +190,20 @@ def markdown_table(summary: Summary) -> str:
     def line(items: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in items) + " |"
 
-    out = [line([h for h, _ in COLUMNS]), line(["---"] * len(COLUMNS))]
+    cols = columns(summary)
+    out = [line([h for h, _ in cols]), line(["---"] * len(cols))]
     out += [line(c) for c in cells(summary)]
     return "\n".join(out)
 
 
 def markdown_document(summary: Summary, *, title: str, context: list[str]) -> str:
-    """summary.md: title, what it was computed against, the table and its definitions."""
+    """summary.md: title, the answer (and the Pareto front), what it was computed against, the
+    table and its definitions."""
     bullets = [f"- {x}" for x in [*context, *headline(summary)]]
-    defs = [f"- {d}" for d in DEFINITIONS]
+    defs = [f"- {d}" for d in definitions(summary)]
     repro_section = [repro.markdown(summary.repro)] if summary.repro else []
-    return "\n".join([f"# {title}", "", f"**{summary.answer.line}**", "", *bullets, "", markdown_table(summary), "", *defs, "",
+    answer = [f"**{x}**\n" for x in answer_lines(summary)]  # a paragraph each
+    return "\n".join([f"# {title}", "", *answer, *bullets, "", markdown_table(summary), "", *defs, "",
                       *repro_section])
 
 
@@ -160,11 +211,12 @@ def html_table(summary: Summary) -> str:
     """The summary as two tables (results, then stability, each led by the config, as in the
     terminal), each in a box that scrolls on its own: 21 columns side by side are wider than a
     1600 px window, and the page itself must not scroll sideways."""
-    split = [h for h, _ in COLUMNS].index(STABILITY_FROM)
+    cols = columns(summary)
+    split = [h for h, _ in cols].index(STABILITY_FROM)
     all_cells = cells(summary)
     out = []
-    for cls, idx in (("results", range(0, split)), ("stability", [0, *range(split, len(COLUMNS))])):
-        head = "".join(f"<th>{html.escape(COLUMNS[i][0])}</th>" for i in idx)
+    for cls, idx in (("results", range(0, split)), ("stability", [0, *range(split, len(cols))])):
+        head = "".join(f"<th>{html.escape(cols[i][0])}</th>" for i in idx)
         body = []
         for r, row_cells in zip(summary.rows, all_cells):
             row_cls = "baseline" if r.is_baseline else ("nonumbers" if not r.has_numbers else "")
@@ -175,16 +227,27 @@ def html_table(summary: Summary) -> str:
     return "\n".join(out)
 
 
+_STUDY_FIELDS = ("objective_values", "pareto")  # ConfigRow's, written as columns of their own (write_csv)
+
+
 def write_csv(summary: Summary, path: Path) -> Path:
-    """Raw numbers (unformatted, empty = none), one row per configuration, for further analysis."""
-    keys = [f.name for f in fields(ConfigRow)] + ["target_loss"]
+    """Raw numbers (unformatted, empty = none), one row per configuration, for further analysis. A
+    study of several objectives adds a column per objective (named as its metric,
+    `objective/<name>`) and `pareto` (true / false, as the trial runs' tag); a sweep of one, neither."""
+    study = pareto.has_front(summary.objectives)
+    keys = [f.name for f in fields(ConfigRow) if f.name not in _STUDY_FIELDS]
+    keys += [*(o.metric for o in summary.objectives), "pareto"] if study else []
+    keys += ["target_loss"]
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         for r in summary.rows:
-            row = asdict(r)
+            row = {k: v for k, v in asdict(r).items() if k not in _STUDY_FIELDS}
             row["diverged_steps"] = " ".join(map(str, r.diverged_steps))
             row["pruned_steps"] = " ".join(map(str, r.pruned_steps))
+            if study:
+                row |= {o.metric: v for o, v in zip(summary.objectives, r.objective_values)}
+                row["pareto"] = "true" if r.pareto else "false"
             row["target_loss"] = summary.target_loss
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return path
