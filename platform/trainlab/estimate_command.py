@@ -7,9 +7,10 @@ before anything runs.
     trainlab estimate cluster=ray cluster.address=HEAD:6379 model=1b      # the running cluster's GPUs
 
 The command line is composed and checked exactly as `trainlab train` would (config.multirun:
-the same conf/, the same refusals, a sweep's jobs as Hydra's basic sweeper makes them); nothing
-starts, no Hydra folder is written, and no Ray is started (a running cluster at
-cluster.address is only read). The cluster is cluster.nodes, else the one at cluster.address
+the same conf/, the same refusals, a sweep's jobs as Hydra's basic sweeper makes them; Hydra's
+Optuna sweeper's as far as they are known before any runs, a line first saying which; any other
+search sweeper refused, naming one point to estimate instead); nothing starts, no Hydra folder is
+written, and no Ray is started (a running cluster at cluster.address is only read). The cluster is cluster.nodes, else the one at cluster.address
 (the GPU types placement would give the trial), else this machine. Exit status 2 for bad input
 (a config, or a cluster that cannot hold a trial's gang), else 0: a trial that does not fit is
 an answer, shown in red with what it lacks.
@@ -27,7 +28,9 @@ of each trial, composed as `trainlab train` composes it, on the cluster of
   cluster.address=HEAD:6379       (a running Ray cluster, when cluster.nodes is empty)
   this machine                    (neither)
 with cluster.calibration=FILE's efficiencies (`trainlab calibrate -o FILE`).
-  -m, --multirun   every job of a sweep (comma lists, +sweep=NAME), ranked at the end
+  -m, --multirun   every job of a sweep (comma lists, +sweep=NAME), ranked at the end, and its
+                   estimated compute; with hydra/sweeper=optuna the trials known before any runs
+                   (a grid's every point, a seeded sampler's first batch), a line saying which
 """
 
 SHOWN_KEYS = ("model", "parallel", "precision")
@@ -35,7 +38,8 @@ SHOWN_KEYS = ("model", "parallel", "precision")
 
 
 def _labels(jobs) -> list[str]:
-    from trainlab.launch.sweep import _pick, varied_keys
+    from trainlab.launch.sweep_trial import pick as _pick
+    from trainlab.launch.sweep_trial import varied_keys
 
     if len(jobs) > 1:
         keys = varied_keys([list(j.overrides) for j in jobs])
@@ -61,6 +65,32 @@ def estimate_jobs(jobs) -> list:
         except (ValueError, NotImplementedError) as e:  # a model it has no shape for: said, not a traceback
             out.append(TrialEstimate(label=label, cluster=cluster, estimate=None, error=str(e)))
     return out
+
+
+def compute_line(sweep, trials) -> str:
+    """The sweep's estimated compute, as `trainlab train -m` prints it before its first trial
+    (step time x train.max_steps x ranks, summed), over what is listed: all its trials; at most
+    the costliest of a grid it runs some points of; or a search's first trials, with what all of
+    them would take, each as costly as the costliest listed."""
+    costs = [t.estimate.step_time_s * job.run.train.max_steps * len(t.estimate.ranks)
+             for t, job in zip(trials, sweep.jobs) if t.estimate is not None]
+    devices = "/".join(sorted({r.device.name for t in trials if t.estimate for r in t.estimate.ranks})) or "device"
+
+    def amount(device_s: float) -> str:
+        return f"{device_s / 3600:,.2f} {devices}-hours" if device_s >= 360 else f"{device_s:.3g} {devices}-seconds"
+
+    listed, runs, how = len(sweep.jobs), sweep.num_trials, "step time x train.max_steps x ranks, summed"
+    if len(costs) < listed:
+        return (f"estimated compute: {amount(sum(costs))} for the {len(costs)} of {listed} listed trials that "
+                f"have an estimate ({how})")
+    if runs == listed:
+        return f"estimated compute: {amount(sum(costs))} for {runs} trials ({how})"
+    if runs < listed:
+        return (f"estimated compute: at most {amount(sum(sorted(costs)[-runs:]))} for the {runs} trials it runs "
+                f"(the {runs} costliest of these {listed}; {how})")
+    return (f"estimated compute: {amount(sum(costs))} for the {listed} trials listed ({how}); the other "
+            f"{runs - listed} are not known before they run: {runs} trials as costly as the costliest listed "
+            f"would take {amount(runs * max(costs, default=0.0))}")
 
 
 def described_cluster(run) -> tuple:
@@ -101,7 +131,7 @@ def described_cluster(run) -> tuple:
 
 def main(argv: list[str]) -> None:
     from trainlab.config import ConfigError
-    from trainlab.config.multirun import expand_jobs
+    from trainlab.config.multirun import expand_sweep
     from trainlab.console import console
     from trainlab.estimate.table import ranking_table, trial_renderables
     from trainlab.plan.derive_layout import plan_layout
@@ -111,11 +141,14 @@ def main(argv: list[str]) -> None:
         print(USAGE)
         return
     try:
-        jobs = expand_jobs(argv, check=plan_layout)  # a layout that cannot run is refused as train refuses it
+        sweep = expand_sweep(argv, check=plan_layout)  # a layout that cannot run is refused as train refuses it
     except ConfigError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
-    trials = estimate_jobs(jobs)
+    if sweep.note:  # what a search sweeper's listed trials are of its study, before their numbers
+        console.print(sweep.note, markup=False, soft_wrap=True)
+        console.print()
+    trials = estimate_jobs(sweep.jobs)
     if len(trials) == 1 and trials[0].estimate is None:  # bad input: one error line, as train's
         print(f"error: {redact(trials[0].error)}", file=sys.stderr)
         sys.exit(2)
@@ -125,6 +158,8 @@ def main(argv: list[str]) -> None:
         console.print()
     if len(trials) > 1:
         console.print(ranking_table(trials))
+    if len(trials) > 1 or sweep.note:
+        console.print(compute_line(sweep, trials), markup=False, soft_wrap=True)
     failed = [t for t in trials if t.estimate is None]
     if failed:
         each = "; ".join(f"{t.label}: {t.error}" for t in failed)
