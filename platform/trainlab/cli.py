@@ -23,7 +23,7 @@ commands:
   compare --sweep NAME   a sweep's trials side by side: table, plots, report.html
   calibrate [-o PATH]    fit the estimate to a store's finished trials (--tracking-uri, --experiment,
                          --sweep); writes the JSON cluster.calibration=PATH reads
-  bench overhead|hf|sweep|prune|fp8|parallel|determinism|balance|checkpoint|acceptance|estimate
+  bench overhead|hf|sweep|study|prune|fp8|parallel|determinism|balance|checkpoint|acceptance|estimate
                          benchmarks; each prints ratios measured side by side
   submit --address URL [-m] -- [overrides...]   a trial or sweep as a Ray job on a cluster
   status|logs|stop JOB_ID --address URL         follow a submitted job

@@ -42,6 +42,7 @@ SMOKE = {
                    r"\s*128\s+\d+\.\d\s+\d+\.\d\s+(\d+\.\d{2})x"),
 }
 ELSEWHERE = {"hf": "integration/test_bench_hf.py", "sweep": "integration/test_sweep_overhead.py", "prune": "integration/test_prune_savings.py",
+             "study": "integration/test_bench_study.py",
              "parallel": "distributed/test_layout_speed.py",
              "checkpoint": "distributed/test_checkpoint_cost.py", "acceptance": "distributed/test_acceptance.py",
              "estimate": "integration/test_estimate_vs_measured.py"}

@@ -9,6 +9,7 @@ MODULES = {
     "overhead": "engine_overhead",
     "hf": "hf_peer",
     "sweep": "sweep_overhead",
+    "study": "study_search",
     "prune": "prune_savings",
     "fp8": "fp8_vs_bf16",
     "parallel": "layout_speed",

@@ -1,9 +1,12 @@
-"""Sweep overhead, gangs per trial vs warm gangs, side by side in one run: the same K short
-trials through the sweep runner on one local Ray cluster, first with a Ray Train gang per trial
-(hydra.launcher.reuse_gangs=false), then on warm gangs (the default).
+"""Sweep overhead, gangs per trial vs warm gangs vs gangs kept warm, side by side in one run:
+the same K short trials through the sweep runner on one local Ray cluster, first with a Ray
+Train gang per trial (hydra.launcher.reuse_gangs=false), then on warm gangs (the default), kept
+warm after that sweep (hydra.launcher.keep_warm_s), then as a second sweep on the gangs the
+first kept: what a later command on a running cluster meets. Each sweep is a study of its own,
+as each command's is; only the keepers (launch.kept_gang) outlive one.
 
 Per mode it prints the start latency (a trial's request to its first optimizer step) of the
-first trial of each gang and of the trials after it on a warm gang, the sweep's wall time, the
+sweep's first trial, of the first trial of each gang and of the trials after it on a warm gang, the sweep's wall time, the
 sum of the trials' own training time and `ratio (<mode>): X.XXX` = wall / (sum of training /
 concurrency): 1.0 would mean scheduling, process start-up and tracking cost nothing. A last
 line compares the modes.
@@ -19,14 +22,17 @@ from pathlib import Path
 
 from trainlab.config import compose_run_config
 from trainlab.console import console, fmt
+from trainlab.launch.kept_gang import end_kept_gangs
 from trainlab.launch.ray_trial import connect
 from trainlab.launch.sweep import SweepOutcome, Trial, execute_sweep
 
 DEFAULTS = ["model=tiny", "train.max_steps=100", "train.eval_every=0", "train.global_batch_size=8",
             "train.micro_batch_size=8", "train.seq_len=64", "cluster.num_workers=1",
             "tracking.system_metrics=false"]
-MODES = {"per-trial gangs": False, "warm gangs": True}
-"""Mode name -> hydra.launcher.reuse_gangs."""
+KEEP_WARM_S = 600
+"""hydra.launcher.keep_warm_s of the warm sweep and the second one (their keepers are ended after)."""
+MODES = {"per-trial gangs": (False, 0), "warm gangs": (True, KEEP_WARM_S), "kept-warm gangs, second sweep": (True, KEEP_WARM_S)}
+"""Mode name -> (hydra.launcher.reuse_gangs, hydra.launcher.keep_warm_s)."""
 
 
 @dataclass
@@ -49,6 +55,12 @@ class ModeResult:
         """Per trial, its wall time (request to its run closed) minus its training time."""
         return [t.ended_at - t.submitted_at - t.result.elapsed_s for t in self.trials
                 if t.result and t.gang.startswith("warm") == warm]
+
+    @property
+    def first_start_s(self) -> float | None:
+        """The start latency of the sweep's first trial (the first submitted)."""
+        first = min(self.trials, key=lambda t: t.submitted_at)
+        return first.start_latency_s
 
     @property
     def ratio(self) -> float:
@@ -80,6 +92,7 @@ def report(m: ModeResult) -> None:
     _say(f"{m.name}: {len(m.trials)} trials, concurrency {o.concurrency}, wall {o.wall_s:.1f}s, "
          f"sum of training {sum(m.train_s):.1f}s, ideal wall {sum(m.train_s) / o.concurrency:.1f}s, "
          f"gangs started {sum(not t.gang.startswith('warm') for t in m.trials)}")
+    _say(f"{m.name}: the sweep's first trial starts in {fmt(m.first_start_s, '.1f')}s")
     _say(f"{m.name}: start latency (request to first step), median: first trial of a gang "
          f"{_median(m.latencies(warm=False))}, later trials of a warm gang {_median(m.latencies(warm=True))}")
     _say(f"{m.name}: trial wall minus its training, median: first trial of a gang "
@@ -113,14 +126,19 @@ def main(argv: list[str]) -> None:
         if not args.no_warmup:
             console.print("warming the cluster with one trial (not measured) ...")
             execute_sweep(warm, max_concurrent_trials=1, rerun=True, reuse_gangs=False)
-        for name, reuse in MODES.items():
-            console.print(f"---- {name} (hydra.launcher.reuse_gangs={str(reuse).lower()}) ----")
-            trials = _trials(overrides, k=args.trials, tmp=tmp, first_seed=0,
-                             experiment=f"bench_sweep_{'warm' if reuse else 'per_trial'}")
-            outcome = execute_sweep(trials, max_concurrent_trials=args.concurrency, rerun=True, reuse_gangs=reuse)
-            if any(not t.result for t in trials):
-                raise SystemExit(f"bench sweep: some trials of the {name} sweep did not finish; see the table above")
-            results.append(ModeResult(name=name, trials=trials, outcome=outcome))
+        try:
+            for i, (name, (reuse, keep)) in enumerate(MODES.items()):
+                console.print(f"---- {name} (hydra.launcher.reuse_gangs={str(reuse).lower()} "
+                              f"hydra.launcher.keep_warm_s={keep}) ----")
+                trials = _trials(overrides, k=args.trials, tmp=tmp, first_seed=0, experiment=f"bench_sweep_{i}")
+                outcome = execute_sweep(trials, max_concurrent_trials=args.concurrency, rerun=True, reuse_gangs=reuse,
+                                        keep_warm_s=keep)
+                if any(not t.result for t in trials):
+                    raise SystemExit(f"bench sweep: some trials of the {name} sweep did not finish; see the table above")
+                results.append(ModeResult(name=name, trials=trials, outcome=outcome))
+        finally:
+            end_kept_gangs()
     for m in results:
         report(m)
-    compare(*results)
+    compare(*results[:2])
+    compare(results[0], results[2])
