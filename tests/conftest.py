@@ -4,8 +4,10 @@ a real MLflow tracking server that a test can kill and restart."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
+import resource
 import shutil
 import signal
 import socket
@@ -26,6 +28,18 @@ from trainlab.distributed import close_distributed
 from trainlab.plan.here import plan_here
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def torch_import_cpu_s() -> float:
+    """CPU seconds a fresh interpreter takes to import torch on this machine: the unit that CPU
+    bounds on a command are stated in, so that they hold on a slower machine as on a faster one
+    (0.5 s of CPU for a config-layer refusal was 0.38 of it on a machine where the import took
+    1.3 s, and 1.24 s, again 0.38 of it, on one 2.3x slower where it took 3.3 s)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def free_port() -> int:

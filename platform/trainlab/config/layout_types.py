@@ -2,13 +2,17 @@
 
 trainlab.plan.derive_layout derives them (plan_layout, the one place parallel_dims runs); the
 estimate, the engine and parallelize() are handed them. The arithmetic of a layout that needs no
-process group (a rank's coordinates, a pipeline's bubble in theory) is here too, so the estimate
+process group (a rank's coordinates, whether FSDP shards, a pipeline's bubble in theory) is here too, so the estimate
 reads it without importing the parallel layer (torch.distributed's FSDP and pipelining: seconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainlab.config.schema import ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,15 @@ def coords(rank: int, dims: ParallelDims) -> MeshCoords:
     pp_rank = (rank // dims.tp) % dims.pp
     dp_rank = rank // (dims.tp * dims.pp)
     return MeshCoords(dp_rank=dp_rank, pp_rank=pp_rank, tp_rank=tp_rank)
+
+
+FSDP_KINDS = ("fsdp", "zero2", "hsdp")
+"""parallel.data_parallel kinds that shard parameters with FSDP2 (zero1 shards only the optimizer's state)."""
+
+
+def fsdp_shards(dims: ParallelDims, cfg: ParallelConfig) -> bool:
+    """Whether parallelize() shards parameters with FSDP2 (which then all-gathers them)."""
+    return dims.dp > 1 and dims.pp == 1 and cfg.data_parallel in FSDP_KINDS
 
 
 def bubble_fraction(*, pp: int, n_microbatches: int, virtual_stages: int = 1) -> float:

@@ -22,7 +22,7 @@ import torch
 from trainlab import names
 from trainlab.config import RunConfig
 from trainlab.config.checkpoints import Checkpoint, complete_checkpoints
-from trainlab.config.layout_types import coords
+from trainlab.config.layout_types import coords, fsdp_shards
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.distributed import (
     DistInfo,
@@ -58,7 +58,7 @@ from trainlab.events import (
 from trainlab.models import build_model
 from trainlab.models.accounting import model_flops_per_token
 from trainlab.models.init import materialize
-from trainlab.parallel import fsdp_shards, parallelize, reshard
+from trainlab.parallel import parallelize, reshard
 from trainlab.parallel.mesh import build_mesh
 from trainlab.plan.derive_layout import unordered_reductions
 from trainlab.plan.trial_plan import TrialPlan, replan

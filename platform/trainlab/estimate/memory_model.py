@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout_types import TrialLayout, coords
+from trainlab.config.layout_types import TrialLayout, coords, fsdp_shards
 from trainlab.estimate.activations import rank_activations
 from trainlab.estimate.result import RankMemory
 from trainlab.estimate.shards import (
@@ -59,7 +59,6 @@ def rank_memories(run: RunConfig, *, trial_layout: TrialLayout, device_type: str
     batch is not split equally (parallel.dp_balance=weighted gives faster ranks larger ones);
     None = the config's micro-batch on every rank. `trial_layout`: the plan's (plan.derive_layout)."""
     from trainlab.distributed import backend_for
-    from trainlab.parallel import fsdp_shards
 
     layout = Sharding.of(run, trial_layout)
     backend = backend_for(device_type) if fsdp_shards(layout.dims, run.parallel) else ""

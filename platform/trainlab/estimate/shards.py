@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainlab.config import RunConfig
-from trainlab.config.layout_types import MeshCoords, ParallelDims, TrialLayout, coords
+from trainlab.config.layout_types import MeshCoords, ParallelDims, TrialLayout, coords, fsdp_shards
 from trainlab.data.build_corpus import corpus_vocab_size
 
 
@@ -114,7 +114,6 @@ class Sharding:
     @classmethod
     def of(cls, run: RunConfig, trial_layout: TrialLayout) -> Sharding:
         """`run`'s sharding under the layout the plan decided (plan.derive_layout.plan_layout)."""
-        from trainlab.parallel import fsdp_shards
 
         dims = trial_layout.dims
         p = run.parallel

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainlab.config.layout_types import ParallelDims
+from trainlab.config.layout_types import ParallelDims, fsdp_shards
 from trainlab.config.schema import ParallelConfig
 from trainlab.distributed import backend_for
 from trainlab.parallel.ddp import apply_ddp
@@ -22,7 +22,6 @@ from trainlab.parallel.fsdp import apply_zero1
 if TYPE_CHECKING:
     from trainlab.parallel.pp import Pipeline
 
-FSDP_KINDS = ("fsdp", "zero2", "hsdp")
 REDUCE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -46,11 +45,6 @@ class Parallelized:
     make_optimizer: Callable[..., torch.optim.Optimizer] = _plain_optimizer
     """(optimizer_cls, param_groups, **kwargs) -> the optimizer: ZeRO-1 shards its states
     over dp_group; every other layout builds optimizer_cls as it is."""
-
-
-def fsdp_shards(dims: ParallelDims, cfg: ParallelConfig) -> bool:
-    """Whether parallelize() shards parameters with FSDP2 (which then all-gathers them)."""
-    return dims.dp > 1 and dims.pp == 1 and cfg.data_parallel in FSDP_KINDS
 
 
 def parallelize(model: nn.Module, *, dims: ParallelDims, cfg: ParallelConfig,
