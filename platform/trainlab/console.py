@@ -24,8 +24,9 @@ from rich.table import Table
 
 from trainlab.events import WARNING, ProgressEvent, StepDone, TrialResult, TrialStarted
 
-# in a log (not a terminal) rich would wrap tables at 80 columns; logs can be wide
-console = Console(stderr=False, highlight=False,
+# in a log (not a terminal) rich would wrap tables at 80 columns; logs can be wide. A line is
+# never broken (soft_wrap): a path or a URI in it stays whole for grep and a copy, at any width.
+console = Console(stderr=False, highlight=False, soft_wrap=True,
                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
@@ -124,7 +125,11 @@ class ProgressLine:
 
 
 def summary_table(title: str, rows: dict[str, str]) -> Table:
+    """Key | value rows; a value too wide for the console folds onto more lines, whole (a path
+    or a store URI cut to '...' could not be copied)."""
     table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column()
+    table.add_column(overflow="fold")
     for k, v in rows.items():
         table.add_row(k, v)
     return table

@@ -43,3 +43,36 @@ def test_a_trial_that_reported_its_result_keeps_the_results_count(tmp_path):
                          loss_spikes=0, elapsed_s=1.0)
     done = TrialOutcome(status=names.STATUS_FINISHED, result=result, run_id=None, tracking_uri=None, last_step=5)
     assert summary_rows(done, tmp_path)["steps"] == "5 (640 tokens)"
+
+
+def test_a_long_output_dir_and_store_uri_stay_whole_on_a_narrow_console(tmp_path):
+    """At 80 columns (a pytest-xdist worker's, a narrow terminal's) the summary folds a long value
+    onto more lines instead of cutting it to '...': the path and the URI can still be copied."""
+    deep = tmp_path.joinpath(*(["a_rather_long_folder_name"] * 6))
+    uri = f"sqlite:///{deep}/mlflow.db"
+    result = TrialResult(status=names.STATUS_FINISHED, steps=5, tokens_seen=640, final_loss=2.0, final_val_loss=2.1,
+                         tokens_per_s=100.0, mfu=None, peak_mem_gb=0.1, skipped_steps=0, nonfinite_steps=0,
+                         loss_spikes=0, elapsed_s=1.0)
+    done = TrialOutcome(status=names.STATUS_FINISHED, result=result, run_id="0" * 32, tracking_uri=uri, last_step=5)
+    width = console.width
+    console.width = 80
+    try:
+        rows = summary_rows(done, deep)
+    finally:
+        console.width = width
+    assert "…" not in "".join(rows.values()), rows
+    assert "".join(rows["output dir"].split()) == str(deep), rows["output dir"]
+    assert "".join(rows["MLflow run"].split()) == f"{'0' * 32}in{uri}", rows["MLflow run"]
+
+
+def test_a_notice_with_a_long_path_is_one_line_on_a_narrow_console(tmp_path):
+    """A log line is never broken at the console's width: grep for 'at step 2' finds it."""
+    line = f"resumed from {tmp_path.joinpath(*(['checkpoints'] * 8))}/step_00000002 at step 2 (restart 1) on 1 workers"
+    width = console.width
+    console.width = 80
+    try:
+        with console.capture() as cap:
+            console.print(f"[cyan]{line}[/]")
+    finally:
+        console.width = width
+    assert cap.get() == line + "\n"
