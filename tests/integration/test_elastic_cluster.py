@@ -1,7 +1,7 @@
 """Elastic data parallel on a real Ray cluster: a head and a second node on this machine, one
 CPU (one worker) each, started by `ray start` as users start them (as test_multinode's). An elastic
 trial (2 workers, down to 1) runs across both; its second node is killed mid-run, with every
-process on it; the trial must go on on 1 worker, grow back to 2 when the node is started
+process on it; the trial must go on on 1 worker (train and checkpoint there), grow back to 2 when the node is started
 again, and finish, which MLflow must show: status finished, fault/workers 2 then 1 then 2,
 every step once, the same tokens per step throughout.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -116,6 +117,13 @@ def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tm
         cluster.kill_node()
         timeline["on 1 worker"] = _wait_for(
             "a restart on 1 worker", lambda: "continuing on 1 of 2 workers" in log.read_text(), driver, log, 120)
+        # the node comes back only once 1 worker has trained past its resume point and checkpointed
+        # (which first syncs the tracker): started at the notice, the node once returned before the
+        # 1-worker attempt's first metrics left its process, and MLflow never saw it run on 1 worker
+        resumed_at = int(re.search(r"at step (\d+) \(restart 1\) on 1 workers", log.read_text()).group(1))
+        timeline["checkpoint on 1 worker"] = _wait_for(
+            "a checkpoint on 1 worker", lambda: complete_checkpoints(run_dir / "checkpoints")[-1].step > resumed_at,
+            driver, log, 120)
         cluster.start_node()
         timeline["back on 2"] = _wait_for(  # the grow-back's "resumed from ... on 2 workers"
             "a grow-back", lambda: "on 2 workers" in log.read_text(), driver, log, 120)
