@@ -250,7 +250,11 @@ def ray_cluster():
     from trainlab.launch.ray_trial import start_local_cluster
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    start_local_cluster(num_cpus=4, include_dashboard=False,
+    # with the dashboard, as trainlab starts Ray: it serves the state API, where Ray Train v2's
+    # PlacementGroupCleaner asks whether a run's controller is alive; without it the answers fail
+    # and a "not found" reads as dead, and the cleaner removed a live warm gang's placement group
+    # mid-trial (CI, 2026-12-06: WorkerHealthCheckFailedError in test_warm_gangs)
+    start_local_cluster(num_cpus=4, include_dashboard=True,
                         runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}})
     import ray
 
