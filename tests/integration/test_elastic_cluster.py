@@ -1,8 +1,8 @@
 """Elastic data parallel on a real Ray cluster: a head and a second node on this machine, one
 CPU (one worker) each, started by `ray start` as users start them (as test_multinode's). An elastic
 trial (2 workers, down to 1) runs across both; its second node is killed mid-run, with every
-process on it; the trial must go on on 1 worker (train and checkpoint there), grow back to 2 when the node is started
-again, and finish, which MLflow must show: status finished, fault/workers 2 then 1 then 2,
+process on it; the trial must go on on 1 worker (train and checkpoint there), grow back to 2 when
+the node is started again, and finish, which MLflow must show: status finished, fault/workers 2 then 1 then 2,
 every step once, the same tokens per step throughout.
 
 Ray's own knobs make the test quick, not different: the head declares a node dead after ~1.5 s
@@ -29,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import free_port, kill_tree, trainlab_cmd
 from trainlab import names
-from trainlab.config.checkpoints import complete_checkpoints
+from trainlab.config.checkpoints import complete_checkpoints, latest_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -122,7 +122,7 @@ def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tm
         # 1-worker attempt's first metrics left its process, and MLflow never saw it run on 1 worker
         resumed_at = int(re.search(r"at step (\d+) \(restart 1\) on 1 workers", log.read_text()).group(1))
         timeline["checkpoint on 1 worker"] = _wait_for(
-            "a checkpoint on 1 worker", lambda: complete_checkpoints(run_dir / "checkpoints")[-1].step > resumed_at,
+            "a checkpoint on 1 worker", lambda: latest_checkpoint(run_dir / "checkpoints").step > resumed_at,
             driver, log, 120)
         cluster.start_node()
         timeline["back on 2"] = _wait_for(  # the grow-back's "resumed from ... on 2 workers"
