@@ -5,12 +5,15 @@ the extra (f - 1) x is slept. Where the sleep goes matters. A slow device is slo
 its gradients are ready, so the fast ranks wait for it inside the gradient all-reduce; a
 sleep after backward would come after the all-reduce, and would land in the next collective
 while the slow rank computes nothing (uneven shares could then never catch up). So the sleep
-runs at the start of each micro-batch, sized from this rank's measured compute per sequence
-(the median of its last few micro-batches: a burst of other work on a shared machine is not
-stretched f-fold); the very first micro-batch, with nothing measured yet,
-sleeps after itself. The measure ends when the micro-batch's last gradient is ready (RankTimer
-watches), so the wait in DDP's all-reduce is not taken for compute. The sleep sits inside the
-trainer's compute block: it counts as compute, not waiting, as a slower device's time would.
+runs at the start of each micro-batch, sized from this rank's measured compute per sequence:
+the lower quartile of its last 16 micro-batches. Other work on a shared machine only ever adds
+to a measure, and the device being emulated would not feel it: a median stretched a burst of it
+(another process starting for a second or two spans several micro-batches) f-fold into the
+sleeps after it, and the fast ranks then waited for a slow rank that balancing had already
+evened out. The very first micro-batch, with nothing measured yet, sleeps after itself. The
+measure ends when the micro-batch's last gradient is ready (RankTimer watches), so the wait
+in DDP's all-reduce is not taken for compute. The sleep sits inside the trainer's compute
+block: it counts as compute, not waiting, as a slower device's time would.
 It is an emulation for CPU: on CUDA it reads the host clock after synchronizing the device
 (RankTimer.now), twice per micro-batch, and the measure includes DDP's all-reduce wait.
 """
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import statistics
 import time
 from collections.abc import Iterator
 
 from trainlab.telemetry.ranks import RankTimer
+
+RECENT = 16
+"""Micro-batches whose measured compute sizes the next sleep."""
 
 
 class Slowdown:
@@ -34,7 +39,7 @@ class Slowdown:
             raise ValueError(f"debug.slowdown factor {factor!r} must be >= 1 (1 = full speed)")
         self.factor = factor
         self.timer = timer
-        self._recent: collections.deque[float] = collections.deque(maxlen=8)  # seconds per sequence
+        self._recent: collections.deque[float] = collections.deque(maxlen=RECENT)  # seconds per sequence
         self.slept_s = 0.0
         """Total emulated extra time so far (for tests and benches)."""
 
@@ -44,7 +49,7 @@ class Slowdown:
         extra = self.factor - 1.0
         first = not self._recent
         if not first:
-            self._sleep(extra * sequences * statistics.median(self._recent))
+            self._sleep(extra * sequences * self.per_sequence_s())
         start = self.timer.now()
         yield
         ready = self.timer.last_grad_ready
@@ -52,6 +57,11 @@ class Slowdown:
         self._recent.append((end - start) / max(1, sequences))
         if first:
             self._sleep(extra * (end - start))
+
+    def per_sequence_s(self) -> float:
+        """This rank's compute per sequence as the sleeps read it: the lower quartile of the
+        recent micro-batches (module docstring)."""
+        return sorted(self._recent)[len(self._recent) // 4]
 
     def _sleep(self, seconds: float) -> None:
         if seconds > 0:
