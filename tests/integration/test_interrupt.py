@@ -12,6 +12,7 @@ once it has written a checkpoint, so no timing decides what is checked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -71,8 +72,28 @@ class Driver:
         driver alone, as `kill` or a scheduler does); (exit code, seconds to exit)."""
         t0 = time.monotonic()
         (os.killpg if group else os.kill)(self.proc.pid, sig)
-        code = self.proc.wait(timeout=180)
+        try:
+            code = self.proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            state = self.signal_state()  # before the kill: which thread blocks, ignores or holds the signal
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            kill_what_ray_left(self.ray_tmp)
+            pytest.fail(f"the command did not exit within 180 s of {signal.Signals(sig).name} "
+                        f"(to its {'group' if group else 'pid'}):\n{state}\n--- its output\n{self.output()[-4000:]}")
         return code, time.monotonic() - t0
+
+    def signal_state(self) -> str:
+        """The driver's process group and each thread's signal masks (/proc: hex, bit n-1 is
+        signal n): what a signal that changed nothing met."""
+        lines = [f"pid {self.proc.pid} pgid {os.getpgid(self.proc.pid)} sid {os.getsid(self.proc.pid)}"]
+        for tid in sorted(os.listdir(f"/proc/{self.proc.pid}/task"), key=int):
+            with contextlib.suppress(OSError):
+                fields = dict(line.split(":\t", 1) for line in
+                              Path(f"/proc/{self.proc.pid}/task/{tid}/status").read_text().splitlines() if ":\t" in line)
+                lines.append(f"thread {tid} {fields['Name'].strip()}: " + " ".join(
+                    f"{k}={fields[k].strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+        return "\n".join(lines)
 
     def output(self) -> str:
         self.log.flush()
