@@ -38,6 +38,14 @@ TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_
          "train.max_steps=100000", "tracking.system_metrics=false", f"tracking.experiment={EXP}"]
 
 
+FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                   "os.execv(sys.executable, [sys.executable, '-m', 'trainlab.cli', *sys.argv[1:]])")
+"""`python -m trainlab.cli ARGS` with SIGHUP at its default, as a shell in a terminal starts it: a
+test run started under nohup (or by a runner that ignores SIGHUP) passes SIGHUP on ignored, and
+the driver keeps an ignored SIGHUP ignored (tests/unit/test_signals.py), so the terminal-closing
+test would wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup)."""
+
+
 @pytest.fixture
 def ray_tmp():
     """The command's own Ray temp root (short: Ray's socket paths must fit 107 bytes): what is
@@ -49,14 +57,15 @@ def ray_tmp():
 
 class Driver:
     """`python -m trainlab.cli train ARGS` in its own session (as a shell runs a command), so
-    every process it starts, Ray's included, carries the session id; output to a file."""
+    every process it starts, Ray's included, carries the session id; SIGHUP at its default
+    (FROM_A_TERMINAL); output to a file."""
 
     def __init__(self, args: list[str], *, cwd: Path, ray_tmp: Path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
         env.update(PYTHONUNBUFFERED="1", COLUMNS="200", RAY_TMPDIR=str(ray_tmp))
         self.ray_tmp = ray_tmp
         self.log = (cwd / f"driver-{time.monotonic_ns()}.log").open("w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainlab.cli", "train", *args], cwd=cwd, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-c", FROM_A_TERMINAL, "train", *args], cwd=cwd, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_for(self, found, what: str, timeout: float = 240):
