@@ -284,7 +284,9 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     trial = [o for o in TRIAL if not o.startswith(("train.max_steps=", "train.checkpoint_every="))]
     # checkpoint_every is not hashed (two trials differing only there would be one config to the
     # sweep): it follows the seed, so #0 (seed 0) never saves and #1 (seed 3) saves every 3 steps
-    args = ["-m", *trial, "train.max_steps=150", "train.checkpoint_every=${seed}", "seed=0,3",
+    # 1,000 steps, not 150: #0 must still run when #1's first checkpoint lands, and #1's gang may
+    # start 20 s after #0's on a busy machine (CI, 2026-12-06: #0 had finished its 150 steps by then)
+    args = ["-m", *trial, "train.max_steps=1000", "train.checkpoint_every=${seed}", "seed=0,3",
             "cluster.num_workers=1", "hydra.launcher.max_concurrent_trials=2", f"sweep_name={EXP}"]
     first = Driver(args, cwd=tmp_path, ray_tmp=ray_tmp)
     try:
