@@ -199,19 +199,7 @@ def make_demo(out: Path, *, family: str = "llama", seed: int = 0,
     try:
         temp = staging.prepare()
         say(f"making a {family} demo model, tokenizer and datasets in {out} ...")
-        say("  tokenizer (a byte-level BPE trained on the embedded corpus) ...")
-        from trainlab.data.hf_demo import train_demo_tokenizer, write_demo_dataset
-
-        train_demo_tokenizer(temp / "model")
-        say("  model (transformers' save_pretrained) ...")
-        from transformers import AutoTokenizer
-
-        from trainlab.models.hf_demo import write_demo_model
-
-        vocab_size = len(AutoTokenizer.from_pretrained(temp / "model", local_files_only=True))
-        write_demo_model(temp / "model", family=family, vocab_size=vocab_size, seed=seed)
-        say("  datasets ...")
-        write_demo_dataset(temp / "data")
+        _build(temp, family=family, seed=seed, say=say)
         with _signals_held():  # done: a signal now would only make a user run it again
             staging.publish()
     except BaseException:
@@ -219,6 +207,23 @@ def make_demo(out: Path, *, family: str = "llama", seed: int = 0,
             staging.discard()
         raise
     return {"model": out / "model", "docs": out / "data" / "docs.jsonl", "chat": out / "data" / "chat.jsonl"}
+
+
+def _build(folder: Path, *, family: str, seed: int, say: Callable[[str], None]) -> None:
+    """The tokenizer and model in folder/model, the datasets in folder/data."""
+    say("  tokenizer (a byte-level BPE trained on the embedded corpus) ...")
+    from trainlab.data.hf_demo import train_demo_tokenizer, write_demo_dataset
+
+    train_demo_tokenizer(folder / "model")
+    say("  model (transformers' save_pretrained) ...")
+    from transformers import AutoTokenizer
+
+    from trainlab.models.hf_demo import write_demo_model
+
+    vocab_size = len(AutoTokenizer.from_pretrained(folder / "model", local_files_only=True))
+    write_demo_model(folder / "model", family=family, vocab_size=vocab_size, seed=seed)
+    say("  datasets ...")
+    write_demo_dataset(folder / "data")
 
 
 # ---- the command ------------------------------------------------------------------------------
