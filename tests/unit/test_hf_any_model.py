@@ -160,7 +160,7 @@ def test_export_loads_into_transformers_with_the_same_logits(saved, tmp_path):
     from trainlab.models.hf_export import export_hf
 
     cfg, model = _model(saved["gpt_neox"], seed=11)  # a random init: not the saved weights
-    out = export_hf(model, cfg=cfg, out_dir=tmp_path / "hf_model")
+    out = export_hf(model, cfg=cfg, out_dir=tmp_path / "hf_model", trial_hash="t")
     with torch.no_grad():
         loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(input_ids=TOKENS).logits
         assert torch.equal(loaded, model(TOKENS))

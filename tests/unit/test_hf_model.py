@@ -149,7 +149,7 @@ def test_export_loads_into_transformers_with_the_same_logits(saved, tmp_path):
     from trainlab.models.hf_export import export_hf
 
     cfg, model = _trainlab_model(saved["qwen2"], seed=11)  # a random init: not the saved weights
-    out = export_hf(model, cfg=cfg, out_dir=tmp_path / "hf_model")
+    out = export_hf(model, cfg=cfg, out_dir=tmp_path / "hf_model", trial_hash="t")
     tokens = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(input_ids=tokens).logits

@@ -22,6 +22,7 @@ import torch
 from trainlab import names
 from trainlab.config import RunConfig
 from trainlab.config.checkpoints import Checkpoint, complete_checkpoints
+from trainlab.config.export_target import export_folder
 from trainlab.config.layout_types import coords, fsdp_shards
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.distributed import (
@@ -181,13 +182,13 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return token_loss(logits, targets)
 
 
-def export_model(trainer: Trainer, run: RunConfig) -> Path:
+def export_model(trainer: Trainer, run: RunConfig, *, trial_hash: str) -> Path:
     """train.export=hf: the trained model as a save_pretrained folder in <output_dir>/hf_model (all
     ranks write their shards; models.hf_export), with data=hf's tokenizer."""
     from trainlab.models.hf_export import export_hf
 
     reshard(trainer.model)  # FSDP2 keeps the root gathered after the last evaluation
-    return export_hf(trainer.model, cfg=run.model, out_dir=Path(run.output_dir or ".") / names.ARTIFACT_HF_MODEL,
+    return export_hf(trainer.model, cfg=run.model, out_dir=export_folder(run), trial_hash=trial_hash,
                      tokenizer=run.data.tokenizer if run.data.name == "hf" else "")
 
 
@@ -264,7 +265,7 @@ def run_trial(plan: TrialPlan, *, tracker_factory: TrackerFactory | None = None,
             warn(Notice(RESIZED, resized))
         trainer, result = attempt.train(trainer, warn=warn if dist_info.is_rank0 else None)
         if run.train.export and result.status == names.STATUS_FINISHED:
-            exported = export_model(trainer, run)
+            exported = export_model(trainer, run, trial_hash=trial_hash)
             tracker.log_artifact(str(exported))
             if dist_info.is_rank0:
                 warn(Notice(EXPORTED, f"exported the trained model to {exported} (transformers' from_pretrained "

@@ -15,7 +15,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from trainlab.config import ConfigError, RunConfig, ignored_options
+from trainlab.config import ConfigError, RunConfig, config_hash, ignored_options
+from trainlab.config.export_target import check_export_target
 from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
 from trainlab.config.validate import check_vocab_fits
@@ -81,6 +82,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         if swept is None:
             check_gang_cpus(run)
         check_run_folders(output_dir=run.output_dir, checkpoint_dir=run.train.checkpoint_dir)
+        check_export_target(run, trial_hash=config_hash(run))
         if swept is None:
             check_data(run)
         load_calibration(run.cluster.calibration)  # the file the user named, read as the estimate will
@@ -257,6 +259,7 @@ def check_sweep_trials(runs: list[RunConfig], labels: list[str]) -> list[TrialCh
     for run, label in zip(runs, labels):
         try:
             check_data(run)
+            check_export_target(run, trial_hash=config_hash(run))
             device = check_device(run)
             found.append(TrialChecks(device, estimate=check_fits_here(run, device)))
         except (ValueError, ConfigError) as e:
