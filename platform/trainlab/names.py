@@ -294,6 +294,9 @@ TAG_DRIVER = "trainlab.driver"
 """The process that holds the run open: 'HOST PID START' (vocab.processes.process_id). A run
 left RUNNING by one that is gone (SIGKILL, a crash) is ended by the next start of its config or
 its sweep (tracking.continued_run.end_orphaned_runs, tracking.sweep_runs.end_orphaned_sweep_runs)."""
+TAG_HEARTBEAT = "trainlab.heartbeat"
+"""On a sweep's parent run: when its driver last said it runs the study (Unix seconds), renewed
+while it does; how a driver on another host is told alive (tracking.study_owner)."""
 TAG_GANG = "gang"
 """On a child: the gang that ran it: 'warm #3 on gang 1' (the 3rd trial of warm gang 1), or
 'fresh: <why> (gang 2)' when it started a gang (launch.gang_pool; hydra.launcher.reuse_gangs)."""

@@ -53,8 +53,10 @@ from trainlab.launch.sweep_report import compute_line, print_links, report_table
 from trainlab.launch.sweep_trial import Trial, key_value, pick, varied_keys
 from trainlab.redact import redact
 from trainlab.tracking.store import resolve_tracking_uri
+from trainlab.tracking.study_owner import StudyOwner, own_study
 from trainlab.tracking.study_runs import log_objectives, log_study_size, tag_parent
 from trainlab.tracking.sweep_runs import (
+    check_sweep_free,
     close_sweep_parent,
     done_children,
     end_orphaned_sweep_runs,
@@ -109,6 +111,8 @@ class Study:
         self._started: float | None = None
         self._ended = 0.0
         self._signals = contextlib.ExitStack()
+        self._owner: StudyOwner | None = None
+        """This driver's hold on the study (tracking.study_owner), from the parent's opening to close."""
         self.sweeper_storage = None
         """Hydra's Optuna sweeper's study storage where it is trainlab's (launch.optuna_storage)."""
         self.sweeper_trials: dict[int, int] = {}
@@ -154,28 +158,50 @@ class Study:
                 with contextlib.suppress(Exception):  # a value the store did not take is still returned
                     log_objectives(tracking_uri=self.uri, run_id=t.run_id, values=values)
 
+    def claim(self, batch: list[Trial]) -> None:
+        """Make this driver the study's one owner (tracking.study_owner), or StudyHeld (a ConfigError)
+        naming the driver that runs it: called with the first batch, before its parent run opens or
+        Ray starts. Idempotent; a study tracked nowhere (tracking=none) shares nothing to own."""
+        if self._owner is not None or self.uri is not None:
+            return
+        if self.keys is None:
+            self.keys = varied_keys([t.overrides for t in batch])
+        first = batch[0].run
+        self.sweep_name = first.sweep_name or first.tracking.experiment
+        if first.tracking.name != "mlflow":
+            return
+        uri = resolve_tracking_uri(first.tracking.uri)
+        self._sid = sweep_id(sweep_name=self.sweep_name, experiment=first.tracking.experiment,
+                             job_overrides=[t.overrides for t in batch], study=self._identity())
+        self._owner = own_study(tracking_uri=uri, sid=self._sid, sweep_name=self.sweep_name)
+        try:  # a driver on another host shares no lock file with this one: its parent run says it runs
+            check_sweep_free(tracking_uri=uri, experiment=first.tracking.experiment, sid=self._sid,
+                             sweep_name=self.sweep_name)
+        except BaseException:
+            self._owner.release()
+            self._owner = None
+            raise
+        self.uri = uri
+
+    def _identity(self) -> dict | None:
+        """A search's identity in its sweep id: its sweeper and objectives (None for a grid)."""
+        return {**self.sweeper.identity(), "objective": list(self.config.objective)} if self.searching else None
+
     def _open(self, batch: list[Trial]) -> None:
         """The parent run and what the study keeps for all its batches (signals handled from here on)."""
         self.opened = True
         self._signals.enter_context(interrupt.interruptible())
         atexit.register(self._close_at_exit)  # an entry point that never calls close_open_studies
         _OPEN.append(self)
-        if self.keys is None:
-            self.keys = varied_keys([t.overrides for t in batch])
         first = self._first_run = batch[0].run
-        self.sweep_name = first.sweep_name or first.tracking.experiment
+        self.claim(batch)
         if self.searching and self.sweeper.seed is None:
             console.print(f"[yellow]warning:[/] hydra/sweeper={self.sweeper.name} has no seed: a rerun of this "
                           "study is proposed other trials, so it starts a new study instead of continuing this "
                           "one; set hydra.sweeper.sampler.seed=0 to make it resumable", soft_wrap=True)
-        if first.tracking.name != "mlflow":
+        if self.uri is None:
             return
-        self.uri = resolve_tracking_uri(first.tracking.uri)
-        identity = None
-        if self.searching:
-            identity = {**self.sweeper.identity(), "objective": list(self.config.objective)}
-        self._sid = sweep_id(sweep_name=self.sweep_name, experiment=first.tracking.experiment,
-                             job_overrides=[t.overrides for t in batch], study=identity)
+        identity = self._identity()
         definition = json.loads(redact(json.dumps(  # an override may hold a URI's credentials
             {"sweep": self.sweep_name, "varied": self.keys, "sweeper_params": self.sweeper_params,
              "jobs": [t.overrides for t in batch], **({"sweeper": identity} if identity else {})})))
@@ -185,6 +211,7 @@ class Study:
         if self.sweeper is not None:
             tags.update(self.sweeper.tags())
         tag_parent(tracking_uri=self.uri, parent_run_id=self.parent_id, tags=tags)
+        self._owner.beat(tracking_uri=self.uri, run_id=self.parent_id)
         # a driver killed with SIGKILL left runs of this sweep RUNNING: those it may resume stay so
         cut = {} if self.rerun else unfinished_checkpoints(tracking_uri=self.uri, parent_run_id=self.parent_id)
         self._end_orphans(resumable=set(cut.values()))
@@ -398,6 +425,8 @@ class Study:
             if before_release is not None:
                 before_release()
         finally:
+            if self._owner is not None:
+                self._owner.release()
             self._signals.close()
         return outcome
 

@@ -119,6 +119,8 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         trials = _checked(trials, study, config, strict=first, refused=refused)
         for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
             ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
+        if first and trials:
+            study.claim(trials)  # one driver per study: another running it is refused before Ray starts
     except ConfigError as e:
         study.close()  # a later batch: what ran so far keeps its parent and its table
         print(f"error: {redact(str(e))}", file=sys.stderr)

@@ -18,6 +18,7 @@ from trainlab.ray_job import job_run_name, submission_id
 from trainlab.tracking.continued_run import end_left_running
 from trainlab.tracking.mlflow_ui import training_experiment
 from trainlab.tracking.runs import mlflow_status
+from trainlab.tracking.study_owner import check_parent_free
 from trainlab.vocab.processes import process_id
 
 
@@ -61,6 +62,15 @@ def open_sweep_parent(*, tracking_uri: str, experiment: str, sweep_name: str, si
         path.write_text(json.dumps(definition, indent=2))
         client.log_artifact(run.info.run_id, str(path), artifact_path=names.ARTIFACT_SWEEP_DIR)
     return run.info.run_id, False
+
+
+def check_sweep_free(*, tracking_uri: str, experiment: str, sid: str, sweep_name: str) -> None:
+    """StudyHeld where sweep `sid`'s parent run is held by a running driver (tracking.study_owner);
+    a store or experiment not made yet holds no parent."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    for parent in _parents(client, exp.experiment_id, sid)[:1] if exp is not None else ():
+        check_parent_free(parent, sweep_name=sweep_name, tracking_uri=tracking_uri)
 
 
 def job_key(tags: dict[str, str]) -> str:
