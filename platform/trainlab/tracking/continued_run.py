@@ -1,4 +1,5 @@
-"""A resumed trial goes on in the MLflow run it started in, not in a new one.
+"""A resumed trial goes on in the MLflow run it started in, not in a new one (unless it resumes
+with another train.max_steps: tracking.changed_resume).
 
 The driver writes ``trial.json`` (run id and tracking URI) beside the trial's checkpoints
 when it opens the run. When a trial starts from a checkpoint (a rerun of its sweep, a
@@ -18,6 +19,7 @@ from trainlab import names
 from trainlab.config import RunConfig, config_hash
 from trainlab.config.checkpoints import checkpoint_root, latest_checkpoint, remove_unfinished_saves
 from trainlab.redact import redact
+from trainlab.tracking.changed_resume import changed_fields, continue_in_new_run
 from trainlab.tracking.runs import TrialRun, open_trial_run, tracker_options, trial_tags
 from trainlab.vocab.files import CONFIG_FILE_MAX_BYTES, read_text
 from trainlab.vocab.processes import process_gone, process_id
@@ -67,12 +69,17 @@ def open_or_resume_trial_run(run: RunConfig, *, tracking_uri: str, tags: dict[st
     """(the trial's run, whether it was reopened): the recorded run when the trial resumes from a
     checkpoint under `root`, else a new run; either way recorded there for the next resume."""
     trial = recorded_trial(root, tracking_uri) if resuming else None
-    reopened = trial is not None
+    changed = changed_fields(run, tracking_uri=tracking_uri, run_id=trial.run_id) if trial is not None else ""
+    reopened = trial is not None and not changed
     if reopened:
         reopen_trial_run(trial)
     else:
-        trial = open_trial_run(run, tracking_uri=tracking_uri,
-                               tags={**tags, names.TAG_CHECKPOINT_DIR: str(root)}, parent_run_id=parent_run_id)
+        left, trial = trial, open_trial_run(run, tracking_uri=tracking_uri,
+                                            tags={**tags, names.TAG_CHECKPOINT_DIR: str(root)},
+                                            parent_run_id=parent_run_id)
+        ckpt = latest_checkpoint(root) if left is not None else None
+        if left is not None and ckpt is not None:  # another schedule: a run of its own (tracking.changed_resume)
+            continue_in_new_run(left, trial, through_step=ckpt.step, why=changed)
     record_trial(root, trial)
     return trial, reopened
 
