@@ -158,6 +158,11 @@ def check_data(run: RunConfig) -> None:
         from trainlab.models.hf_any import check_architecture
 
         check_architecture(run.model)
+    if run.model._target_:  # your own builder: imported and built on the meta device here, not first in the gang
+        from trainlab.models import build_model
+
+        with torch.device("meta"):
+            build_model(run.model, vocab_size=model_vocab(run), shapes_only=True)
     if run.model.pretrained:  # the weights every worker loads: found and sane before Ray starts
         from trainlab.models.hf_weights import weight_files
 
