@@ -25,8 +25,8 @@ def as_override(plan: dict[str, str]) -> str:
     return "model.tp_plan={" + ",".join(f"{k}:{v}" for k, v in plan.items()) + "}"
 
 
-def _checked(overrides: list[str]):
-    run = compose_run_config([*RUN, *overrides])
+def _checked(overrides: list[str], *, base: list[str] = RUN):
+    run = compose_run_config([*base, *overrides])
     check_run(run)
     plan_layout(run)
     check_layout(run)
@@ -87,7 +87,8 @@ def test_your_module_without_a_plan_is_refused_naming_model_tp_plan_and_pipeline
 
 def test_a_preset_takes_a_plan_too_and_the_built_in_one_keeps_its_config_hash():
     run = compose_run_config(["model=tiny", "parallel=tp", "cluster.num_workers=2", "cluster.device=cpu",
-                              "model.tp_plan={layers.*.feed_forward.w1:colwise,layers.*.feed_forward.w2:rowwise}"])
+                              "model.tp_plan={layers.*.feed_forward.w1:colwise,layers.*.feed_forward.w3:colwise,"
+                              "layers.*.feed_forward.w2:rowwise}"])
     plan_layout(run)
     check_layout(run)
     assert "model.tp_plan" in hashed_config(run)
@@ -103,3 +104,66 @@ def test_a_linear_tied_to_a_module_left_replicated_is_refused():
     with pytest.raises(ValueError, match=r"model.tp_plan: lm_head shares a parameter with wte \(tied weights\), which "
                                          r"sharding it would untie; leave lm_head out of model.tp_plan"):
         check_user_plan(model, {"lm_head": "colwise"}, 2)
+
+
+# ---------------------------------------------------------------- shards that do not fit together on a rank
+TINY = ["model=tiny", "parallel=tp", "cluster.num_workers=2", "cluster.device=cpu", "train.seq_len=32"]
+ATTENTION = "{layers.*.attention.wq:colwise,layers.*.attention.wk:colwise,layers.*.attention.wv:colwise,"
+
+
+@pytest.mark.parametrize(("model", "plan", "says", "fix"), [
+    # the tester's case: q sharded, k/v/o whole; both ranks died on a shape error after a minute
+    (TINY, "{layers.*.attention.wq:colwise}",
+     "model.tp_plan: layers.*.attention.wq is colwise, but layers.*.attention.wk colwise, layers.*.attention.wv "
+     "colwise, layers.*.attention.wo rowwise are missing: layers.0.attention fails on one rank's shapes "
+     "(RuntimeError: The size of tensor a (2) must match the size of tensor b (4)",
+     ATTENTION + "layers.*.attention.wo:rowwise}"),
+    (TINY, ATTENTION[:-1] + "}", "layers.*.attention.wo rowwise is missing: layers.0.attention.wo fails",
+     ATTENTION + "layers.*.attention.wo:rowwise}"),
+    (TINY, "{layers.*.attention.wo:rowwise}", "layers.*.attention.wo is rowwise, but layers.*.attention.wq colwise, "
+     "layers.*.attention.wk colwise, layers.*.attention.wv colwise are missing",
+     "{layers.*.attention.wo:rowwise,layers.*.attention.wq:colwise,layers.*.attention.wk:colwise,"
+     "layers.*.attention.wv:colwise}"),
+    (TINY, "{layers.*.feed_forward.w1:colwise,layers.*.feed_forward.w2:rowwise}",
+     "but layers.*.feed_forward.w3 colwise is missing: layers.0.feed_forward fails",
+     "{layers.*.feed_forward.w1:colwise,layers.*.feed_forward.w2:rowwise,layers.*.feed_forward.w3:colwise}"),
+    (TINY, ATTENTION + "layers.*.attention.wo:rowwise,output:colwise}",
+     "output is colwise, but no linear after it takes the slice it returns: Transformer returns logits of shape "
+     "[1, 32, 128] on one rank instead of logits of shape [1, 32, 256]; leave output out",
+     ATTENTION + "layers.*.attention.wo:rowwise}"),
+    (RUN, "{layers.*.q:colwise}", "layers.*.q is colwise, but layers.*.k colwise, layers.*.v colwise, layers.*.proj "
+     "rowwise are missing: layers.0 fails", "{layers.*.q:colwise,layers.*.k:colwise,layers.*.v:colwise,"
+     "layers.*.proj:rowwise}"),
+    (RUN, "{layers.*.fc:colwise}", "layers.*.out rowwise is missing: layers.0.out fails on one rank's shapes",
+     "{layers.*.fc:colwise,layers.*.out:rowwise}"),
+    (RUN, "{layers.1.q:colwise}", "layers.1.k colwise, layers.1.v colwise, layers.1.proj rowwise are missing: "
+     "layers.1 fails", "{layers.1.q:colwise,layers.1.k:colwise,layers.1.v:colwise,layers.1.proj:rowwise}"),
+])
+def test_a_plan_whose_shards_do_not_fit_together_is_refused_with_a_plan_that_does(model, plan, says, fix):
+    with pytest.raises(ValueError) as info:
+        _checked([f"model.tp_plan={plan}"], base=model)
+    message = str(info.value)
+    assert says in message and "\n" not in message
+    assert message.endswith(f"give 'model.tp_plan={fix}'")
+    _checked([f"model.tp_plan={fix}"], base=model)  # the plan it gives passes
+
+
+def test_a_plan_nothing_can_complete_is_refused_with_the_rule():
+    with pytest.raises(ValueError, match=r"model.tp_plan: output is colwise, but the linears around it are not sharded "
+                                         r"to match: .*\[1, 32, 128\] on one rank .* a rowwise linear after it must take; "
+                                         r"fix model.tp_plan so, or shard by data instead \(parallel=fsdp\)"):
+        _checked(["model.tp_plan={output:colwise}"], base=TINY)
+
+
+def test_the_shape_check_of_a_7b_runs_one_of_its_alike_blocks_and_leaves_the_model_whole():
+    import time
+
+    run = compose_run_config(["model=7b", "parallel=tp", "cluster.num_workers=2", "train.seq_len=4096"])
+    with torch.device("meta"):
+        model = build_model(run.model, vocab_size=32000, shapes_only=True)
+    linears = [name for name, _ in model.named_modules()]
+    start = time.process_time()
+    with pytest.raises(ValueError, match="layers.0.attention fails on one rank's shapes"):
+        check_user_plan(model, {"layers.*.attention.wq": "colwise"}, 2, seq_len=4096)
+    assert time.process_time() - start < 3  # 32 blocks run 3 times (plain, sharded, the fix) took 8 s of CPU
+    assert [name for name, _ in model.named_modules()] == linears  # every block back, every linear its own

@@ -285,7 +285,7 @@ def check_layout(run: RunConfig) -> None:
 
         with torch.device("meta"):
             model = build_model(run.model, vocab_size=model_vocab(run), shapes_only=True)
-        check_user_plan(model, run.model.tp_plan, p.tp)
+        check_user_plan(model, run.model.tp_plan, p.tp, seq_len=run.train.seq_len)
     elif p.tp > 1:
         from trainlab.models import resolve_dims
         from trainlab.parallel.tp import check_tp

@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (
 
 from trainlab.models.args import ModelArgs
 from trainlab.models.block_names import block_names
+from trainlab.parallel.tp_shapes import check_plan_shapes
 from trainlab.parallel.tp_user import check_divisible, user_tp_plan
 
 
@@ -169,15 +170,19 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool = False,
     return plan
 
 
-def check_user_plan(model: nn.Module, user_plan: Mapping[str, str], tp: int) -> None:
+def check_user_plan(model: nn.Module, user_plan: Mapping[str, str], tp: int, *, seq_len: int = 0) -> None:
     """Refuse a model.tp_plan that `apply_tp` cannot apply to `model` `tp` ways: an unknown
     style, a pattern matching no module or a module that is not an nn.Linear, a module it
-    cannot replicate, a colwise out_features or rowwise in_features `tp` does not divide.
+    cannot replicate, a colwise out_features or rowwise in_features `tp` does not divide; with
+    `seq_len` (train.seq_len), a plan whose shards do not fit together on one rank (a query
+    sharded while keys and values stay whole: parallel.tp_shapes, on the meta device).
 
     Raises:
         ValueError: naming model.tp_plan, the module and what to change.
     """
     check_divisible(model, tp_plan(model, user_plan=user_plan), tp)
+    if seq_len:
+        check_plan_shapes(model, user_plan, tp, seq_len=seq_len)
 
 
 def param_shard_dims(model: nn.Module, *, sequence_parallel: bool = False,
