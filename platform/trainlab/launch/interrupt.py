@@ -64,6 +64,8 @@ class DriverInterrupt:
         self._previous: dict[int, object] = {}
         self._announced = threading.Lock()
         self._said = False
+        self.admitting = False
+        """Inside `admitting`: the trial is being checked and planned, nothing of it started."""
 
     @property
     def name(self) -> str:
@@ -77,6 +79,8 @@ class DriverInterrupt:
             self.signum = signum
         else:
             self.forced = True
+        if self.admitting and self.count == 1:
+            raise StopBeforeStart(signum)  # nothing to save or end: answered now, not after the checks
 
     def install(self, *, again: bool = False) -> None:
         """Take the stop signals (main thread only); one ignored when the command started (nohup)
@@ -171,6 +175,35 @@ def interruptible() -> Iterator[DriverInterrupt]:
         if _active.signum:
             _last = _active
         _active = None
+
+
+class StopBeforeStart(BaseException):
+    """A stop signal while a trial was admitted (`admitting`): raised where the driver was, like
+    Python's KeyboardInterrupt, so that a check that takes long (a tokenizer, a checkpoint read
+    back, a model's arithmetic) does not hold the command; launch.lifecycle ends it with
+    before_start's line. A BaseException, as KeyboardInterrupt: no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def admitting() -> Iterator[None]:
+    """While a trial's checks and plan run (before Ray starts or anything of it is written): the
+    first stop signal raises StopBeforeStart in the main thread at once. Outside `interruptible`
+    (Python's own handlers: KeyboardInterrupt) and in other threads it changes nothing."""
+    active = _active
+    if active is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    was, active.admitting = active.admitting, True
+    try:
+        if active.signum:  # a signal came before the checks began
+            raise StopBeforeStart(active.signum)
+        yield
+    finally:
+        active.admitting = was
 
 
 def after_interrupt() -> str:

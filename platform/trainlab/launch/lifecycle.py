@@ -73,8 +73,11 @@ def train(run: RunConfig | TrialPlan, *, executor: Executor | None = None, paren
     try:
         # -- plan, and own: one driver per trial, from when its checkpoint folder is decided (a
         # Ray driver: before Ray starts) and before anything of it is written (its run, its checkpoints)
-        plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id,
-                                                               claim=claim)
+        try:
+            plan = run if isinstance(run, TrialPlan) else plan_for(run, executor.where, parent_run_id=parent_run_id,
+                                                                   claim=claim)
+        except interrupt.StopBeforeStart:  # a signal during its checks: nothing of it started
+            return interrupt.before_start(None, show=show_progress)
         claim(Path(plan.paths.checkpoint_root))  # planned elsewhere (a sweep) or here (no Ray)
         if interrupt.current().signum:  # while Ray started: no run opened, nothing to resume
             return interrupt.before_start(plan.tracking_uri, show=show_progress)

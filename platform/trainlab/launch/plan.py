@@ -23,6 +23,7 @@ from trainlab.config.convert import hashed_config
 from trainlab.console import console
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
+from trainlab.launch import interrupt
 from trainlab.launch.estimate_cluster import placed_cluster
 from trainlab.launch.lease import check_free
 from trainlab.launch.paths import resolve_paths
@@ -48,7 +49,8 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     layout = plan_layout(run)  # a layout that cannot run is refused before anything else
     uses_mlflow = run.tracking.name == "mlflow"
     uri = resolve_tracking_uri(run.tracking.uri) if uses_mlflow else None
-    checks = preflight(run, tracking_uri=uri, services=services, swept=swept)  # 'auto' is left for a joined cluster
+    with interrupt.admitting():  # the checks may take long (data, the estimate): a stop signal ends them at once
+        checks = preflight(run, tracking_uri=uri, services=services, swept=swept)  # 'auto' is left for a joined cluster
     # the driver's first touch of the store (a new sqlite one made once, locked: seconds of MLflow's
     # imports and migrations) only once the checkpoint refusals are behind, unless the store says
     # where the checkpoint folder is (a stopped single trial run again)
@@ -59,8 +61,9 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     root = found.root if found else checkpoint_root(run)  # a rerun goes on where the trial stopped
     run = dataclasses.replace(run, train=dataclasses.replace(run.train, checkpoint_dir=str(root)))
     try:  # every file read back against its digest at save; another config's checkpoint refused
-        start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
-                               warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+        with interrupt.admitting():  # reading a large checkpoint back takes its time: a signal stops it
+            start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
+                                   warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
     except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
     (claim or check_free)(root)  # another driver trains this trial now: refused before Ray starts

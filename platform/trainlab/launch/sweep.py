@@ -17,6 +17,8 @@ a result, not a failure, as is a trial that hydra.launcher.prune stopped early).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -115,8 +117,10 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         what = (f"batch of {len(job_overrides)} trials (#{initial_job_idx} on) of the study"
                 if study.searching else f"sweep of {len(job_overrides)} trials")
         console.print(f"{what}: composing, checking and planning each before the first starts")
-        trials, refused = _prepare(hydra_context, config, job_overrides, initial_job_idx, strict=first)
-        trials = _checked(trials, study, config, strict=first, refused=refused)
+        # before the study's first trial a stop signal ends the checks at once (later: the study's own handling)
+        with interrupt.interruptible(), interrupt.admitting() if first else contextlib.nullcontext():
+            trials, refused = _prepare(hydra_context, config, job_overrides, initial_job_idx, strict=first)
+            trials = _checked(trials, study, config, strict=first, refused=refused)
         for uri in {resolve_tracking_uri(t.run.tracking.uri) for t in trials if t.run.tracking.name == "mlflow"}:
             ensure_store(uri)  # before the parent run: a new sqlite store made once, under its lock
         if first and trials:
@@ -125,6 +129,10 @@ def run_sweep(*, hydra_context: HydraContext, config: DictConfig, job_overrides,
         study.close()  # a later batch: what ran so far keeps its parent and its table
         print(f"error: {redact(str(e))}", file=sys.stderr)
         sys.exit(2)
+    except interrupt.StopBeforeStart as stop:  # while the batch was checked: none of it started
+        study.close()
+        interrupt.say(f"interrupted by {signal.Signals(stop.signum).name} before training started")
+        sys.exit(128 + stop.signum)
     if study.searching and "trainlab.launch.optuna_storage" in sys.modules:  # Hydra's Optuna sweeper, our storage
         from trainlab.launch.optuna_storage import current
 
