@@ -83,7 +83,7 @@ def test_a_grid_cut_by_n_trials_lists_every_point_and_says_it_runs_some(tmp_path
 @pytest.mark.parametrize("args, says", [
     (["hydra/sweeper/sampler=grid", "optim.lr=interval(1e-4,1e-2)"], ["optim.lr: the GridSampler", "comma list"]),
     (["hydra.sweeper.n_jobs=0", "precision=fp32,bf16"], ["hydra.sweeper.n_jobs=0", "hydra.sweeper.n_jobs=2"]),
-    (["optim.lr=interval(1e-2,1e-4)"], ["optim.lr=interval(1e-2,1e-4)", "low <= high"]),
+    (["optim.lr=interval(1e-2,1e-4)"], ["optim.lr=interval(1e-2,1e-4)", "give them in order: optim.lr=interval(0.0001,0.01)"]),
 ])
 def test_a_study_the_sweeper_cannot_run_is_refused_naming_the_key(args, says):
     from trainlab.config import ConfigError

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from trainlab.config.convert import ConfigError
+from trainlab.config.sweep_limits import check_study_size
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,30 @@ def _distribution(o: Any) -> Any:
             if "log" in v.tags:
                 return d.IntLogUniformDistribution(v.start, v.end) if ints else d.LogUniformDistribution(v.start, v.end)
             return d.IntUniformDistribution(v.start, v.end) if ints else d.UniformDistribution(v.start, v.end)
-    except ValueError as e:  # Optuna's own check of the bounds (low above high, a step of 0)
-        raise ConfigError(f"{o.input_line}: {str(e).rstrip('.')}; give {o.get_key_element()} bounds low <= high") from None
+    except ValueError as e:  # Optuna's own check of the bounds (low above high, a step of 0, a log low end <= 0)
+        raise ConfigError(_bounds_message(o, str(e))) from None
     raise ConfigError(f"{o.input_line}: Hydra's Optuna sweeper takes a,b,c, range(...) and interval(...) "
                       f"sweeps; sweep {o.get_key_element()} with one of those")
+
+
+def _bounds_message(o: Any, why: str) -> str:
+    """Optuna's refusal of a sweep's bounds as one line with the sweep that works: an interval's ends
+    in order; a log interval's low end above 0 (its high end / 1e4, 1 for integers)."""
+    key, v = o.get_key_element(), o.value()
+    if not o.is_interval_sweep():
+        return f"{o.input_line}: {why.rstrip('.')}; give {key} bounds low <= high"
+    low, high, log = v.start, v.end, "log" in v.tags
+
+    def written(lo, hi, *, tagged=log):
+        return f"{key}=tag(log,interval({lo:g},{hi:g}))" if tagged else f"{key}=interval({lo:g},{hi:g})"
+    if low > high:
+        return (f"{o.input_line}: its low end {low:g} is above its high end {high:g}; give them in order: "
+                f"{written(high, low)}")
+    if log and low <= 0:
+        smallest = 1 if isinstance(low, int) and isinstance(high, int) else high / 1e4  # an int interval stays one
+        fix = f"give one, e.g. {written(smallest, high)}" if high > 0 else "give both ends above 0"
+        return f"{o.input_line}: a log interval needs a low end above 0 (its logarithm is drawn), not {low:g}; {fix}"
+    return f"{o.input_line}: {why.rstrip('.')}; give {key} bounds low <= high"
 
 
 def grid_choices(key: str, distribution: Any) -> list:
@@ -140,7 +161,7 @@ def optuna_proposal(sweeper: Any, *, config: Any, arguments: Sequence[str]) -> P
     info = sweeper_info(sweeper)
     n_trials, n_jobs = int(sweeper.n_trials), int(sweeper.n_jobs)
     for key, n in (("n_trials", n_trials), ("n_jobs", n_jobs)):
-        if n < 1:  # the sweeper would run no trial (n_trials) or ask batches of none forever (n_jobs)
+        if n < 1:  # the sweeper would run no trial (n_trials) or ask batches of none (n_jobs)
             raise ConfigError(f"hydra.sweeper.{key}={n}: the study needs at least 1; give "
                               f"hydra.sweeper.{key}={'20' if key == 'n_trials' else '2'} (the default)")
     grid = isinstance(sampler, functools.partial) and sampler.func is optuna.samplers.GridSampler
@@ -151,6 +172,12 @@ def optuna_proposal(sweeper: Any, *, config: Any, arguments: Sequence[str]) -> P
         n_trials = min(n_trials, size)
     for key in fixed:  # a fixed value beats a sweep of the same key
         space.pop(key, None)
+    launcher = config.hydra.get("launcher") if config is not None and "hydra" in config else None
+    try:  # the trials it runs, against the launcher's bound (grid: at most its size)
+        check_study_size(n_trials, asked=int(sweeper.n_trials),
+                         max_trials=launcher.get("max_trials") if launcher is not None else None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if grid:
         want, why = size, ""
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import PurePath
 from typing import Any, Sequence
 
@@ -71,9 +72,43 @@ def _instead(arg: str, *, previous: str | None, reason: str) -> str:
     if not value.isascii():
         return (f"{key}={value!r}: Hydra reads text other than ASCII only inside quotes; quote the "
                 f"value (the shell passes the inner quotes on): \"{key}='{value}'\"")
+    called = re.search(r"while evaluating '(\w+)\(.*?': (.*)", reason)
+    if called and called.group(1) in _SWEEP_FORMS:  # a sweep with wrong arguments: quoting would make it a string
+        name, why = called.groups()
+        return f"{key}={value}: {name}(...): {why.rstrip('.')}; {_SWEEP_FORMS[name].format(key=key, **_examples(key))}"
     return (f"{arg!r} cannot be read as an override ({reason}); if {key}'s value holds characters "
             f"Hydra's grammar reserves (= , [ ] {{ }} ( ) quotes, or spaces at its ends), quote it: "
             f"\"{key}='{value}'\"")
+
+
+_SWEEP_FORMS = {
+    "interval": "interval(low,high) takes two numbers, low <= high, e.g. {key}=interval({low},{high})",
+    "range": "range(start,stop[,step]) takes numbers, e.g. {key}=range({start},{stop})",
+    "choice": "choice(...) takes one value or more, e.g. {key}=choice({one})",
+}
+"""Hydra's sweep functions whose arguments a user gets wrong, and what each takes."""
+
+
+def _examples(key: str) -> dict[str, str]:
+    """Values of `key`'s kind for a sweep's example, from its default (a number: a tenth to ten
+    times it; a count: it to twice it): the sweep the message writes composes."""
+    default = default_of(key)
+    number = isinstance(default, (int, float)) and not isinstance(default, bool) and default > 0
+    low, high = (f"{default / 10:g}", f"{default * 10:g}") if number else ("1e-4", "1e-2")
+    start, stop = (default, 2 * default) if isinstance(default, int) and number else (0, 4)
+    one = ",".join(group_options(key)[:2]) if key in GROUPS else "VALUE" if default in (None, "") else str(default)
+    return {"low": low, "high": high, "start": str(start), "stop": str(stop), "one": one}
+
+
+def default_of(key: str) -> Any:
+    """The schema's default of dotted `key`; None where it has none (or no such field)."""
+    section, _, name = key.rpartition(".")
+    schema = schema_at(section) if section else RunConfig
+    fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
+    f = fields.get(name)
+    if f is None or f.default is dataclasses.MISSING or f.default == "???":
+        return None
+    return f.default
 
 
 def _written(name: str, value: str) -> str:

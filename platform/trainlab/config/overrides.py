@@ -13,7 +13,6 @@ The folder Hydra will make is proven writable, and group options kept to the con
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from typing import Any, Callable, Sequence
@@ -24,14 +23,15 @@ from trainlab.config.convert import (
     SWEEPS_DIR,
     ConfigError,
     check_config_files,
-    schema_at,
     to_run_config,
     unknown_key_message,
 )
 from trainlab.config.folders import check_hydra_folder
 from trainlab.config.moved import moved_schema_message
-from trainlab.config.override_hints import check_group_options, unreadable_override_message
+from trainlab.config.optuna_trials import optuna_proposal
+from trainlab.config.override_hints import check_group_options, default_of, unreadable_override_message
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
+from trainlab.config.study_rule import OPTUNA_SWEEPER
 from trainlab.config.sweep_limits import check_keep_warm, check_launcher_limits, check_sweep_size
 from trainlab.console import console
 
@@ -142,11 +142,17 @@ def duplicate_override_notes(parsed: Sequence[Any]) -> list[str]:
 def _check_sweep_size(cfg: Any, texts: Sequence[str]) -> None:
     """The multirun's number of jobs, counted as Hydra's basic sweeper makes them (its params,
     then the command line's overrides; the last value list of a key wins; the product of the
-    lists), against hydra.launcher.max_trials: ConfigError before any job is composed."""
+    lists), against hydra.launcher.max_trials: ConfigError before any job is composed. Hydra's
+    Optuna sweeper: its n_trials, n_jobs, sampler and every distribution of its space, checked by
+    config.optuna_trials.optuna_proposal (what `trainlab estimate -m` lists its trials with)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     sweeper = cfg.hydra.get("sweeper") or {}
+    if sweeper.get("_target_") == OPTUNA_SWEEPER:  # its settings and space, as `trainlab estimate -m` reads them
+        tasks = [o.input_line for o in OverridesParser.create().parse_overrides(list(texts)) if not o.is_hydra_override()]
+        optuna_proposal(sweeper, config=cfg, arguments=tasks)  # ConfigError naming the key, the value and the fix
+        return
     if sweeper.get("_target_") != BASIC_SWEEPER:
         return  # another sweeper decides its own jobs
     params = OmegaConf.to_container(sweeper.get("params") or OmegaConf.create())
@@ -227,7 +233,7 @@ def hydra_error_message(e: Exception, overrides: Sequence[str] = ()) -> str:
     value = _value_of(key, overrides)
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         return unknown_key_message(key, value)
-    default = _default_of(key)
+    default = default_of(key)
     fix = f"; give {key} a value like its default, {key}={default}" if default is not None else ""
     return f"{key}={value}: {first}{fix}"
 
@@ -238,16 +244,6 @@ def group_folder(group: str) -> str:
         if (d / group).is_dir():
             return f"{d.name}/{group}/"
     return f"{CONF_DIR.name}/{group}/"
-
-
-def _default_of(key: str) -> Any:
-    section, _, name = key.rpartition(".")
-    schema = schema_at(section)
-    fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
-    f = fields.get(name)
-    if f is None or f.default is dataclasses.MISSING or f.default == "???":
-        return None
-    return f.default
 
 
 def _value_of(key: str, overrides: Sequence[str]) -> str:

@@ -62,3 +62,12 @@ def check_sweep_size(num_trials: int, *, max_trials: int | None, swept: str = ""
         raise ValueError(f"the sweep has {num_trials} trials{over}, more than hydra.launcher.max_trials="
                          f"{max_trials}; sweep fewer values, or run all {num_trials} with "
                          f"hydra.launcher.max_trials={num_trials}")
+
+
+def check_study_size(num_trials: int, *, asked: int, max_trials: int | None) -> None:
+    """ValueError for a search sweeper's study of more than `max_trials` trials (0 or None: no
+    bound): `num_trials` it runs, of hydra.sweeper.n_trials=`asked` (a grid runs at most its size)."""
+    if max_trials and num_trials > max_trials:
+        raise ValueError(f"hydra.sweeper.n_trials={asked} runs {num_trials} trials, more than hydra.launcher.max_trials="
+                         f"{max_trials}; lower it to hydra.sweeper.n_trials={max_trials} or fewer, or run all "
+                         f"{num_trials} with hydra.launcher.max_trials={num_trials}")
