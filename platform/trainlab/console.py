@@ -13,6 +13,7 @@ import threading
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     Progress,
@@ -28,6 +29,12 @@ from trainlab.events import WARNING, ProgressEvent, StepDone, TrialResult, Trial
 # never broken (soft_wrap): a path or a URI in it stays whole for grep and a copy, at any width.
 console = Console(stderr=False, highlight=False, soft_wrap=True,
                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
+
+
+def warn(text: str) -> None:
+    """One `warning:` line; `text` is shown as it is (a setting such as keep_hp=[output,unaligned]
+    is not rich markup, whose square brackets would swallow it)."""
+    console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
 
 
 def print0(*args, **kwargs) -> None:
@@ -79,9 +86,9 @@ class ProgressLine:
         elif isinstance(event, StepDone):
             self._step(event)
         elif event.kind == WARNING:
-            console.print(f"[yellow]warning:[/] {event.message}")
+            warn(event.message)
         else:  # resumed, resized, rollback (the trial goes on from a checkpoint), exported
-            console.print(f"[cyan]{event.message}[/]")
+            console.print(f"[cyan]{escape(event.message)}[/]")
 
     def _start(self, event: TrialStarted) -> None:
         if self._progress is not None:  # a restart: one bar, continued

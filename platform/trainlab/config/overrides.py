@@ -33,7 +33,7 @@ from trainlab.config.override_hints import check_group_options, default_of, unre
 from trainlab.config.schema import GROUPS, RunConfig, register_configs
 from trainlab.config.study_rule import OPTUNA_SWEEPER
 from trainlab.config.sweep_limits import check_keep_warm, check_launcher_limits, check_sweep_size
-from trainlab.console import console
+from trainlab.console import warn
 
 # Hydra flags after which the arguments are not a plain run or sweep: left to Hydra alone
 _HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "-p", "--package",
@@ -79,7 +79,7 @@ def check_overrides(args: Sequence[str], *, folders: bool = True,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for note in duplicate_override_notes(parsed) if warn_duplicates else ():
-        console.print(f"[yellow]warning:[/] {note}")
+        warn(note)
     variants = [texts]
     if multirun:  # the fixed overrides, then each swept value on its own (Hydra's sweeper
         # would compose every job and report the first bad one its own way)

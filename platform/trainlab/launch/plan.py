@@ -20,7 +20,7 @@ from typing import Callable
 from trainlab.config import ConfigError, RunConfig
 from trainlab.config.checkpoints import CheckpointError, checkpoint_root
 from trainlab.config.convert import hashed_config
-from trainlab.console import console
+from trainlab.console import warn
 from trainlab.devices import resolve_device
 from trainlab.engine.resume import resolve_resume, verify_here
 from trainlab.launch import interrupt
@@ -63,7 +63,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
     try:  # every file read back against its digest at save; another config's checkpoint refused
         with interrupt.admitting():  # reading a large checkpoint back takes its time: a signal stops it
             start = resolve_resume(run.train.resume, root, expect_config=hashed_config(run), verify=verify_here,
-                                   warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+                                   warn=warn)
     except CheckpointError as e:  # damaged, missing or another trial's: refused before any worker starts
         raise ConfigError(str(e)) from None
     (claim or check_free)(root)  # another driver trains this trial now: refused before Ray starts
@@ -71,7 +71,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
         ensure_store(uri)
     if uses_mlflow and not parent_run_id:  # a driver killed with SIGKILL left its run RUNNING
         for line in end_orphaned_runs(run, tracking_uri=uri, keep=found.run_id if found else None):
-            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
+            warn(line)
     device, gang = plan_gang(run, checks.device, gang_checked=swept is not None)
     if checks.device == "auto":  # what preflight could not check before the cluster said what it has
         try:
@@ -85,7 +85,7 @@ def plan_launch(run: RunConfig, *, parent_run_id: str | None = None, services: b
                   resume_from=str(start.path) if start else "", resume_step=start.step if start else 0,
                   continues_run=found.run_id if found else "", estimate=checks.estimate if here else None,
                   estimate_on=None if here else lambda: placed_cluster(run, gang))  # refused where it does not fit
-    return plan_trial(run, where, layout=layout, warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+    return plan_trial(run, where, layout=layout, warn=warn)
 
 
 def plan_gang(run: RunConfig, device: str, *, gang_checked: bool = False) -> tuple[str, GangShape]:

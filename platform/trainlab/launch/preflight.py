@@ -20,7 +20,7 @@ from trainlab.config.export_target import check_export_target
 from trainlab.config.folders import check_run_folders
 from trainlab.config.schema import PrecisionConfig
 from trainlab.config.validate import check_vocab_fits
-from trainlab.console import console
+from trainlab.console import warn
 from trainlab.data.batches import num_windows
 from trainlab.data.build_corpus import corpus_vocab_size
 from trainlab.data.corpus import split_point
@@ -102,7 +102,7 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for note in ignored_options(run) + unordered_reductions(run) + shared_storage_notes(run):
-        console.print(f"[yellow]warning:[/] {note}")
+        warn(note)
     return checks
 
 
@@ -248,7 +248,7 @@ def check_fits_here(run: RunConfig, device: str) -> Estimate | None:
         return None
     return checked_estimate(run, lambda: estimate_run(run, local_cluster(run, device=device),
                                                       trial_layout=plan_layout(run)),
-                            warn=lambda m: console.print(f"[yellow]warning:[/] {m}"))
+                            warn=warn)
 
 
 def sweep_refusal(lines: list[str]) -> ConfigError:

@@ -41,7 +41,7 @@ from trainlab.config import ConfigError, RunConfig, config_hash
 from trainlab.config.checkpoints import unused_checkpoint_root
 from trainlab.config.prune_rule import OPTUNA_PRUNERS, PruneConfig, grace_tokens, max_tokens
 from trainlab.config.study_rule import StudyConfig, SweeperInfo
-from trainlab.console import SweepProgress, console, fmt
+from trainlab.console import SweepProgress, console, fmt, warn
 from trainlab.events import WARNING, Notice, ProgressEvent, StepDone
 from trainlab.launch import interrupt
 from trainlab.launch.lifecycle import train
@@ -196,9 +196,9 @@ class Study:
         first = self._first_run = batch[0].run
         self.claim(batch)
         if self.searching and self.sweeper.seed is None:
-            console.print(f"[yellow]warning:[/] hydra/sweeper={self.sweeper.name} has no seed: a rerun of this "
-                          "study is proposed other trials, so it starts a new study instead of continuing this "
-                          "one; set hydra.sweeper.sampler.seed=0 to make it resumable", soft_wrap=True)
+            warn(f"hydra/sweeper={self.sweeper.name} has no seed: a rerun of this study is proposed other trials, "
+                 "so it starts a new study instead of continuing this one; set hydra.sweeper.sampler.seed=0 to "
+                 "make it resumable")
         if self.uri is None:
             return
         identity = self._identity()
@@ -226,7 +226,7 @@ class Study:
     def _end_orphans(self, *, resumable: set[str]) -> None:
         for line in end_orphaned_sweep_runs(tracking_uri=self.uri, sid=self._sid, parent_run_id=self.parent_id,
                                             resumed_roots=resumable):
-            console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
+            warn(line)
 
     def _match_earlier(self, batch: list[Trial]) -> None:
         """Skip the jobs done under the parent before (their earlier objective values are what they
@@ -312,7 +312,7 @@ class Study:
             return
         prune = self.prune
         for note in prune.ignored() if prune is not None else ():
-            console.print(f"[yellow]warning:[/] {note}")
+            warn(note)
         if prune is None or not prune.enabled:
             return
         runs = [t.run for t in todo]

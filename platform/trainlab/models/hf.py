@@ -19,7 +19,6 @@ equal to transformers' own forward for every family in config.hf_model.HF_FAMILI
 
 from __future__ import annotations
 
-import logging
 import types
 
 import torch
@@ -36,12 +35,9 @@ _TOP = {"tok_embeddings": "embed_tokens", "layers": "layers", "norm": "norm"}
 
 
 def quiet_transformers() -> None:
-    """What importing transformers prints that is not trainlab's to say: its progress bars (a tiny
-    model's save or load) and torchao's warnings about kernels this machine cannot load (transformers
-    imports torchao; trainlab's FP8 recipes check what they need themselves), and torch's note on them."""
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    # torchao registers enums with torch's pytree, which on torch 2.13 warns that it no longer needs to
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    """What transformers prints that is not trainlab's to say: its progress bars (a tiny model's save
+    or load). torchao's kernel-loading lines, which importing transformers triggers, are dropped
+    for every entry point (vocab.quiet)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

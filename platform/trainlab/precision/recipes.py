@@ -163,7 +163,9 @@ class Fp16Recipe(AutocastRecipe):
         self.scaler = torch.amp.GradScaler(
             device_type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
             backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval,
-            enabled=cfg.loss_scale == "dynamic",
+            # a CUDA recipe built where no GPU is (the estimate of a GPU cluster, on a laptop) needs no
+            # scaler, and GradScaler would say so in a warning of its own before disabling itself
+            enabled=cfg.loss_scale == "dynamic" and (device_type != "cuda" or torch.cuda.is_available()),
         )
 
     def prepare(self, model: nn.Module) -> nn.Module:
