@@ -39,6 +39,7 @@ from trainlab.launch.plan import check_joined_gangs
 from trainlab.launch.preflight import check_sweep_services, check_sweep_trials
 from trainlab.launch.ray_trial import connect
 from trainlab.launch.study import Study, SweepOutcome, close_open_studies
+from trainlab.launch.sweep_folders import folder_clash
 from trainlab.launch.sweep_trial import Trial, pick, search_keys, varied_keys
 from trainlab.redact import redact, redact_files
 from trainlab.tracking.store import ensure_store, resolve_tracking_uri
@@ -165,10 +166,15 @@ def _checked(trials: list[Trial], study: Study, config: DictConfig, *, strict: b
     keys = study.keys if study.keys is not None else varied_keys([t.overrides for t in trials])
     labels = [f"#{t.idx} ({pick(t.overrides, keys)})" for t in trials]
     groups = [(trials, labels)] if strict else [([t], [label]) for t, label in zip(trials, labels)]
-    kept = []
+    kept, kept_labels = [], []
     for group, names_of in groups:
         try:
-            try:
+            try:  # one folder per job first: two in one would meet each other's lease (launch.sweep_folders)
+                clash = folder_clash([*kept, *group], [*kept_labels, *names_of]) or folder_clash(
+                    group, names_of, earlier=study.trials,
+                    earlier_labels=[f"#{t.idx} ({pick(t.overrides, keys)})" for t in study.trials])
+                if clash:
+                    raise ValueError(clash)
                 check_prunable(study.prune or PruneConfig(), [t.run for t in group], names_of)
                 check_study(study.config, study.sweeper, [t.run for t in group], names_of)
             except ValueError as e:
@@ -192,6 +198,7 @@ def _checked(trials: list[Trial], study: Study, config: DictConfig, *, strict: b
         for t, found in zip(group, checks):
             t.checks = found
         kept += group
+        kept_labels += names_of
     return kept
 
 
