@@ -13,6 +13,7 @@ the stream is the validation split, as for every corpus.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -23,6 +24,7 @@ from trainlab.console import console
 from trainlab.data.corpus import Corpus, make_corpus
 from trainlab.data.hf_cache import (
     CachedTokens,
+    DamagedCache,
     TokenWriter,
     build_cached,
     cache_dir,
@@ -64,9 +66,10 @@ def cache_folder(cfg: DataConfig) -> tuple[Path, Source]:
 def prepare_hf(cfg: DataConfig) -> CachedTokens:
     """cfg's tokens, from the cache or tokenized into it now (once, whoever else asks meanwhile)."""
     folder, source = cache_folder(cfg)
-    cached = open_cached(folder)
-    if cached is not None:
-        return cached
+    with contextlib.suppress(DamagedCache):  # rebuilt under the lock (build_cached)
+        cached = open_cached(folder)
+        if cached is not None:
+            return cached
     return build_cached(folder, lambda tmp: _tokenize(cfg, source, tmp))
 
 
@@ -153,9 +156,10 @@ def hf_vocab_size(cfg: DataConfig) -> int:
     """The tokenizer's vocabulary: from the cache when it holds cfg's tokens, else the tokenizer
     loaded (not run)."""
     folder, _ = cache_folder(cfg)
-    meta = read_meta(folder)
-    if meta is not None:
-        return int(meta["vocab_size"])
+    with contextlib.suppress(DamagedCache):  # then the tokenizer says
+        meta = read_meta(folder)
+        if meta is not None:
+            return int(meta["vocab_size"])
     return _tokenizer_len(os.path.realpath(os.path.expanduser(cfg.tokenizer)))
 
 
