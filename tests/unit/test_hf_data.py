@@ -261,7 +261,7 @@ def test_wrong_kinds_of_path_are_refused_before_reading(demo, tmp_path):
     tok_file = os.path.join(demo["tokenizer"], "tokenizer.json")
     msg = _refused([f"data.tokenizer={tok_file}", f"data.cache_dir={tmp_path}"], demo)
     assert "is a file, not a tokenizer folder" in msg and f"({demo['tokenizer']})" in msg
-    assert "data.text_field='body' is not a column" in _refused(
+    assert f"data.text_field='body' is not a key of data.path={demo['docs']!r} line 1 (its keys: text)" in _refused(
         ["data.text_field=body", f"data.cache_dir={tmp_path}"], demo)
 
 

@@ -172,6 +172,9 @@ def hashed_config(run: RunConfig) -> dict[str, Any]:
         # data=hf's fields: other corpora keep the identity they had before data=hf existed
         for name in HF_ONLY_FIELDS:
             fields.pop(f"data.{name}", None)
+    if fields.get("data.split") == "":
+        # empty reads what `train`, the default it replaced, read: runs keep their identity
+        fields["data.split"] = "train"
     if not fields.get("model.tp_plan"):
         # the built-in plan: runs keep the identity they had before model.tp_plan existed
         fields.pop("model.tp_plan", None)

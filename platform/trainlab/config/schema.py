@@ -264,9 +264,10 @@ class DataConfig:
     loss_on: str = "all"
     """hf: all (every token is a target) or answer (format=chat only: only the assistant's
     tokens are targets; the others are masked to -100 and carry no loss)."""
-    split: str = "train"
-    """hf, a saved DatasetDict: the split to read (its own splits are not used for validation:
-    val_fraction holds out the end of the token stream, as for every corpus)."""
+    split: str = ""
+    """hf, a saved DatasetDict: the split to read; empty = its `train` split. A saved Dataset and
+    data files have no splits, so it stays empty for them (its own splits are not used for
+    validation: val_fraction holds out the end of the token stream, as for every corpus)."""
     cache_dir: str = ""
     """hf only: where the tokenized corpus is cached, one folder per dataset version, tokenizer
     and fields (re-tokenized only when one of them changes); empty = ~/.cache/trainlab/tokens."""

@@ -41,10 +41,12 @@ PROGRESS_EVERY_S = 10.0
 """In a log (not a terminal), a progress line this often while tokenizing."""
 
 
-def _fields(cfg: DataConfig) -> dict:
-    """The fields that change the tokens (with the input files' identities, the cache key)."""
+def _fields(cfg: DataConfig, source: Source) -> dict:
+    """The fields that change the tokens (with the input files' identities, the cache key). The
+    split of a source without splits is `train`, as data.split's default was: the keys of folders
+    tokenized then stay the same."""
     column = cfg.text_field if cfg.format == "text" else cfg.messages_field
-    return {"format": cfg.format, "column": column, "loss_on": cfg.loss_on, "split": cfg.split}
+    return {"format": cfg.format, "column": column, "loss_on": cfg.loss_on, "split": source.split or "train"}
 
 
 def _identity_of_files(files: list[str]) -> list:
@@ -58,9 +60,9 @@ def _identity_of_files(files: list[str]) -> list:
 def cache_folder(cfg: DataConfig) -> tuple[Path, Source]:
     """Where cfg's tokens are (or will be) cached, and its checked source: no tokenizer is loaded."""
     path, tokenizer = os.path.expanduser(cfg.path), os.path.expanduser(cfg.tokenizer)
-    source = find_source(path)
+    source = find_source(path, split=cfg.split)
     tok_id = [os.path.realpath(tokenizer), _identity_of_files(tokenizer_files(tokenizer))]
-    return cache_dir(cfg.cache_dir) / cache_key(source.identity(), tok_id, _fields(cfg)), source
+    return cache_dir(cfg.cache_dir) / cache_key(source.identity(), tok_id, _fields(cfg, source)), source
 
 
 def prepare_hf(cfg: DataConfig) -> CachedTokens:
@@ -80,11 +82,11 @@ def _tokenize(cfg: DataConfig, source: Source, tmp: Path) -> dict:
     dtype = token_dtype(vocab_size)
     column = cfg.text_field if cfg.format == "text" else cfg.messages_field
     field = "data.text_field" if cfg.format == "text" else "data.messages_field"
-    rows = iter_rows(source, column=column, field=field, split=cfg.split)
+    rows = iter_rows(source, column=column, field=field)
     writer = TokenWriter(tmp, dtype=dtype, masked=cfg.loss_on == "answer")
     progress, documents = _Progress(f"tokenizing data.path={cfg.path}"), 0
     try:
-        for ids, mask, docs in encode(tok, rows, fmt=cfg.format, loss_on=cfg.loss_on, where=f"data.path={cfg.path!r}"):
+        for ids, mask, docs in encode(tok, rows, fmt=cfg.format, loss_on=cfg.loss_on, field=f"{field}={column!r}"):
             writer.append(ids, mask)
             documents += docs
             progress.update(documents, writer.num_tokens)
@@ -100,7 +102,8 @@ def _tokenize(cfg: DataConfig, source: Source, tmp: Path) -> dict:
     progress.done(documents, writer.num_tokens)
     return {"num_tokens": writer.num_tokens, "num_targets": writer.num_targets, "documents": documents,
             "dtype": dtype, "vocab_size": vocab_size, "eos_id": int(tok.eos_token_id),
-            "masked": cfg.loss_on == "answer", "source": cfg.path, "tokenizer": cfg.tokenizer, **_fields(cfg)}
+            "masked": cfg.loss_on == "answer", "source": cfg.path, "tokenizer": cfg.tokenizer,
+            **_fields(cfg, source)}
 
 
 class _Progress:

@@ -27,8 +27,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TOKENIZER_FILE_MAX_BYTES = 1 << 30
 """1 GiB per tokenizer file: the largest vocabularies' tokenizer.json are tens of MB."""
 FIX = "point data.tokenizer at a local tokenizer folder (tokenizer.save_pretrained(DIR) writes one)"
-BATCH_DOCUMENTS = 512
-"""Documents tokenized per call (a fast tokenizer encodes a batch on all cores)."""
+PIECE_CHARS = 1 << 16
+"""A document is given to the tokenizer in pieces of at most 64 Ki characters (cut_text): a fast
+tokenizer holds about 200 bytes per character of a call's text (measured: a 40 MB document in one
+call took 7 GB), so no piece, and no call, grows with the document."""
+BATCH_CHARS = 1 << 18
+"""Characters a tokenizer call is given (about 50 MB held by it), several pieces or documents:
+a fast tokenizer encodes a batch on all cores."""
+BATCH_PIECES = 512
+"""Pieces a tokenizer call is given at most (short documents are one piece each)."""
 
 
 def tokenizer_files(path: str) -> list[str]:
@@ -99,51 +106,113 @@ def chat_pieces(tok: Any, messages: Any, *, answer_only: bool, where: str) -> li
     return [(text, mark) for text, mark in pieces if text]
 
 
-def encode(tok: Any, rows: Iterable[Any], *, fmt: str, loss_on: str,
-           where: str) -> Iterator[tuple[np.ndarray, np.ndarray | None, int]]:
-    """(token ids, mask or None, documents) for each batch of rows, in order: every document's tokens
-    followed by EOS (unless they end in it). The mask (int8, 1 = a target) exists with
-    loss_on=answer; EOS separators are not targets there."""
-    eos = int(tok.eos_token_id)
-    answer_only = loss_on == "answer"
-    batch: list[Any] = []
-    for number, row in enumerate(rows):
-        batch.append((number, row))
-        if len(batch) == BATCH_DOCUMENTS:
-            yield _encode_batch(tok, batch, fmt=fmt, answer_only=answer_only, eos=eos, where=where)
-            batch = []
-    if batch:
-        yield _encode_batch(tok, batch, fmt=fmt, answer_only=answer_only, eos=eos, where=where)
+def cut_text(chunks: Iterable[str], *, limit: int | None = None) -> Iterator[str]:
+    """The text of `chunks` in pieces of at most `limit` characters, each cut before a run of blanks
+    in its second half where there is one: a tokenizer that splits words at blanks (byte-level
+    BPE, a Metaspace SentencePiece) gives the pieces the tokens of the whole text. A run of
+    `limit` characters without a blank is cut inside it (the tokens at that cut may differ from
+    the whole text's). `limit`: PIECE_CHARS unless given."""
+    limit = limit or PIECE_CHARS
+    buf = ""
+    for chunk in chunks:
+        buf = buf + chunk if buf else chunk
+        start = 0
+        while len(buf) - start > limit:
+            lo, hi = start + limit // 2, start + limit
+            end = max(buf.rfind(" ", lo, hi), buf.rfind("\n", lo, hi))
+            while end > start and buf[end - 1].isspace():  # to the run's start: BPE merges a run of blanks
+                end -= 1
+            end = end if end > start else hi
+            yield buf[start:end]
+            start = end
+        buf = buf[start:]
+    if buf:
+        yield buf
 
 
-def _encode_batch(tok: Any, batch: list, *, fmt: str, answer_only: bool, eos: int,
-                  where: str) -> tuple[np.ndarray, np.ndarray | None, int]:
-    docs: list[list[tuple[str, int]]] = []
-    for number, row in batch:
-        if fmt == "chat":
-            docs.append(chat_pieces(tok, row, answer_only=answer_only, where=f"{where} row {number}"))
-        elif isinstance(row, str):
-            docs.append([(row, 1)] if row else [])
-        elif row is None:
-            docs.append([])  # a missing text is an empty document
-        else:
-            raise ValueError(f"data.text_field: {where} row {number} holds a {type(row).__name__}, not text; "
-                             "point data.text_field at a text column (or data.format=chat for conversations)")
-    flat = [text for pieces in docs for text, _ in pieces]
-    ids = tok(flat, add_special_tokens=False)["input_ids"] if flat else []
-    out_ids: list[int] = []
-    out_mask: list[int] = []
-    k, documents = 0, 0
-    for pieces in docs:
-        if not pieces:
-            continue
-        documents += 1
-        for _, mark in pieces:
-            out_ids += ids[k]
-            out_mask += [mark] * len(ids[k])
-            k += 1
-        if not out_ids or out_ids[-1] != eos:
-            out_ids.append(eos)
-            out_mask.append(0)
-    return (np.asarray(out_ids, dtype=np.int64),
-            np.asarray(out_mask, dtype=np.int8) if answer_only else None, documents)
+def encode(tok: Any, rows: Iterable[tuple[Any, str]], *, fmt: str, loss_on: str,
+           field: str) -> Iterator[tuple[np.ndarray, np.ndarray | None, int]]:
+    """(token ids, mask or None, documents ended) for each batch of pieces, in order: every
+    document's tokens followed by EOS (unless they end in it). `rows` are (value, where it is);
+    `field` is the setting that chose the values (data.text_field='text'), for a refusal. The mask
+    (int8, 1 = a target) exists with loss_on=answer; EOS separators are not targets there.
+
+    Memory: the tokenizer gets pieces of at most PIECE_CHARS characters, at most BATCH_CHARS (and
+    BATCH_PIECES pieces) a call, so what it holds is bounded whatever a document's length."""
+    packer = _Packer(tok, answer_only=loss_on == "answer")
+    for value, where in rows:
+        ended = False
+        for text, mark in _pieces(tok, value, fmt=fmt, answer_only=packer.answer_only, where=where, field=field):
+            if packer.full(len(text)):  # before adding: the document's last piece waits for its end mark
+                yield packer.flush()
+            packer.add(text, mark)
+            ended = True
+        if ended:
+            packer.end_document()
+    if packer.texts:
+        yield packer.flush()
+
+
+def _pieces(tok: Any, value: Any, *, fmt: str, answer_only: bool, where: str, field: str) -> Iterator[tuple[str, int]]:
+    """One row's (text, is_answer) pieces, each at most PIECE_CHARS; none for an empty document."""
+    if fmt == "chat":
+        parts = chat_pieces(tok, value, answer_only=answer_only, where=where)
+    elif isinstance(value, str):
+        parts = [(value, 1)] if value else []
+    elif value is None:
+        parts = []  # a missing text is an empty document
+    elif isinstance(value, Iterator):  # a .txt file's text, read a chunk at a time
+        yield from ((piece, 1) for piece in cut_text(value))
+        return
+    else:
+        shown = repr(value)
+        kind = type(value).__name__
+        raise ValueError(f"{field}: {where} holds {'an' if kind[0] in 'aeiou' else 'a'} {kind} "
+                         f"({shown[:40] + '...' if len(shown) > 40 else shown}), not text; set it to the key "
+                         "holding the text (data.format=chat for conversations), or fix that row")
+    for text, mark in parts:
+        yield from ((piece, mark) for piece in cut_text([text]))
+
+
+class _Packer:
+    """Pieces waiting for the tokenizer, and the stream state that spans its calls."""
+
+    def __init__(self, tok: Any, *, answer_only: bool):
+        self.tok, self.answer_only, self.eos = tok, answer_only, int(tok.eos_token_id)
+        self.texts: list[str] = []
+        self.marks: list[int] = []
+        self.ends: list[bool] = []
+        self.chars = 0
+        self.last = -1  # the last token out, across calls: a document ending in EOS gets no second one
+
+    def full(self, more: int) -> bool:
+        """Adding `more` characters would pass BATCH_CHARS (or BATCH_PIECES pieces)."""
+        return bool(self.texts) and (self.chars + more > BATCH_CHARS or len(self.texts) >= BATCH_PIECES)
+
+    def add(self, text: str, mark: int) -> None:
+        self.texts.append(text)
+        self.marks.append(mark)
+        self.ends.append(False)
+        self.chars += len(text)
+
+    def end_document(self) -> None:
+        self.ends[-1] = True
+
+    def flush(self) -> tuple[np.ndarray, np.ndarray | None, int]:
+        ids = self.tok(self.texts, add_special_tokens=False, verbose=False, return_attention_mask=False,
+                       return_token_type_ids=False)["input_ids"]
+        out_ids: list[int] = []
+        out_mask: list[int] = []
+        documents = 0
+        for piece, mark, end in zip(ids, self.marks, self.ends, strict=True):
+            out_ids += piece
+            out_mask += [mark] * len(piece) if self.answer_only else []
+            if end:
+                documents += 1
+                if (out_ids[-1] if out_ids else self.last) != self.eos:
+                    out_ids.append(self.eos)
+                    out_mask += [0] if self.answer_only else []
+        self.last = out_ids[-1] if out_ids else self.last
+        self.texts, self.marks, self.ends, self.chars = [], [], [], 0
+        return (np.asarray(out_ids, dtype=np.int64),
+                np.asarray(out_mask, dtype=np.int8) if self.answer_only else None, documents)
