@@ -46,6 +46,28 @@ def test_a_hub_name_is_refused_before_ray_naming_how_to_make_a_local_copy(work):
                    sessions=sessions)
 
 
+def test_a_damaged_data_file_is_refused_before_ray_naming_its_line_and_leaves_no_lock(work):
+    """A folder of JSON lines, one file with a Latin-1 byte on its third line: the file, the line
+    and the fix in one line; data.cache_dir is made but left empty (no lock file, no temporary)."""
+    (work / "mixed").mkdir()
+    (work / "mixed" / "a.jsonl").write_text("".join((work / "data" / "docs.jsonl").read_text().splitlines(True)[:20]))
+    (work / "mixed" / "b.jsonl").write_bytes(b'{"text": "one"}\n{"text": "two"}\n{"text": "caf\xae"}\n')
+    proc, sessions = _train(work, *SMALL, "data=hf", "data.path=mixed", "data.tokenizer=tok",
+                            "data.cache_dir=refused_cache")
+    assert_refused(proc, [f"data.path={str(work / 'mixed')!r}: 'b.jsonl' line 3 is not UTF-8 text (byte 0xae)",
+                          "convert it to UTF-8 into a new file"], sessions=sessions)
+    assert list((work / "refused_cache").iterdir()) == []
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_before_ray_and_left_as_it_was(work):
+    (work / "notes.txt").write_text("mine")
+    proc, sessions = _train(work, *SMALL, "data=hf", "data.path=data/docs.jsonl", "data.tokenizer=tok",
+                            "data.cache_dir=notes.txt")
+    assert_refused(proc, [f"data.cache_dir={str(work / 'notes.txt')!r} is a file, not a folder",
+                          "set data.cache_dir to a folder you can write"], sessions=sessions)
+    assert (work / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_chat_fine_tuning_on_answers_trains_on_ray(work):
