@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainlab import names
 from trainlab.config.schema import RunConfig
+from trainlab.vocab.files import read_text
 
 EXPORT_RECORD = "trainlab_export.json"
 """Written last into an export: the trial's config hash and the files it wrote ({name: bytes})."""
@@ -56,12 +57,11 @@ def write_record(folder: Path, *, trial_hash: str, partial: bool = False) -> Non
 
 
 def _record(folder: Path) -> dict | None:
-    path = folder / EXPORT_RECORD
-    try:
-        if not path.is_file() or path.stat().st_size > RECORD_MAX_BYTES:
-            return None
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The folder's export record, or None where it has none that reads (not a file, too big, not JSON)."""
+    try:  # checked and bounded: a FIFO or a huge file there is no record, never waited on
+        record = json.loads(read_text(folder / EXPORT_RECORD, field=EXPORT_RECORD, fix="",
+                                      max_bytes=RECORD_MAX_BYTES))
+    except (OSError, ValueError):  # InputFileError is a ValueError
         return None
     return record if isinstance(record, dict) else None
 
