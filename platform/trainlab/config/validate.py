@@ -18,7 +18,7 @@ from trainlab.vocab.precision import ROLLBACK_PRECISIONS, SPECS, spec_of
 
 
 def check_pp_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatches: int,
-                    schedule: str) -> None:
+                    schedule: str, hf: bool = False) -> None:
     """A pipeline's shape: schedule, degrees, equal-depth stages and the micro-batches the
     schedule needs; ValueError naming the fields and the fix. Checked before launch
     (plan.derive_layout.check_parallel) and again by trainlab.parallel.pp for direct callers."""
@@ -38,7 +38,8 @@ def check_pp_layout(*, n_layers: int, pp: int, virtual_stages: int, n_microbatch
         raise ValueError(
             f"model.n_layers={n_layers} does not split into parallel.pp={pp} x "
             f"parallel.pp_virtual_stages={virtual_stages} = {num_stages} stages of equal depth; "
-            f"pick n_layers divisible by {num_stages} or a pp that divides {n_layers}"
+            + (f"use a config.json whose num_hidden_layers divides by {num_stages} (model=hf takes model.n_layers "
+               f"from it)" if hf else f"pick n_layers divisible by {num_stages}") + f" or a pp that divides {n_layers}"
         )
     # torch: Schedule1F1B raises below pp micro-batches (its warm-up alone needs pp - 1 of them
     # in flight); interleaved 1F1B runs max(1, m // pp) rounds and needs m divisible by them.

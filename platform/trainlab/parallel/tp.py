@@ -42,6 +42,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from trainlab.config.hf_model import change_model_field
 from trainlab.models.args import ModelArgs
 from trainlab.models.block_names import block_names
 from trainlab.parallel.tp_shapes import check_plan_shapes
@@ -70,7 +71,7 @@ def check_tp(args: ModelArgs, tp: int) -> None:
             raise ValueError(
                 f"model.{field}={value} is not divisible by parallel.tp={tp}: tensor "
                 f"parallelism gives every rank {field}/tp of them; set parallel.tp to a "
-                f"divisor of {value} ({divisors}) or change model.{field}")
+                f"divisor of {value} ({divisors}) or {change_model_field(field, hf=bool(args.hf_family))}")
     if args.hf_family == "qwen3":
         raise ValueError(
             f"model=hf with a qwen3 config is not tensor-parallel here (parallel.tp={tp}): its per-head "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from trainlab.config.convert import ConfigError
+from trainlab.config.hf_model import change_model_field
 from trainlab.config.layout_types import ParallelDims, TrialLayout
 from trainlab.config.schema import RunConfig
 from trainlab.config.validate import check_pp_layout
@@ -160,7 +161,7 @@ def check_parallel(run: RunConfig) -> None:
                 "(tie_word_embeddings=true) is not supported: the first and last stages would each train "
                 "their own copy; use parallel.pp=1 with parallel.data_parallel=fsdp")
         check_pp_layout(n_layers=m.n_layers, pp=p.pp, virtual_stages=pp_virtual_stages(run),
-                        n_microbatches=pp_microbatches(run), schedule=p.pp_schedule)
+                        n_microbatches=pp_microbatches(run), schedule=p.pp_schedule, hf=m.name == "hf")
     wraps = _wrapping_layouts(run)
     if run.train.compile == "true" and run.train.compile_unit == "model" and wraps:
         raise ValueError(
@@ -197,7 +198,8 @@ def check_plan_layout(run: RunConfig) -> None:
         divisors = [d for d in range(1, m.n_heads + 1) if m.n_heads % d == 0]
         raise ValueError(
             f"model.n_heads={m.n_heads} is not divisible by parallel.tp={p.tp}: with model.tp_plan every rank "
-            f"holds whole heads; set parallel.tp to a divisor of {m.n_heads} ({divisors}) or change model.n_heads")
+            f"holds whole heads; set parallel.tp to a divisor of {m.n_heads} ({divisors}) or "
+            f"{change_model_field('n_heads', hf=m.name == 'hf')}")
 
 
 def _non_ddp_reducer(run: RunConfig) -> str | None:
