@@ -220,7 +220,8 @@ def _build(folder: Path, *, family: str, seed: int, say: Callable[[str], None]) 
 
     from trainlab.models.hf_demo import write_demo_model
 
-    vocab_size = len(AutoTokenizer.from_pretrained(folder / "model", local_files_only=True))
+    vocab_size = len(AutoTokenizer.from_pretrained(folder / "model", local_files_only=True,
+                                                  trust_remote_code=False))
     write_demo_model(folder / "model", family=family, vocab_size=vocab_size, seed=seed)
     say("  datasets ...")
     write_demo_dataset(folder / "data")

@@ -75,7 +75,7 @@ def accelerate_loop(run, dist_info, *, model_dir: str, train_tokens, train_mask=
     accelerator = Accelerator(mixed_precision=MIXED_PRECISION[run.precision.name],
                               cpu=dist_info.device.type == "cpu", gradient_accumulation_steps=accum)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation="sdpa", trust_remote_code=False)
     model.config.use_cache = False
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

@@ -154,19 +154,16 @@ def check_data(run: RunConfig) -> None:
         check_corpus_length(run, num_tokens=len(cached.tokens), source=f"data.path={d.path!r}")
     elif d.name == "markov":
         check_markov_memory(run)
-    if run.model.runs_transformers_forward():  # transformers builds it: that it can is checked here
-        from trainlab.models.hf_any import check_architecture
+    if run.model.name == "hf":  # its config, architecture and weights (headers against shapes), before Ray
+        from trainlab.models.hf_checks import check_hf_model
 
-        check_architecture(run.model)
+        check_hf_model(run.model)
     if run.model._target_:  # your own builder: imported and built on the meta device here, not first in the gang
         from trainlab.models import build_model
 
         with torch.device("meta"):
             build_model(run.model, vocab_size=model_vocab(run), shapes_only=True)
-    if run.model.pretrained:  # the weights every worker loads: found and sane before Ray starts
-        from trainlab.models.hf_weights import weight_files
-
-        weight_files(run.model.pretrained)
+    if run.model.pretrained:
         check_corpus_length(run, num_tokens=d.num_tokens, source=f"data.num_tokens={d.num_tokens}")
 
 

@@ -19,6 +19,7 @@ equal to transformers' own forward for every family in config.hf_model.HF_FAMILI
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import torch
@@ -28,6 +29,7 @@ from trainlab.config.hf_model import config_json_path, own_loop
 from trainlab.config.schema import ModelConfig
 from trainlab.models.args import ModelArgs, resolve_dims
 from trainlab.models.block_names import HF_LLAMA_BLOCK
+from trainlab.models.hf_config_file import load_hf_config
 from trainlab.models.init import Fill, fill_parameter, normal, ones
 
 _TOP = {"tok_embeddings": "embed_tokens", "layers": "layers", "norm": "norm"}
@@ -44,12 +46,12 @@ def quiet_transformers() -> None:
 
 
 def hf_config(cfg: ModelConfig):
-    """transformers' config of model=hf (read from the local folder or file; never the hub), with
-    SDPA attention: trainlab's loop passes no mask and relies on SDPA's causal kernel."""
+    """transformers' config of model=hf (read from the local folder or file; never the hub, never
+    running code from the folder: models.hf_config_file), with SDPA attention: trainlab's loop
+    passes no mask and relies on SDPA's causal kernel."""
     quiet_transformers()
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(config_json_path(*cfg.hf_source())), local_files_only=True)
+    value, field = cfg.hf_source()
+    config = load_hf_config(config_json_path(value, field), field=field, value=value)
     config._attn_implementation = "sdpa"
     config.use_cache = False
     return config
@@ -153,18 +155,26 @@ def _init_rotary_buffers(rotary: nn.Module) -> None:
     rotary.original_inv_freq.copy_(inv_freq.to(rotary.original_inv_freq.device))
 
 
-def build_hf_model(cfg: ModelConfig, *, vocab_size: int) -> nn.Module:
+def build_hf_model(cfg: ModelConfig, *, vocab_size: int, num_layers: int | None = None) -> nn.Module:
     """model=hf's model from its config, on the current default device (meta: shapes only): the
-    Llama family under trainlab's decoder loop, any other causal LM under its own (models.hf_any)."""
+    Llama family under trainlab's decoder loop, any other causal LM under its own (models.hf_any).
+    `num_layers`: only the first so many decoder layers (a driver's check of a model of any depth,
+    models.hf_checks: building every layer of a 100,000-layer config takes minutes even on meta)."""
     from transformers import AutoModelForCausalLM
 
     args = resolve_dims(cfg, vocab_size=vocab_size)
     config = hf_config(cfg)
+    if num_layers is not None and num_layers < args.n_layers:
+        args = dataclasses.replace(args, n_layers=num_layers)
+        if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer (sliding or full)
+            config.layer_types = config.layer_types[:num_layers]
+        config.num_hidden_layers = num_layers
     if not own_loop(args.hf_family):
         from trainlab.models.hf_any import build_any_causal_lm
 
         return build_any_causal_lm(config, args)
-    lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa",
+                                          trust_remote_code=False)
     return HFCausalLM(lm, args)
 
 

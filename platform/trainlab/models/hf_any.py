@@ -160,28 +160,21 @@ def _free_name(path: str, *, taken: dict[str, str]) -> str:
 
 
 def check_architecture(cfg) -> None:
-    """model=hf of a family outside the Llama family, built on the meta device on the driver: a
-    model_type transformers does not know, or a model without a list of decoder layers, is refused
-    before Ray starts (ValueError naming the field)."""
-    from trainlab.models.build_model import build_model
+    """model=hf of a family outside the Llama family, built on the meta device on the driver (its
+    first decoder layers only: models.hf_checks.shallow_model): a model_type transformers does not
+    know, or a model without a list of decoder layers, is refused before Ray starts (ValueError
+    naming the field)."""
+    from trainlab.models.hf_checks import shallow_model
 
-    value, field = cfg.hf_source()
-    try:
-        with torch.device("meta"):
-            build_model(cfg, vocab_size=cfg.vocab_size)
-    except (KeyError, ValueError) as e:
-        reason = str(e).splitlines()[0][:300]
-        if "decoder layers" in reason or "output head" in reason:
-            raise ValueError(f"{field}={value!r}: {reason}") from None
-        raise ValueError(f"{field}={value!r}: transformers cannot build a causal LM from its config.json ({reason}); "
-                         "point it at a config of an architecture AutoModelForCausalLM knows") from None
+    shallow_model(cfg)
 
 
 def build_any_causal_lm(config, args: ModelArgs) -> HFAnyCausalLM:
     """`config`'s causal LM (transformers' AutoModelForCausalLM) on the current default device."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa",
+                                          trust_remote_code=False)
     return HFAnyCausalLM(lm, args)
 
 

@@ -42,7 +42,7 @@ def write_demo_model(out_dir: str | Path, *, family: str = "llama", vocab_size: 
     out = Path(out_dir)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(demo_config(family, vocab_size=vocab_size, **overrides),
-                                             dtype=torch.float32)
+                                             dtype=torch.float32, trust_remote_code=False)
     model.save_pretrained(out)
     return out
 

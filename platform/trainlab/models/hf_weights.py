@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from trainlab.config.hf_model import local_folder
+from trainlab.config.safetensors_header import TensorEntry, check_index, read_header
 from trainlab.models.init import model_roots
-from trainlab.vocab.files import check_file
 
 SAFETENSORS_MAX_BYTES = 1 << 42
 """4 TiB per file: far above any shard transformers writes (5 GB by default)."""
@@ -30,7 +30,19 @@ SAFETENSORS_MAX_BYTES = 1 << 42
 
 def weight_files(folder: str, *, field: str = "model.pretrained") -> list[Path]:
     """The safetensors files of a save_pretrained folder, each checked to be a regular file of a
-    sane size; a folder without any (a PyTorch .bin checkpoint, an empty copy) is refused."""
+    sane size whose header agrees with it (config.safetensors_header: not cut short, not damaged),
+    and the files a sharded model's index names all there; a folder without any (a PyTorch .bin
+    checkpoint, an empty copy) is refused."""
+    return _checked_files(folder, field=field)[0]
+
+
+def checkpoint_tensors(folder: str, *, field: str = "model.pretrained") -> dict[str, TensorEntry]:
+    """{tensor name: its file, dtype and shape} over every safetensors file of `folder`, from their
+    headers alone (weight_files' checks first)."""
+    return _checked_files(folder, field=field)[1]
+
+
+def _checked_files(folder: str, *, field: str) -> tuple[list[Path], dict[str, TensorEntry]]:
     path = local_folder(folder, field=field)
     files = sorted(path.glob("*.safetensors"))
     fix = (f"save the model with transformers' save_pretrained (safetensors is its default) and set "
@@ -38,9 +50,13 @@ def weight_files(folder: str, *, field: str = "model.pretrained") -> list[Path]:
     if not files:
         found = ", ".join(sorted(p.name for p in path.iterdir())[:6]) or "nothing"
         raise ValueError(f"{field}={folder!r} holds no *.safetensors weights (found: {found}); {fix}")
+    damaged = (f"copy the model folder again (an interrupted copy or download leaves a file short) or save it "
+               f"again with transformers' save_pretrained, and set {field} to it")
+    tensors: dict[str, TensorEntry] = {}
     for f in files:
-        check_file(f, field=field, fix=fix, max_bytes=SAFETENSORS_MAX_BYTES)
-    return files
+        tensors.update(read_header(f, field=field, fix=damaged, max_bytes=SAFETENSORS_MAX_BYTES))
+    check_index(path, files, field=field, fix=damaged)
+    return files, tensors
 
 
 def pretrained_state(model: nn.Module | Iterable[nn.Module]) -> dict[str, torch.Tensor]:
@@ -66,4 +82,4 @@ def load_pretrained(model: nn.Module | Iterable[nn.Module], folder: str) -> int:
     return len(state)
 
 
-__all__ = ["load_pretrained", "pretrained_state", "weight_files"]
+__all__ = ["checkpoint_tensors", "load_pretrained", "pretrained_state", "weight_files"]
