@@ -74,34 +74,74 @@ def calibration_of(run: RunConfig) -> Calibration | None:
 def estimate_run(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> Estimate:
     """estimate_trial with cluster.calibration, for the layout the plan decided
     (plan.derive_layout.plan_layout); ValueError (field, value, fix) if it cannot; ConfigError
-    (too_large) for a model whose weights alone overfill the whole cluster."""
-    too_large = weights_refusal(run, cluster)
-    if too_large:  # the estimate builds the model on the meta device: minutes for 10,000 layers
+    (size_refusal) for a model that cannot fit the whole cluster in any layout."""
+    from trainlab.estimate.shape import check_estimable
+
+    check_estimable(run)
+    too_large = size_refusal(run, cluster, trial_layout=trial_layout)
+    if too_large:  # the estimate builds the model on the meta device: minutes for 100,000 layers
         raise ConfigError(too_large)
     return estimate_trial(run, cluster, trial_layout=trial_layout, calibration=calibration_of(run))
 
 
-def weights_refusal(run: RunConfig, cluster: ClusterSpec) -> str | None:
-    """None unless the model's parameters, counted from its dimensions at 2 bytes each (the least
-    any precision keeps), exceed the memory of every device of `cluster` together (a host's once,
-    however many CPU ranks share it): a model no layout can hold, refused in microseconds."""
-    from trainlab.estimate.hardware import hardware
-    from trainlab.estimate.shape import model_shape
+DEEP_LAYERS = 512
+"""Decoder layers beyond which building the model on the meta device for the estimate takes many
+seconds (7 ms a layer measured on a loaded 2-core machine: 12 minutes for 100,000). A model that
+deep is refused from its arithmetic alone when it cannot fit; a shallower one that can hold its
+weights gets the estimate itself: its numbers rank by rank, and fixes by layout."""
 
+
+def size_refusal(run: RunConfig, cluster: ClusterSpec, *, trial_layout: TrialLayout) -> str | None:
+    """None unless the least memory the trial takes, from its config's arithmetic
+    (estimate.least_memory: parameters, gradients, optimizer state and activations, each at its
+    least), exceeds the memory of every device of `cluster` together (a host's once, however many
+    CPU ranks share it), and the model is either deeper than DEEP_LAYERS or its weights alone, at
+    2 bytes each, overfill the cluster: a trial no layout can hold, refused in milliseconds before
+    anything builds the model."""
+    from trainlab.estimate.hardware import hardware
+    from trainlab.estimate.least_memory import least_memory
+
+    if run.model._target_:
+        return None  # your own module: its size is not known from the config
     try:
         total_gb = sum(hardware(n.type).memory_gb * (1 if n.type == CPU else n.count) for n in cluster.nodes)
     except ValueError:
         return None  # a device the estimate does not know: estimate_trial says so
-    params = model_shape(run).params
-    need_gb = 2 * params / GB_SHOWN
-    if need_gb <= total_gb:
+    cal = calibration_of(run)
+    least = least_memory(run, trial_layout=trial_layout, activation_factor=cal.activation_factor if cal else 1.0)
+    if least.total / GB_SHOWN <= total_gb or (run.model.n_layers <= DEEP_LAYERS and 2 * least.params / GB_SHOWN <= total_gb):
         return None
-    m = run.model
     where = " + ".join(sorted({n.type for n in cluster.nodes}))
-    return (f"model.n_layers={m.n_layers} model.dim={m.dim} makes a model of {params:.3g} parameters: "
-            f"{need_gb:,.1f} GB at 2 bytes each before gradients, optimizer state or activations, but "
-            f"the devices it would run on ({where}) hold {total_gb:,.1f} GB together; fix: a smaller model "
-            f"(lower model.n_layers or model.dim, or a model=OPTION such as model=small)")
+    acts = f" and {least.activations / GB_SHOWN:,.1f} GB of activations" if least.activations else ""
+    return (f"{_model_words(run)} makes a model of {least.params:.3g} parameters: training it takes at least "
+            f"{least.state / GB_SHOWN:,.1f} GB for its parameters, gradients and optimizer state{acts}, but the "
+            f"devices it would run on ({where}) hold {total_gb:,.1f} GB together; fix: "
+            + "; or ".join(_size_fixes(run, state_fits=least.state / GB_SHOWN <= total_gb, local=cluster.source == "local")))
+
+
+def _model_words(run: RunConfig) -> str:
+    """The model's size as the user set it: model.* fields, or model=hf's config.json keys (which
+    override model.*: a fix must name them)."""
+    m = run.model
+    if m.name != "hf":
+        return f"model.n_layers={m.n_layers} model.dim={m.dim}"
+    value, field = m.hf_source()
+    return f"{field}={value!r} (its config.json: num_hidden_layers={m.n_layers}, hidden_size={m.dim})"
+
+
+def _size_fixes(run: RunConfig, *, state_fits: bool, local: bool) -> list[str]:
+    m, p, t = run.model, run.parallel, run.train
+    smaller = ("a smaller model (a config.json with fewer num_hidden_layers or a smaller hidden_size)" if m.name == "hf"
+               else "a smaller model (lower model.n_layers or model.dim, or a model=OPTION such as model=small)")
+    acts = []
+    if p.activation_checkpoint != "block":
+        acts.append(f"parallel.activation_checkpoint=block (now {p.activation_checkpoint})")
+    if t.micro_batch_size > 1:
+        acts.append(f"a smaller train.micro_batch_size (now {t.micro_batch_size})")
+    fixes = [*acts, smaller] if state_fits else [smaller]
+    if local:
+        fixes.append("a cluster with more memory (cluster=ray cluster.address=HEAD:6379)")
+    return fixes
 
 
 # ---- refusal ------------------------------------------------------------------------------------
@@ -141,9 +181,8 @@ def fixes(run: RunConfig, est: Estimate) -> list[str]:
     fixes = [shard, *act] if state >= acts else [*act, shard]
     ranks = len(est.ranks)
     if m.params / ranks > est.tightest.device.memory_gb * GB_SHOWN:  # not even its weights, spread over every rank
-        mc = run.model
-        fixes.insert(0, f"a smaller model (model.n_layers={mc.n_layers}, model.dim={mc.dim} now: its parameters "
-                        f"alone, spread over all {ranks} ranks, overfill them)")
+        fixes.insert(0, f"a smaller model ({_model_words(run)} now: its parameters alone, spread over all "
+                        f"{ranks} ranks, overfill them)")
     return fixes
 
 

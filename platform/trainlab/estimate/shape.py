@@ -79,11 +79,16 @@ class ModelShape:
         return n // tp
 
 
-def model_shape(run: RunConfig) -> ModelShape:
+def check_estimable(run: RunConfig) -> None:
+    """NotImplementedError for a model whose shape trainlab does not know (model=custom)."""
     if run.model._target_:
         raise NotImplementedError(
             f"model._target_={run.model._target_!r}: trainlab estimates its presets and Hugging Face models "
             "(model=hf), whose shapes it knows; your own module is trained unestimated")
+
+
+def model_shape(run: RunConfig) -> ModelShape:
+    check_estimable(run)
     args = resolve_dims(run.model, vocab_size=corpus_vocab_size(run.data))
     spec = spec_of(run.precision.name)
     other_family = run.model.runs_transformers_forward()

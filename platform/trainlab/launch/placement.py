@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainlab.config import ConfigError
 from trainlab.config.schema import PLACEMENTS, RunConfig
 from trainlab.estimate.fit_check import estimate_run, fixes, memory_line
 from trainlab.plan.derive_layout import plan_layout
@@ -188,6 +189,8 @@ def memory_reason(run: RunConfig, pool: GpuPool) -> str | None:
     the estimate has no numbers for: placement's other checks decide then)."""
     try:
         est = estimate_run(run, pool_cluster(run, pool), trial_layout=plan_layout(run))
+    except ConfigError as e:  # more than the whole pool holds in any layout (fit_check.size_refusal)
+        return str(e)
     except (ValueError, NotImplementedError):  # a type or layout it has no numbers for
         return None
     if est.fits:

@@ -28,7 +28,7 @@ from trainlab.data.hf_corpus import prepare_hf
 from trainlab.data.token_file import open_token_file
 from trainlab.devices import resolve_device
 from trainlab.estimate.calibration import load_calibration
-from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster
+from trainlab.estimate.fit_check import checked_estimate, estimate_run, local_cluster, size_refusal
 from trainlab.estimate.hardware import host_memory_gb
 from trainlab.launch.interfaces import check_listen_host
 from trainlab.launch.paths import shared_storage_notes
@@ -86,8 +86,9 @@ def preflight(run: RunConfig, *, tracking_uri: str | None, services: bool = True
         if swept is None:
             check_data(run)
         load_calibration(run.cluster.calibration)  # the file the user named, read as the estimate will
-        check_module_names(run)
         device = swept.device if swept else check_device(run)
+        check_size_here(run, device)  # from the config's arithmetic, before anything below builds the model
+        check_module_names(run)
         check_layout(run)
         checks = swept or TrialChecks(device, estimate=check_fits_here(run, device))
         if device != "auto":
@@ -233,6 +234,17 @@ def model_vocab(run: RunConfig) -> int:
     if run.model.vocab_size:
         return run.model.vocab_size
     return corpus_vocab_size(run.data) if run.data.name == "hf" else run.data.vocab_size or 256
+
+
+def check_size_here(run: RunConfig, device: str) -> None:
+    """A model no layout can fit on a cluster started on this machine, refused from its config's
+    arithmetic (estimate.fit_check.size_refusal: milliseconds) before check_module_names,
+    check_layout or the estimate build it on the meta device (minutes for 100,000 layers)."""
+    if run.cluster.address or device == "auto":
+        return
+    why = size_refusal(run, local_cluster(run, device=device), trial_layout=plan_layout(run))
+    if why:
+        raise ConfigError(why)
 
 
 def check_fits_here(run: RunConfig, device: str) -> Estimate | None:
