@@ -322,3 +322,23 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     fresh = [r for r in runs if r.info.run_id not in left]
     assert [(r.data.params["seed"], r.info.status) for r in fresh] == [("0", "FINISHED")]
     assert not _tmp_left(tmp_path)
+
+
+REAPED_WITHIN_S = 45
+"""After a SIGKILL of the driver, every process of its local Ray cluster is gone within this (about
+5 s here: launch.ray_reaper; Ray's own agents linger 62 s, their report to the dead GCS timing out)."""
+
+
+def test_nothing_of_the_local_cluster_outlives_a_sigkilled_driver(tmp_path, ray_tmp):
+    driver = Driver([*TRIAL, "cluster.num_workers=1", "tracking=none"], cwd=tmp_path, ray_tmp=ray_tmp)
+    try:
+        driver.wait_for(lambda: list(tmp_path.glob("outputs/*/*/checkpoints/step_*/trainlab.json")), "a checkpoint")
+        assert any("DashboardAgent" in line for line in driver.leftovers()), driver.leftovers()
+        os.kill(driver.proc.pid, signal.SIGKILL)  # the driver alone: no handler runs, nothing shuts Ray down
+        driver.proc.wait(timeout=30)
+        deadline = time.monotonic() + REAPED_WITHIN_S
+        while left := driver.leftovers():
+            assert time.monotonic() < deadline, f"still running {REAPED_WITHIN_S} s after the driver's SIGKILL: {left}"
+            time.sleep(0.5)
+    finally:
+        kill_what_ray_left(ray_tmp)

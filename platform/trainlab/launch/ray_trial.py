@@ -18,6 +18,7 @@ from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
 from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, handling, rearm, stop_flag
 from trainlab.launch.placement import accelerator_type, scaling
+from trainlab.launch.ray_reaper import start_reaper
 from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 
@@ -65,10 +66,12 @@ def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashb
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, hangup)
     try:
         with driver_keeps_sigterm():
-            return ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
-                            runtime_env=runtime_env, log_to_driver=False, **node)
+            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                               runtime_env=runtime_env, log_to_driver=False, **node)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    start_reaper(context.address_info["session_dir"])  # ends what a SIGKILLed driver leaves of it
+    return context
 
 
 @contextlib.contextmanager
