@@ -14,41 +14,18 @@ import numpy as np
 import pytest
 
 from conftest import read_only_dir
-from trainlab.config.schema import DataConfig
+from hf_data_support import data_cfg, make_demo, refused, stream
 from trainlab.data import hf_corpus
 from trainlab.data.hf_corpus import prepare_hf
-from trainlab.data.hf_demo import train_demo_tokenizer, write_demo_dataset
 from trainlab.vocab.file_lock import held
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """{tokenizer, docs, chat}: the demo tokenizer folder and its two jsonl files."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    root = tmp_path_factory.mktemp("hfcache")
-    return {"tokenizer": str(train_demo_tokenizer(root / "tok")), **{k: str(v) for k, v in
-                                                                    write_demo_dataset(root / "data").items()}}
+    return make_demo(tmp_path_factory.mktemp("hfcache"))
 
 
-def _cfg(demo, cache, **kw) -> DataConfig:
-    return DataConfig(**{"name": "hf", "path": demo["docs"], "tokenizer": demo["tokenizer"],
-                         "cache_dir": str(cache), **kw})
 
-
-def _stream(cached) -> np.ndarray:
-    return np.asarray(cached.tokens)
-
-
-def _refused(cfg: DataConfig) -> str:
-    """prepare_hf's refusal: one line; data.cache_dir is left as it was (no lock file added)."""
-    cache = cfg.cache_dir
-    before = sorted(os.listdir(cache)) if os.path.isdir(cache) else None
-    with pytest.raises(ValueError) as e:
-        prepare_hf(cfg)
-    assert "\n" not in str(e.value)
-    after = sorted(os.listdir(cache)) if os.path.isdir(cache) else None
-    assert after == before or (before is None and after == []), f"the refusal left {after} in data.cache_dir"
-    return str(e.value)
 
 
 def _count_loads(monkeypatch) -> list:
@@ -61,9 +38,9 @@ def _count_loads(monkeypatch) -> list:
 @pytest.mark.parametrize("damage", ["meta_cut", "meta_gone", "meta_edited", "tokens_cut", "mask_gone"])
 def test_a_damaged_cache_folder_is_tokenized_again_and_replaced(damage, demo, tmp_path, monkeypatch):
     calls = _count_loads(monkeypatch)
-    cfg = _cfg(demo, tmp_path / "cache", path=demo["chat"], format="chat", loss_on="answer")
+    cfg = data_cfg(demo, tmp_path / "cache", path=demo["chat"], format="chat", loss_on="answer")
     first = prepare_hf(cfg)
-    want, want_mask, folder = _stream(first).copy(), np.asarray(first.mask).copy(), first.folder
+    want, want_mask, folder = stream(first).copy(), np.asarray(first.mask).copy(), first.folder
     del first
     meta, tokens = folder / "meta.json", folder / "tokens.bin"
     {"meta_cut": lambda: meta.write_text(meta.read_text()[:30]),
@@ -73,16 +50,16 @@ def test_a_damaged_cache_folder_is_tokenized_again_and_replaced(damage, demo, tm
      "mask_gone": (folder / "mask.bin").unlink}[damage]()
     again = prepare_hf(cfg)
     assert len(calls) == 2, "the damaged folder was not tokenized again"
-    assert np.array_equal(_stream(again), want) and np.array_equal(again.mask, want_mask)
+    assert np.array_equal(stream(again), want) and np.array_equal(again.mask, want_mask)
     assert again.folder == folder and os.listdir(tmp_path / "cache") == [folder.name], "something was left"
 
 
 def test_a_damaged_cache_folder_holding_other_files_is_kept_and_named(demo, tmp_path):
-    cfg = _cfg(demo, tmp_path / "cache")
+    cfg = data_cfg(demo, tmp_path / "cache")
     folder = prepare_hf(cfg).folder
     (folder / "meta.json").write_text("{")
     (folder / "notes.txt").write_text("mine")
-    msg = _refused(cfg)
+    msg = refused(cfg)
     assert msg.startswith(f"data.cache_dir: {folder} is a damaged token cache (meta.json: ")
     assert msg.endswith(f"holds notes.txt, which trainlab does not write there, so trainlab leaves it; move it "
                         f"away to tokenize again (mv {folder} {folder}.damaged)")
@@ -94,18 +71,18 @@ def test_a_damaged_cache_folder_holding_other_files_is_kept_and_named(demo, tmp_
 def test_a_cache_dir_that_cannot_be_used_is_refused_in_one_line(demo, tmp_path):
     fix = "set data.cache_dir to a folder you can write (empty: ~/.cache/trainlab/tokens)"
     (tmp_path / "file").write_text("mine")
-    msg = _refused(_cfg(demo, tmp_path / "file"))
+    msg = refused(data_cfg(demo, tmp_path / "file"))
     assert msg == f"data.cache_dir={str(tmp_path / 'file')!r} is a file, not a folder; {fix}"
     assert (tmp_path / "file").read_text() == "mine"
-    msg = _refused(_cfg(demo, "/proc/nope"))
+    msg = refused(data_cfg(demo, "/proc/nope"))
     assert msg.startswith("data.cache_dir='/proc/nope' cannot be made (") and msg.endswith(fix)
     # one that cannot be written: refused before tokenizing; a complete folder in it still serves
-    made = prepare_hf(_cfg(demo, tmp_path / "ro"))
+    made = prepare_hf(data_cfg(demo, tmp_path / "ro"))
     with read_only_dir(tmp_path / "ro") as locked:
         if not locked:
             pytest.skip("this machine cannot make a folder its user cannot write")
-        assert np.array_equal(_stream(prepare_hf(_cfg(demo, tmp_path / "ro"))), _stream(made))
-        msg = _refused(_cfg(demo, tmp_path / "ro", path=demo["chat"], format="chat"))
+        assert np.array_equal(stream(prepare_hf(data_cfg(demo, tmp_path / "ro"))), stream(made))
+        msg = refused(data_cfg(demo, tmp_path / "ro", path=demo["chat"], format="chat"))
         assert msg.startswith(f"data.cache_dir={str(tmp_path / 'ro')!r} cannot be written (") and msg.endswith(fix)
 
 

@@ -14,23 +14,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hf_data_support import data_cfg, make_demo
 from trainlab.config import ConfigError, compose_run_config
 from trainlab.config.convert import config_hash
 from trainlab.config.schema import DataConfig
 from trainlab.data import TokenBatches, build_corpus, val_batches
 from trainlab.data.batches import IGNORE_INDEX
 from trainlab.data.build_corpus import corpus_vocab_size
-from trainlab.data.hf_demo import demo_conversations, demo_documents, train_demo_tokenizer, write_demo_dataset
+from trainlab.data.hf_demo import demo_conversations, demo_documents
 from trainlab.engine.loss import token_loss
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """{tokenizer, docs, chat}: the demo tokenizer folder and its two jsonl files."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    root = tmp_path_factory.mktemp("hfdemo")
-    return {"tokenizer": str(train_demo_tokenizer(root / "tok")), **{k: str(v) for k, v in
-                                                                    write_demo_dataset(root / "data").items()}}
+    return make_demo(tmp_path_factory.mktemp("hfdemo"))
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +37,8 @@ def tok(demo):
     return AutoTokenizer.from_pretrained(demo["tokenizer"], local_files_only=True)
 
 
-def _cfg(demo, cache, **kw) -> DataConfig:
-    return DataConfig(**{"name": "hf", "path": demo["docs"], "tokenizer": demo["tokenizer"],
-                         "cache_dir": str(cache), **kw})
-
-
 def _chat(demo, cache) -> DataConfig:
-    return _cfg(demo, cache, path=demo["chat"], format="chat", loss_on="answer")
+    return data_cfg(demo, cache, path=demo["chat"], format="chat", loss_on="answer")
 
 
 def _loader(tokens, mask=None, **kw) -> TokenBatches:
@@ -65,10 +57,10 @@ def _same(a, b) -> bool:
 
 # ---------------------------------------------------------------------------- the stream
 def test_documents_are_packed_with_eos_after_each(demo, tok, tmp_path):
-    c = build_corpus(_cfg(demo, tmp_path))
+    c = build_corpus(data_cfg(demo, tmp_path))
     stream = np.concatenate([c.train, c.val])
     docs = demo_documents()
-    assert c.name == "hf" and c.vocab_size == len(tok) == corpus_vocab_size(_cfg(demo, tmp_path))
+    assert c.name == "hf" and c.vocab_size == len(tok) == corpus_vocab_size(data_cfg(demo, tmp_path))
     ends = np.flatnonzero(stream == tok.eos_token_id)
     assert len(ends) == len(docs) and ends[-1] == len(stream) - 1
     starts = np.concatenate([[0], ends[:-1] + 1])
@@ -95,7 +87,7 @@ def test_every_input_kind_gives_the_stream_of_the_same_documents(demo, tmp_path)
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
 
     def stream(path, **kw):
-        c = build_corpus(_cfg(demo, tmp_path / "cache", path=str(tmp_path / path), **kw))
+        c = build_corpus(data_cfg(demo, tmp_path / "cache", path=str(tmp_path / path), **kw))
         return np.concatenate([c.train, c.val])
 
     want = stream("docs.jsonl")
@@ -107,8 +99,8 @@ def test_every_input_kind_gives_the_stream_of_the_same_documents(demo, tmp_path)
 
 
 def test_the_same_config_gives_the_same_batches_twice(demo, tmp_path):
-    a = build_corpus(_cfg(demo, tmp_path / "one"))
-    b = build_corpus(_cfg(demo, tmp_path / "two"))  # tokenized again, into another cache
+    a = build_corpus(data_cfg(demo, tmp_path / "one"))
+    b = build_corpus(data_cfg(demo, tmp_path / "two"))  # tokenized again, into another cache
     assert a.fingerprint == b.fingerprint
     assert _same(_steps(_loader(a.train), 4), _steps(_loader(b.train), 4))
 
@@ -121,7 +113,7 @@ def test_a_second_build_reuses_the_cache_and_a_changed_file_is_tokenized_again(d
     monkeypatch.setattr(hf_corpus, "load_tokenizer", lambda path: calls.append(path) or real(path))
     data = tmp_path / "docs.jsonl"
     data.write_text(open(demo["docs"]).read())
-    cfg = _cfg(demo, tmp_path / "cache", path=str(data))
+    cfg = data_cfg(demo, tmp_path / "cache", path=str(data))
     first = build_corpus(cfg)
     second = build_corpus(cfg)
     assert len(calls) == 1, "the second build tokenized again"
@@ -150,7 +142,7 @@ def test_builders_racing_for_one_cache_tokenize_once(demo, tmp_path, monkeypatch
         return real(path)
 
     monkeypatch.setattr(hf_corpus, "load_tokenizer", slow_load)
-    cfg = _cfg(demo, tmp_path)
+    cfg = data_cfg(demo, tmp_path)
     prints = []
     threads = [threading.Thread(target=lambda: prints.append(build_corpus(cfg).fingerprint)) for _ in range(2)]
     for t in threads:
@@ -174,7 +166,7 @@ def test_resume_mid_epoch_is_bit_exact(demo, tmp_path):
 
 
 def test_data_parallel_ranks_take_disjoint_shares_of_one_process_batch(demo, tmp_path):
-    c = build_corpus(_cfg(demo, tmp_path))
+    c = build_corpus(data_cfg(demo, tmp_path))
     one = torch.cat([x for x, _ in _loader(c.train).next_step()])
     shares = [torch.cat([x for x, _ in _loader(c.train, dp_rank=r, dp_size=2).next_step()]) for r in range(2)]
     assert torch.equal(torch.cat(shares), one)
@@ -202,7 +194,7 @@ def test_with_loss_on_answer_only_assistant_tokens_are_targets(demo, tok, tmp_pa
     y, py = seen
     assert torch.equal(y[y != IGNORE_INDEX], py[y != IGNORE_INDEX])
     assert (y == IGNORE_INDEX).any() and (y != IGNORE_INDEX).any()
-    full = build_corpus(_cfg(demo, tmp_path, path=demo["chat"], format="chat"))
+    full = build_corpus(data_cfg(demo, tmp_path, path=demo["chat"], format="chat"))
     assert full.train_mask is None and np.array_equal(np.concatenate([full.train, full.val]), stream)
 
 
@@ -221,7 +213,7 @@ def test_a_micro_batch_with_every_target_masked_has_loss_zero_not_nan():
 
 
 # ---------------------------------------------------------------------------- refusals
-def _refused(run_overrides, demo) -> str:
+def refused(run_overrides, demo) -> str:
     from trainlab.launch.preflight import check_data
 
     run = compose_run_config(["data=hf", f"data.path={demo['docs']}", f"data.tokenizer={demo['tokenizer']}",
@@ -236,14 +228,14 @@ def test_a_hub_name_is_refused_naming_the_cached_snapshot_or_how_to_copy(demo, t
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    msg = _refused(["data.path=HuggingFaceFW/fineweb", f"data.cache_dir={tmp_path}"], demo)
+    msg = refused(["data.path=HuggingFaceFW/fineweb", f"data.cache_dir={tmp_path}"], demo)
     assert msg.startswith("data.path='HuggingFaceFW/fineweb' is not a path on this machine")
     assert "hf download HuggingFaceFW/fineweb --repo-type dataset --local-dir fineweb" in msg
     snap = tmp_path / "hub" / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap.parents[1] / "refs").mkdir()
     (snap.parents[1] / "refs" / "main").write_text("abc123")
-    msg = _refused(["data.tokenizer=meta-llama/Llama-3.1-8B", f"data.cache_dir={tmp_path}"], demo)
+    msg = refused(["data.tokenizer=meta-llama/Llama-3.1-8B", f"data.cache_dir={tmp_path}"], demo)
     assert msg.startswith("data.tokenizer='meta-llama/Llama-3.1-8B' is not a path on this machine")
     assert msg.endswith(f"use the copy in the Hugging Face cache: data.tokenizer={snap}")
 
@@ -251,17 +243,17 @@ def test_a_hub_name_is_refused_naming_the_cached_snapshot_or_how_to_copy(demo, t
 def test_wrong_kinds_of_path_are_refused_before_reading(demo, tmp_path):
     fifo = tmp_path / "data.jsonl"
     os.mkfifo(fifo)
-    assert "is a FIFO" in _refused([f"data.path={fifo}", f"data.cache_dir={tmp_path}"], demo)
+    assert "is a FIFO" in refused([f"data.path={fifo}", f"data.cache_dir={tmp_path}"], demo)
     raw = tmp_path / "tokens.bin"
     raw.write_bytes(b"\0" * 64)
-    assert "a raw token file is data=tokens" in _refused([f"data.path={raw}", f"data.cache_dir={tmp_path}"], demo)
+    assert "a raw token file is data=tokens" in refused([f"data.path={raw}", f"data.cache_dir={tmp_path}"], demo)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "is a folder holding no .jsonl" in _refused([f"data.path={empty}", f"data.cache_dir={tmp_path}"], demo)
+    assert "is a folder holding no .jsonl" in refused([f"data.path={empty}", f"data.cache_dir={tmp_path}"], demo)
     tok_file = os.path.join(demo["tokenizer"], "tokenizer.json")
-    msg = _refused([f"data.tokenizer={tok_file}", f"data.cache_dir={tmp_path}"], demo)
+    msg = refused([f"data.tokenizer={tok_file}", f"data.cache_dir={tmp_path}"], demo)
     assert "is a file, not a tokenizer folder" in msg and f"({demo['tokenizer']})" in msg
-    assert f"data.text_field='body' is not a key of data.path={demo['docs']!r} line 1 (its keys: text)" in _refused(
+    assert f"data.text_field='body' is not a key of data.path={demo['docs']!r} line 1 (its keys: text)" in refused(
         ["data.text_field=body", f"data.cache_dir={tmp_path}"], demo)
 
 

@@ -14,21 +14,17 @@ import os
 import numpy as np
 import pytest
 
+from hf_data_support import data_cfg, make_demo, refused, stream
 from trainlab.config import compose_run_config
 from trainlab.config.convert import config_hash
-from trainlab.config.schema import DataConfig
 from trainlab.data import hf_corpus, hf_files, hf_source, hf_tokenize
 from trainlab.data.hf_corpus import prepare_hf
-from trainlab.data.hf_demo import demo_documents, train_demo_tokenizer, write_demo_dataset
+from trainlab.data.hf_demo import demo_documents
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """{tokenizer, docs, chat}: the demo tokenizer folder and its two jsonl files."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    root = tmp_path_factory.mktemp("hfinputs")
-    return {"tokenizer": str(train_demo_tokenizer(root / "tok")), **{k: str(v) for k, v in
-                                                                    write_demo_dataset(root / "data").items()}}
+    return make_demo(tmp_path_factory.mktemp("hfinputs"))
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +34,7 @@ def tok(demo):
     return AutoTokenizer.from_pretrained(demo["tokenizer"], local_files_only=True)
 
 
-def _cfg(demo, cache, **kw) -> DataConfig:
-    return DataConfig(**{"name": "hf", "path": demo["docs"], "tokenizer": demo["tokenizer"],
-                         "cache_dir": str(cache), **kw})
 
-
-def _stream(cached) -> np.ndarray:
-    return np.asarray(cached.tokens)
-
-
-def _refused(cfg: DataConfig) -> str:
-    """prepare_hf's refusal: one line; data.cache_dir is left as it was (empty: no lock file)."""
-    cache = cfg.cache_dir
-    before = sorted(os.listdir(cache)) if os.path.isdir(cache) else None
-    with pytest.raises(ValueError) as e:
-        prepare_hf(cfg)
-    assert "\n" not in str(e.value)
-    after = sorted(os.listdir(cache)) if os.path.isdir(cache) else None
-    assert after == before or (before is None and after == []), f"the refusal left {after} in data.cache_dir"
-    return str(e.value)
 
 
 # ---------------------------------------------------------------------------- long documents
@@ -94,9 +72,9 @@ def test_a_long_document_is_tokenized_in_bounded_calls_into_the_tokens_of_the_wh
     for name in ("one.jsonl", "one.txt"):
         spy = _CallSizes(real(demo["tokenizer"]))
         monkeypatch.setattr(hf_corpus, "load_tokenizer", lambda path, spy=spy: spy)
-        cached = prepare_hf(_cfg(demo, tmp_path / f"cache_{name}", path=str(tmp_path / name)))
+        cached = prepare_hf(data_cfg(demo, tmp_path / f"cache_{name}", path=str(tmp_path / name)))
         assert len(spy.calls) >= 50 and max(spy.calls) <= 8192, (name, spy.calls[:5])
-        assert _stream(cached).tolist() == want, name
+        assert stream(cached).tolist() == want, name
         assert cached.meta["documents"] == 1
 
 
@@ -115,7 +93,7 @@ def test_a_row_past_the_row_bound_is_refused_with_the_fix(demo, tmp_path, monkey
                        ("long.json", "long.json' element 1 (line 1) is more than 3.91 KiB long"),
                        ("long.parquet", "data.text_field='text': data.path='{p}' row 1 holds 4.88 KiB of text")]:
         path = str(tmp_path / name)
-        msg = _refused(_cfg(demo, tmp_path / "cache", path=path))
+        msg = refused(data_cfg(demo, tmp_path / "cache", path=path))
         assert says.format(p=path) in msg and msg.endswith(fix), msg
 
 
@@ -159,7 +137,7 @@ def test_a_damaged_file_is_refused_naming_the_file_the_line_and_the_fix(name, de
         data = (tmp_path / "whole.parquet").read_bytes()[:-100]
     (tmp_path / "cache").mkdir()
     (tmp_path / name).write_bytes(data)
-    msg = _refused(_cfg(demo, tmp_path / "cache", path=str(tmp_path / name)))
+    msg = refused(data_cfg(demo, tmp_path / "cache", path=str(tmp_path / name)))
     assert f"data.path={str(tmp_path / name)!r}" in msg, msg
     for part in says:
         assert part in msg, msg
@@ -168,7 +146,7 @@ def test_a_damaged_file_is_refused_naming_the_file_the_line_and_the_fix(name, de
         folder.mkdir()
         (folder / "a.jsonl").write_bytes(b"".join(GOOD))
         os.rename(tmp_path / name, folder / "b.jsonl")
-        msg = _refused(_cfg(demo, tmp_path / "cache", path=str(folder)))
+        msg = refused(data_cfg(demo, tmp_path / "cache", path=str(folder)))
         assert f"data.path={str(folder)!r}: 'b.jsonl' line " in msg, msg
 
 
@@ -177,7 +155,7 @@ def test_a_damaged_saved_dataset_is_refused_naming_it(demo, tmp_path):
 
     datasets.Dataset.from_dict({"text": demo_documents()[:20]}).save_to_disk(str(tmp_path / "saved"))
     (tmp_path / "saved" / "state.json").write_text('{"_data_files": [')
-    msg = _refused(_cfg(demo, tmp_path / "cache", path=str(tmp_path / "saved")))
+    msg = refused(data_cfg(demo, tmp_path / "cache", path=str(tmp_path / "saved")))
     assert msg.startswith(f"data.path={str(tmp_path / 'saved')!r} could not be read by datasets.load_from_disk")
     assert msg.endswith("save the dataset again with save_to_disk, or point data.path at a whole copy")
 
@@ -191,18 +169,18 @@ def test_data_split_is_refused_where_the_dataset_has_no_such_split(demo, tmp_pat
     datasets.DatasetDict({"a": datasets.Dataset.from_dict({"text": docs}),
                           "b": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(str(tmp_path / "ab"))
     one, ab, cache = str(tmp_path / "one"), str(tmp_path / "ab"), tmp_path / "cache"
-    assert _refused(_cfg(demo, cache, path=one, split="validation")) == (
+    assert refused(data_cfg(demo, cache, path=one, split="validation")) == (
         f"data.split='validation': data.path={one!r} holds one saved Dataset, with no splits (save_to_disk of a "
         "Dataset, not a DatasetDict); set data.split='' to read all of it (to train on one part, point "
         "data.path at that part's files)")
-    assert _refused(_cfg(demo, cache, split="train")).startswith(
+    assert refused(data_cfg(demo, cache, split="train")).startswith(
         f"data.split='train': data.path={demo['docs']!r} holds json rows, with no splits; set data.split=''")
-    assert _refused(_cfg(demo, cache, path=ab)) == (
+    assert refused(data_cfg(demo, cache, path=ab)) == (
         f"data.split='' reads the train split, and there is none in data.path={ab!r} (its splits: a, b); set "
         "data.split to one of them")
     # the fixes, followed: the whole Dataset, and a DatasetDict's split, tokenize alike
-    assert np.array_equal(_stream(prepare_hf(_cfg(demo, cache, path=one))),
-                          _stream(prepare_hf(_cfg(demo, cache, path=ab, split="b"))))
+    assert np.array_equal(stream(prepare_hf(data_cfg(demo, cache, path=one))),
+                          stream(prepare_hf(data_cfg(demo, cache, path=ab, split="b"))))
     # empty is what `train`, the default it replaced, read: a run's identity stays
     base = ["data=hf", "data.path=x.jsonl", "data.tokenizer=t"]
     assert config_hash(compose_run_config(base)) == config_hash(compose_run_config([*base, "data.split=train"]))
