@@ -37,16 +37,21 @@ commands:
 def _train(_command: str, rest: list[str]) -> None:
     rest = job_overrides(rest)  # a Ray job's driver writes to a durable folder, not Ray's temp dir
     sys.argv = hydra_argv(sys.argv[0], rest, commands=list(COMMANDS))  # Hydra parses sys.argv
+    from trainlab.launch import interrupt
+
+    interrupt.stop_before_start()  # SIGTERM, SIGHUP: a line and 128 + n, as Ctrl-C's KeyboardInterrupt
     try:
         from trainlab import train
 
         train.main()
     except KeyboardInterrupt:  # before the trials took Ctrl-C over (launch.interrupt)
-        from trainlab.launch.interrupt import after_interrupt, release_cluster
-
-        release_cluster()
-        print(after_interrupt(), file=sys.stderr)
+        interrupt.release_cluster()
+        print(interrupt.after_interrupt(), file=sys.stderr)
         sys.exit(130)
+    except interrupt.StopBeforeStart as stop:
+        interrupt.release_cluster()
+        print(interrupt.stopped_line(stop.signum), file=sys.stderr)
+        sys.exit(128 + stop.signum)
 
 
 def _entry(module: str, *, with_command: bool = False) -> Callable[[str, list[str]], None]:

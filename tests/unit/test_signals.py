@@ -29,6 +29,7 @@ def fresh_interrupt(monkeypatch):
     """No interrupt of an earlier test; every stop signal's handler put back afterwards."""
     monkeypatch.setattr(interrupt, "_active", None)
     monkeypatch.setattr(interrupt, "_last", None, raising=False)
+    monkeypatch.setattr(interrupt, "_entered", False)
     before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     for s, handler in before.items():  # as from a terminal: pytest under nohup inherits SIGHUP ignored,
         if handler == signal.SIG_IGN:  # which the driver keeps ignored (its own test below)
@@ -103,6 +104,34 @@ def test_a_second_ctrl_c_while_the_command_ends_says_the_trials_were_stopped(mon
     assert ended.value.code == 130
     assert "before training started" not in err, err
     assert "already stopped" in err and "run the same command to resume" in err, err
+
+
+@pytest.mark.parametrize("after_trials", [False, True], ids=["composing", "ending"])
+def test_sigterm_outside_the_trials_handlers_ends_the_command_in_its_line(monkeypatch, capsys, after_trials):
+    """SIGTERM while Hydra composes (before any trial took the signals) or after the trials gave
+    them back: one line and exit 143, where the default handler ended the command without one."""
+    def composing() -> None:
+        if after_trials:
+            with interrupt.interruptible():
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr("trainlab.train.main", composing)
+    monkeypatch.setattr(interrupt, "release_cluster", lambda: None)
+    with pytest.raises(SystemExit) as ended:
+        cli._train("train", [])
+    assert ended.value.code == 143
+    said = "while the command ended" if after_trials else "before training started"
+    assert f"interrupted by SIGTERM {said}" in capsys.readouterr().err
+
+
+def test_sigterm_ignored_when_the_command_started_stays_ignored_while_it_composes(monkeypatch):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    monkeypatch.setattr("trainlab.train.main", lambda: os.kill(os.getpid(), signal.SIGTERM))
+    cli._train("train", [])  # returns: a signal ignored when the command started (nohup) is not its to take
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
 
 
 def test_ctrl_c_while_ray_ends_kills_what_is_left_at_once(monkeypatch):

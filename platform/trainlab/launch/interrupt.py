@@ -162,10 +162,11 @@ def interruptible() -> Iterator[DriverInterrupt]:
     nested uses share the outer one (a sweep's trials). The command's end after a signal
     (its line, release_cluster) belongs inside too: a signal after the handlers are given back
     would be Python's KeyboardInterrupt, or end the command before Ray's processes."""
-    global _active, _last
+    global _active, _last, _entered
     if _active is not None:
         yield _active
         return
+    _entered = True
     _active = DriverInterrupt()
     _active.install()
     try:
@@ -204,6 +205,35 @@ def admitting() -> Iterator[None]:
         yield
     finally:
         active.admitting = was
+
+
+_entered = False
+"""Whether the command's trials ever took the stop signals (a signal after they gave them back
+comes while the command ends, not before training started)."""
+
+
+def _raise_stop(signum, frame) -> None:
+    raise StopBeforeStart(signum)
+
+
+def stop_before_start() -> None:
+    """From the command's start until its trials take the stop signals (`interruptible`): SIGTERM and
+    SIGHUP at their default raise StopBeforeStart where the command is (Hydra composing a sweep's
+    jobs, say), as Ctrl-C raises KeyboardInterrupt, so that the command ends in its line
+    (stopped_line) instead of dying without one. One ignored when the command started stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in STOP_SIGNALS:
+        if s != signal.SIGINT and signal.getsignal(s) == signal.SIG_DFL:
+            signal.signal(s, _raise_stop)
+
+
+def stopped_line(signum: int) -> str:
+    """The line of a command ended by StopBeforeStart outside its trials' handlers."""
+    name = signal.Signals(signum).name
+    if _last is not None:
+        return after_interrupt()
+    return f"interrupted by {name} while the command ended" if _entered else f"interrupted by {name} before training started"
 
 
 def after_interrupt() -> str:
