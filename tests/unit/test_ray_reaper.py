@@ -1,6 +1,6 @@
 """The reaper ends the processes of its own Ray session and no other: a process that names the
-session folder or holds a file open in it is the session's; one of a session whose name merely
-starts the same is not."""
+session folder, or a Ray process that holds a file open in it, is the session's; one of a session
+whose name merely starts the same is not, nor a user's program reading one of its logs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import time
 from trainlab.launch.ray_reaper import reap, session_processes
 
 
-def _sleeper(*args: str, cwd=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); time.sleep(600)",
-                             *args], cwd=cwd)
+def _sleeper(*args: str, ray: bool = True) -> subprocess.Popen:
+    """A process holding the file args[0] open; `ray`: named as Ray names its workers (ray::IDLE)."""
+    code = "import sys, time; f = open(sys.argv[1], 'a'); time.sleep(600)"
+    if not ray:
+        return subprocess.Popen([sys.executable, "-c", code, *args])
+    return subprocess.Popen(["bash", "-c", 'exec -a ray::IDLE "$0" "$@"', sys.executable, "-c", code, *args])
 
 
 def test_only_the_sessions_own_processes_are_reaped(tmp_path):
@@ -23,6 +26,7 @@ def test_only_the_sessions_own_processes_are_reaped(tmp_path):
     holds_a_log = _sleeper(str(mine / "logs" / "agent.log"))
     names_it = _sleeper(str(tmp_path / "x.log"), f"--log_dir={mine}/logs")
     elsewhere = _sleeper(str(other / "logs" / "agent.log"), f"--log_dir={other}/logs")
+    reader = _sleeper(str(mine / "logs" / "agent.log"), ray=False)  # a user's `tail -f` of one of its logs
     try:
         deadline = time.monotonic() + 60
         while {p.pid for p in session_processes(str(mine))} != {holds_a_log.pid, names_it.pid}:
@@ -31,8 +35,8 @@ def test_only_the_sessions_own_processes_are_reaped(tmp_path):
         assert reap(str(mine)) == 2
         holds_a_log.wait(timeout=10)  # ended (reap collected their exit status itself)
         names_it.wait(timeout=10)
-        assert elsewhere.poll() is None and session_processes(str(mine)) == []
+        assert elsewhere.poll() is None and reader.poll() is None and session_processes(str(mine)) == []
     finally:
-        for p in (holds_a_log, names_it, elsewhere):
+        for p in (holds_a_log, names_it, elsewhere, reader):
             p.kill()
             p.wait()

@@ -51,8 +51,16 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
+def _is_ray(cmdline: list[str]) -> bool:
+    """A process of Ray's own: its renamed workers and agents (ray::..., ray-dashboard-...) or a
+    program of the ray package; never a user's `tail -f` of one of the session's logs."""
+    head = cmdline[0] if cmdline else ""
+    return head.startswith(("ray::", "ray-dashboard-")) or any(f"{os.sep}ray{os.sep}" in a for a in cmdline[:3])
+
+
 def session_processes(session_dir: str) -> list:
-    """This user's processes that belong to the Ray session `session_dir` (psutil.Process)."""
+    """This user's processes of Ray's that belong to the session `session_dir` (psutil.Process): naming
+    it on their command line (the GCS, the raylet, the dashboard) or holding a file open in it."""
     import psutil
 
     me, uid, found = os.getpid(), os.getuid(), []
@@ -60,7 +68,10 @@ def session_processes(session_dir: str) -> list:
         try:
             if proc.pid == me or proc.info["uids"].real != uid or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            named = (arg.rpartition("=")[2] for arg in proc.info["cmdline"] or ())  # --log_dir=PATH
+            cmdline = proc.info["cmdline"] or []
+            if not _is_ray(cmdline):
+                continue
+            named = (arg.rpartition("=")[2] for arg in cmdline)  # --log_dir=PATH
             if any(_inside(p, session_dir) for p in named) or any(_inside(f.path, session_dir)
                                                                   for f in proc.open_files()):
                 found.append(proc)
