@@ -85,7 +85,7 @@ def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_it
     assert _ray_train_runs(cold_dir) == 2  # a Ray Train run per trial
 
 
-def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, tmp_path):
+def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, tmp_path, monkeypatch):
     """The first trial's workers raise while building the model (a vocabulary below the
     corpus's): Ray Train restarts the gang's worker group, the queue fails the trial with the
     worker's error (cluster.max_failures=0) and hands out the next, which finishes."""
@@ -97,9 +97,11 @@ def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, t
               "tracking=none"]
     trials = _trials(tmp_path, [["model.vocab_size=0"], ["model.vocab_size=0"]], common=common)
     bad, good = trials
-    # the config layer refuses a vocabulary below the corpus's (issue 28): one edited after the
-    # check still meets the worker's, which is the failure this test needs
+    # the config layer refuses a vocabulary below the corpus's (issue 28), and so does the plan's size
+    # check (issue 40: it resolves the model's shape against the corpus); one edited after the config's
+    # check, with the plan's let through, still meets the worker's, which is the failure this test needs
     bad.run = dataclasses.replace(bad.run, model=dataclasses.replace(bad.run.model, vocab_size=128))
+    monkeypatch.setattr("trainlab.launch.preflight.check_size_here", lambda run, device: None)
     execute_sweep(trials, max_concurrent_trials=1)
     assert bad.status == names.STATUS_FAILED and "vocab_size" in bad.error, bad.error
     assert good.status == names.STATUS_FINISHED and good.result.steps == 3, good.error

@@ -9,8 +9,9 @@ starts this reaper, in a session of its own, reading a pipe whose other end only
 
     start_reaper(session_dir)     # launch.ray_trial.start_local_cluster, once the cluster is up
 
-The pipe reads end-of-file when the driver is gone, however it ended; where the cluster shut down
-as it should, the reaper ends with it; otherwise it gives Ray's own fate-sharing GRACE_S and ends
+The pipe reads end-of-file when the driver is gone, however it ended (or, at a normal exit, as
+Python frees its objects: the reaper then waits until the driver's process has ended); where the
+cluster shut down as it should, the reaper ends with it; otherwise it gives Ray's own fate-sharing GRACE_S and ends
 (SIGKILL) every process of this user that still has a file open in the cluster's session folder
 or names it on its command line. It never touches another session:
 a Ray cluster is one session folder.
@@ -39,7 +40,7 @@ def start_reaper(session_dir: str) -> subprocess.Popen | None:
         reaper = subprocess.Popen([sys.executable, "-m", "trainlab.launch.ray_reaper"],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)  # a Ctrl-C to the command's group is not its
-        reaper.stdin.write(os.path.realpath(session_dir).encode() + b"\n")
+        reaper.stdin.write(f"{os.getpid()}\t{os.path.realpath(session_dir)}\n".encode())
         reaper.stdin.flush()
     except OSError:
         return None
@@ -95,9 +96,14 @@ def reap(session_dir: str) -> int:
 
 
 def main() -> None:
-    session_dir = sys.stdin.buffer.readline().decode().strip()
+    pid, _, session_dir = sys.stdin.buffer.readline().decode().strip().partition("\t")
+    driver = int(pid) if pid.isdigit() else 0  # the reaper's parent until the driver ends
     while sys.stdin.buffer.read(4096):  # the driver writes nothing more: this returns when it is gone
         pass
+    # the pipe may close before the driver has ended (its objects are freed as Python shuts down, and
+    # Ray's own shutdown may still run): nothing is judged left over until the driver is gone
+    while os.getppid() == driver:
+        time.sleep(0.2)
     if not session_dir or not session_processes(session_dir):
         return  # shut down as it should (ray.shutdown at the driver's exit): nothing to do
     time.sleep(GRACE_S)
