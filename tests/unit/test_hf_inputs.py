@@ -184,3 +184,20 @@ def test_data_split_is_refused_where_the_dataset_has_no_such_split(demo, tmp_pat
     # empty is what `train`, the default it replaced, read: a run's identity stays
     base = ["data=hf", "data.path=x.jsonl", "data.tokenizer=t"]
     assert config_hash(compose_run_config(base)) == config_hash(compose_run_config([*base, "data.split=train"]))
+
+
+def test_rows_without_text_are_left_out_and_the_summary_says_so(demo, tmp_path, capsys):
+    docs = [json.loads(line) for line in open(demo["docs"])][:40]
+    rows = docs[:10] + [{"text": None}] + docs[10:] + [{"text": ""}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cached = prepare_hf(data_cfg(demo, tmp_path / "cache", path=str(path)))
+    said = capsys.readouterr().out
+    assert f"{len(docs)} documents (2 rows with no text left out)" in said, said
+    assert len(stream(cached)) == len(stream(prepare_hf(data_cfg(demo, tmp_path / "cache2", path=str(
+        _jsonl(tmp_path / "all.jsonl", docs))))))
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

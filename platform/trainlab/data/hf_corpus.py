@@ -82,7 +82,14 @@ def _tokenize(cfg: DataConfig, source: Source, tmp: Path) -> dict:
     dtype = token_dtype(vocab_size)
     column = cfg.text_field if cfg.format == "text" else cfg.messages_field
     field = "data.text_field" if cfg.format == "text" else "data.messages_field"
-    rows = iter_rows(source, column=column, field=field)
+    read = [0]  # rows read: those holding no text (null, "") are no document, and the summary says so
+
+    def counted(rows):
+        for row in rows:
+            read[0] += 1
+            yield row
+
+    rows = counted(iter_rows(source, column=column, field=field))
     writer = TokenWriter(tmp, dtype=dtype, masked=cfg.loss_on == "answer")
     progress, documents = _Progress(f"tokenizing data.path={cfg.path}"), 0
     try:
@@ -99,7 +106,7 @@ def _tokenize(cfg: DataConfig, source: Source, tmp: Path) -> dict:
     if cfg.loss_on == "answer" and not writer.num_targets:
         raise ValueError(f"data.loss_on=answer: data.path={cfg.path!r} holds no assistant turn, so no token "
                          "would be trained on; use data.loss_on=all or a dataset with assistant messages")
-    progress.done(documents, writer.num_tokens)
+    progress.done(documents, writer.num_tokens, empty=read[0] - documents)
     return {"num_tokens": writer.num_tokens, "num_targets": writer.num_targets, "documents": documents,
             "dtype": dtype, "vocab_size": vocab_size, "eos_id": int(tok.eos_token_id),
             "masked": cfg.loss_on == "answer", "source": cfg.path, "tokenizer": cfg.tokenizer,
@@ -133,8 +140,10 @@ class _Progress:
             self._live.stop()
             self._live = None
 
-    def done(self, documents: int, tokens: int) -> None:
-        console.print(f"{self.what}: {documents:,} documents, {tokens:,} tokens in "
+    def done(self, documents: int, tokens: int, *, empty: int = 0) -> None:
+        """The summary line; `empty`: rows that held no text (null or ""), left out."""
+        skipped = f" ({empty:,} row{'s' * (empty != 1)} with no text left out)" if empty > 0 else ""
+        console.print(f"{self.what}: {documents:,} documents{skipped}, {tokens:,} tokens in "
                       f"{time.perf_counter() - self._t0:.1f} s (cached for the next run)")
 
 
