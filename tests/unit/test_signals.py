@@ -120,6 +120,9 @@ def test_sigterm_outside_the_trials_handlers_ends_the_command_in_its_line(monkey
 
     monkeypatch.setattr("trainlab.train.main", composing)
     monkeypatch.setattr(interrupt, "release_cluster", lambda: None)
+    # at its default, as a command starts: this test process may hold an earlier test's handler (Ray's,
+    # trainlab's) under pytest-xdist, which the command would keep (the fixture puts it back after)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with pytest.raises(SystemExit) as ended:
         cli._train("train", [])
     assert ended.value.code == 143
