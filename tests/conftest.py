@@ -24,6 +24,7 @@ import psutil
 import pytest
 import torch
 
+from ray_leftovers import pytest_configure, pytest_sessionfinish  # noqa: F401 - hooks: Ray never outlives the tests
 from trainlab.distributed import close_distributed
 from trainlab.plan.here import plan_here
 
@@ -262,6 +263,31 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An empty MLflow sqlite store with the schema made, once per test worker: alembic's
+    migrations cost 3-6 s a store, opening a made one 0.1 s. Experiment 0 is taken out, so the
+    first client of a copy makes it as it would in a new store (its artifact location under that
+    client's working directory, its creation time now)."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("store_template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM experiments WHERE experiment_id = 0")
+    return path
+
+
+@pytest.fixture
+def mlflow_db(tmp_path, store_template) -> Path:
+    """tmp_path/mlflow.db, where a `trainlab` command run in tmp_path keeps its runs by default: a
+    new store whose schema is already made (a copy of `store_template`). For the tests that do not
+    test how a store is made (tests/unit/test_store.py does)."""
+    return Path(shutil.copyfile(store_template, tmp_path / "mlflow.db"))
+
+
 @pytest.fixture
 def cli_env(tmp_path):
     """Environment for running the real `trainlab` CLI in a subprocess, in tmp_path."""
@@ -368,10 +394,13 @@ def trainlab_cmd(*args: str) -> list[str]:
 class MlflowServer:
     """A real `mlflow server` on loopback, as a user would start it, with a sqlite backend
     store and proxied artifacts under `root`. `kill` is a SIGKILL (a crash, no goodbye);
-    `start` again serves the same port and store."""
+    `start` again serves the same port and store. With `template` (conftest.store_template) its
+    store starts as a copy of that one, its schema made."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, template: Path | None = None):
         self.root = root
+        if template is not None:
+            shutil.copyfile(template, root / "store.db")
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -411,9 +440,9 @@ class MlflowServer:
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
+def mlflow_server(tmp_path_factory, store_template):
     """A running MlflowServer for the module (its `.uri` is the tracking URI)."""
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), template=store_template)
     server.start()
     yield server
     server.stop()

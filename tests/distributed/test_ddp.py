@@ -70,7 +70,7 @@ def test_engine_imports_neither_ray_nor_mlflow(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_with_mlflow_closes_its_run_with_the_status(tmp_path):
+def test_torchrun_with_mlflow_closes_its_run_with_the_status(tmp_path, mlflow_db):
     """Under torchrun there is no driver: rank 0 opens the run and must close it."""
     from mlflow.tracking import MlflowClient
 

@@ -46,7 +46,7 @@ def _table(uri: str, run_id: str, tmp_path) -> pd.DataFrame:
 
 
 @pytest.mark.slow  # 16 s of a 2-rank trial: the gate keeps under 15 min
-def test_summary_keeps_few_metrics_and_the_table_holds_what_telemetry_computed(tmp_path):
+def test_summary_keeps_few_metrics_and_the_table_holds_what_telemetry_computed(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client, run = _trial(tmp_path, uri)
     metrics = run.data.metrics
@@ -78,7 +78,7 @@ def test_summary_keeps_few_metrics_and_the_table_holds_what_telemetry_computed(t
 
 
 @pytest.mark.slow
-def test_detail_full_restores_the_metrics_and_they_equal_the_table(tmp_path):
+def test_detail_full_restores_the_metrics_and_they_equal_the_table(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client, run = _trial(tmp_path, uri, "tracking.detail=full", world=1)
     df = _table(uri, run.info.run_id, tmp_path)

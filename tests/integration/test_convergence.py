@@ -46,7 +46,7 @@ def test_markov_loss_approaches_true_entropy(recording_tracker, tmp_path):
     assert result.final_val_loss > true_h - 0.05  # no model beats the source's entropy
 
 
-def test_demo_reaches_its_measured_val_loss(tmp_path, cli_env):
+def test_demo_reaches_its_measured_val_loss(tmp_path, mlflow_db, cli_env):
     """The README's demo command as a user runs it (its defaults, its steps) ends where the README
     says, within DEMO_TOLERANCE: a slower-learning regression fails, not only one that learns nothing."""
     proc = subprocess.run(trainlab_cmd("train"), cwd=tmp_path, env=cli_env, capture_output=True,

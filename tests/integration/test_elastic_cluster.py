@@ -95,7 +95,7 @@ def _wait_for(what: str, ready, driver: subprocess.Popen, log: Path, timeout: fl
     return time.monotonic() - start
 
 
-def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tmp_path):
+def test_an_elastic_trial_goes_on_without_a_lost_node_and_grows_back(cluster, tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_dir = tmp_path / "run"
     env = cluster.env | {"MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "COLUMNS": "200",

@@ -4,6 +4,8 @@ real MLflow store (sqlite). The Ray gang's side is test_trial's and test_interru
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -21,9 +23,10 @@ TINY = ["model=tiny", "data=markov", f"train.max_steps={STEPS}", "train.global_b
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    """One sqlite store for the module (making one costs seconds); an experiment per test."""
-    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+def store(tmp_path_factory, store_template) -> str:
+    """One sqlite store for the module, its schema made once (conftest.store_template); an
+    experiment per test."""
+    return f"sqlite:///{shutil.copyfile(store_template, tmp_path_factory.mktemp('store') / 'mlflow.db')}"
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ def _run(args: list[str], *, cwd, timeout=900) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_sweep_your_model_compare_and_load_the_winner(tmp_path):
+def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db):
     commands = section_commands(HF[1], page=HF[0])  # the README's three, as shown
     assert commands == section_commands(HF_PAGE[1], page=HF_PAGE[0])  # and the docs page's
     made = _run(trainlab_cmd(*find(commands, "trainlab", "hf-demo")[1:]), cwd=tmp_path)

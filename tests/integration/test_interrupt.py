@@ -150,7 +150,7 @@ def _assert_clean_exit(driver: Driver, code: int, sig: int) -> str:
     return out
 
 
-def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ray_tmp):
+def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, mlflow_db, ray_tmp):
     first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
     first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
     code, seconds = first.stop(signal.SIGINT, group=True)
@@ -179,7 +179,7 @@ def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ra
     print(f"SIGINT: stopped at step {stopped}, exit {seconds:.1f} s after the signal; resumed to {second_stop}")
 
 
-def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, ray_tmp):
+def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, mlflow_db, ray_tmp):
     """SIGTERM (a scheduler's) to the driver alone; one trial at a time, so #1 never starts."""
     sweep = Driver(["-m", *TRIAL, "seed=0,1", "hydra.launcher.max_concurrent_trials=1", f"sweep_name={EXP}"],
                    cwd=tmp_path, ray_tmp=ray_tmp)
@@ -208,7 +208,7 @@ def _tmp_left(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("step_*.tmp")]
 
 
-def test_the_terminal_closing_ends_the_run_killed_after_a_checkpoint(tmp_path, ray_tmp):
+def test_the_terminal_closing_ends_the_run_killed_after_a_checkpoint(tmp_path, mlflow_db, ray_tmp):
     """SIGHUP to the command's whole process group, as a terminal that closes sends it: treated as
     SIGTERM is (before, the driver died at once: no line, no checkpoint, the run left RUNNING, a
     step_N.tmp behind, Ray's processes orphaned)."""
@@ -228,7 +228,7 @@ def test_the_terminal_closing_ends_the_run_killed_after_a_checkpoint(tmp_path, r
     print(f"SIGHUP: stopped at step {stopped}, exit {seconds:.1f} s after the signal")
 
 
-def test_ctrl_c_twice_on_a_sweep_says_what_was_stopped_and_how_to_resume(tmp_path, ray_tmp):
+def test_ctrl_c_twice_on_a_sweep_says_what_was_stopped_and_how_to_resume(tmp_path, mlflow_db, ray_tmp):
     """Ctrl-C, then Ctrl-C again while the sweep ends (its line said, Ray's processes ending):
     the command must not claim training never started, nor leave a run RUNNING."""
     sweep = Driver(["-m", *TRIAL, "seed=0,1", "hydra.launcher.max_concurrent_trials=1", f"sweep_name={EXP}"],
@@ -259,7 +259,7 @@ def _starting_ray(driver: Driver) -> bool:
     return "gcs_server" in kids and "raylet" not in kids
 
 
-def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, ray_tmp):
+def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, mlflow_db, ray_tmp):
     """SIGTERM (a scheduler's) while ray.init starts the local cluster: ray.init sets a SIGTERM
     handler of its own that exits at once, so the command ended with code 15 and no word. The
     driver's handler must keep the signal: the trial ends before it starts, in one line."""
@@ -275,7 +275,7 @@ def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, ray_tmp
     print(f"SIGTERM while Ray started: exit {seconds:.1f} s after the signal")
 
 
-def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_path, ray_tmp):
+def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_path, mlflow_db, ray_tmp):
     """SIGKILL, which no handler sees, to the sweep's whole process group once trial #1 has a
     complete checkpoint while #0 (checkpoint_every=0) has none: the parent and both trials stay
     RUNNING. The same command again goes on in the parent, resumes #1 in its run, ends #0's old

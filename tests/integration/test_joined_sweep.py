@@ -33,7 +33,7 @@ def _trial_runs(db: Path) -> list[str]:
             "SELECT run_uuid FROM tags WHERE key = 'trainlab.role' AND value = 'trial'")]
 
 
-def test_a_sweep_with_a_trial_beyond_the_joined_clusters_cpus_is_refused_whole(head, tmp_path):
+def test_a_sweep_with_a_trial_beyond_the_joined_clusters_cpus_is_refused_whole(head, tmp_path, mlflow_db):
     db = tmp_path / "mlflow.db"
     proc = subprocess.run(
         trainlab_cmd("train", "-m", "cluster=ray", f"cluster.address={head.address}", "cluster.num_workers=1,4",

@@ -68,7 +68,7 @@ def _probe(head) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_second_sweep_runs_on_the_gang_the_first_kept_which_ends_once_idle(tmp_path):
+def test_a_second_sweep_runs_on_the_gang_the_first_kept_which_ends_once_idle(tmp_path, mlflow_db):
     with ray_head(num_cpus=2) as head:
         _sweep(head, tmp_path, "first", "0,1")
         first = _trials(tmp_path, "first")

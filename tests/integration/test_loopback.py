@@ -90,7 +90,7 @@ print(json.dumps({"status": outcome.status, "error": outcome.error, "samples": s
 _LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
 
 
-def test_a_trial_listens_on_loopback_only(tmp_path, cli_env):
+def test_a_trial_listens_on_loopback_only(tmp_path, mlflow_db, cli_env):
     """Rank 0's c10d TCPStore used to listen on every interface ('::'), open without
     authentication to anyone who could reach the machine, a new port each trial."""
     overrides = ["model=tiny", "train.max_steps=6", "train.seq_len=32", "train.global_batch_size=4",

@@ -75,7 +75,7 @@ def loopback_cluster(tmp_path_factory):
             shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_sweep_submitted_through_ray_jobs_lands_by_precision(loopback_cluster, tmp_path):
+def test_a_sweep_submitted_through_ray_jobs_lands_by_precision(loopback_cluster, tmp_path, mlflow_db):
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -177,7 +177,7 @@ def _job_id(out: str) -> str:
     return m.group(1)
 
 
-def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path):
+def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path, mlflow_db):
     """`ray job submit` (Ray's CLI: the token is sent only in token mode, which the page
     exports) runs the page's sweep; its parent run in MLflow says it was that job."""
     import mlflow
@@ -202,7 +202,7 @@ def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path):
     assert listed.returncode == 0 and sid in listed.stdout + listed.stderr, listed.stderr[-2000:]
 
 
-def test_a_submitted_trial_keeps_its_outputs_names_its_run_and_fails_no_ray_task(loopback_cluster, tmp_path):
+def test_a_submitted_trial_keeps_its_outputs_names_its_run_and_fails_no_ray_task(loopback_cluster, tmp_path, mlflow_db):
     """The page's `trainlab submit` of one trial: Ray's state API shows no FAILED task of the
     job (progress polls used to fail, 85 of 167), its outputs outlive Ray's working dir under
     ~/trainlab-outputs/<job id>, its MLflow run is named for the job; `trainlab status` and
@@ -239,7 +239,7 @@ def test_a_submitted_trial_keeps_its_outputs_names_its_run_and_fails_no_ray_task
     assert logs.returncode == 0 and "tiny-bf16-ddp1-s0" in logs.stdout and f"job {sid}: SUCCEEDED" in logs.stdout
 
 
-def test_trainlab_stop_as_printed_stops_a_job(loopback_cluster, tmp_path):
+def test_trainlab_stop_as_printed_stops_a_job(loopback_cluster, tmp_path, mlflow_db):
     import time
 
     submit = _readme(loopback_cluster, "trainlab", "submit", "--address", "http://HEAD:8265", "--")
@@ -287,7 +287,7 @@ def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path)
 
 
 def test_pack_and_spread_land_so_and_a_refused_trial_stops_no_other_without_exported_token_mode(
-        loopback_cluster, tmp_path):
+        loopback_cluster, tmp_path, mlflow_db):
     """A sweep that joins the cluster from a shell with the token on disk but no RAY_AUTH_MODE:
     Ray's own CLI fails there, the `trainlab` command turns token mode on itself (the clusters page). fp16
     on 2 workers may use either GPU type: cluster.placement=pack puts both on one node, spread

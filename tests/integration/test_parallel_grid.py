@@ -21,7 +21,7 @@ the sweep file's list): each 2-worker trial costs ~45 s on 2 cores, and every la
 trains like one process through the trainer in tests/distributed/test_layouts.py."""
 
 
-def test_parallel_grid_sweep_and_compare(tmp_path):
+def test_parallel_grid_sweep_and_compare(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(PYTHONUNBUFFERED="1", COLUMNS="250", OMP_NUM_THREADS="1")

@@ -42,7 +42,7 @@ def _trainlab(args, *, cwd, uri):
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
 
 
-def test_precision_shootout_sweep_and_compare(tmp_path):
+def test_precision_shootout_sweep_and_compare(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _trainlab(["train", "-m", "+sweep=precision_shootout", f"precision={','.join(MODES)}",
                       *TRIAL], cwd=tmp_path, uri=uri)

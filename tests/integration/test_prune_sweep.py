@@ -58,7 +58,7 @@ def test_bad_prune_values_are_refused_in_one_line_before_anything_starts(tmp_pat
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_hopeless_trial_is_pruned_recorded_skipped_by_a_rerun_and_compared(tmp_path):
+def test_a_hopeless_trial_is_pruned_recorded_skipped_by_a_rerun_and_compared(tmp_path, mlflow_db):
     """lr=1e-5 barely moves while lr=1e-2 learns: run one after the other, the second is
     compared with the first's curve at equal tokens and stopped after the grace (at step 10;
     200 steps leave the stop seconds to arrive on a loaded machine)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -53,8 +54,9 @@ class Sweeps:
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory) -> Sweeps:
+def sweeps(tmp_path_factory, store_template) -> Sweeps:
     root = tmp_path_factory.mktemp("launcher")
+    shutil.copyfile(store_template, root / "mlflow.db")  # its schema made once (conftest.store_template)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", COLUMNS="200")

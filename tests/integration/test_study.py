@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -34,8 +35,9 @@ STUDY = ["hydra/sweeper=optuna", "hydra.sweeper.n_jobs=2", "hydra.sweeper.sample
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, store_template):
     root = tmp_path_factory.mktemp("study")
+    shutil.copyfile(store_template, root / "mlflow.db")  # its schema made once (conftest.store_template)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}", PYTHONUNBUFFERED="1", COLUMNS="200")
 

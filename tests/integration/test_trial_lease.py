@@ -32,7 +32,7 @@ def ray_tmps():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_second_driver_resuming_a_held_trial_is_refused_and_the_run_has_each_step_once(tmp_path, ray_tmps):
+def test_a_second_driver_resuming_a_held_trial_is_refused_and_the_run_has_each_step_once(tmp_path, mlflow_db, ray_tmps):
     root = tmp_path / "ckpt"
     trial = [a for a in TRIAL if not a.startswith("train.max_steps=")]
     trial += [f"train.max_steps={MAX_STEPS}", f"train.checkpoint_dir={root}"]

@@ -50,7 +50,7 @@ def _cli(args: list[str], *, cwd: Path, uri: str) -> subprocess.CompletedProcess
     return subprocess.run(trainlab_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_its_own(tmp_path):
+def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_its_own(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     warm_dir, cold_dir = tmp_path / "warm", tmp_path / "cold"
     proc = _cli(["train", "-m", *TINY, "train.max_steps=4", "seed=0,1,2", "hydra.launcher.max_concurrent_trials=1",

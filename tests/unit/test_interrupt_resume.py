@@ -52,7 +52,7 @@ def _trial(uri: str, run, root, *, status: str, ckpt_step: int | None, parent: s
     return trial.run_id
 
 
-def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path, monkeypatch):
+def test_a_rerun_finds_the_newest_unfinished_single_trial_of_its_config(tmp_path, mlflow_db, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = compose_run_config([*TINY_RUN, "tracking.experiment=rerun", f"output_dir={tmp_path / 'new'}"])
@@ -98,7 +98,7 @@ def _dead_process_id() -> str:
 
 
 @pytest.mark.slow  # a sqlite MLflow store with three runs: seconds on a loaded machine
-def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, monkeypatch):
+def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, mlflow_db, monkeypatch):
     """SIGKILL cannot be handled: the driver's run stays RUNNING and its cut-off save leaves a
     step_N.tmp. The next start of the same config ends that run FAILED with a note and removes
     the .tmp; a run whose driver still runs, and the run this start goes on in, stay RUNNING."""
@@ -135,7 +135,7 @@ def test_the_next_start_ends_a_run_its_sigkilled_driver_left_running(tmp_path, m
 
 
 @pytest.mark.slow  # a sqlite MLflow store with seven runs: seconds on a loaded machine
-def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path, monkeypatch):
+def test_a_sweeps_rerun_ends_the_runs_its_sigkilled_driver_left_running(tmp_path, mlflow_db, monkeypatch):
     """The sweep's side of the same: of the runs of one sweep left RUNNING, the rerun ends FAILED
     the trial it does not resume, and a parent of the sweep it does not continue with its trial
     (a checkpoint under that parent is not resumed); it goes on in the parent it found and the

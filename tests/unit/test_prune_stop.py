@@ -80,7 +80,7 @@ def test_progress_events_carry_every_validation_with_its_tokens(dist_info, tmp_p
     assert [e.tokens for e in steps] == [3 * 4 * 32, 4 * 4 * 32, 6 * 4 * 32]
 
 
-def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path, monkeypatch):
+def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path, mlflow_db, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = open_sweep_parent(tracking_uri=uri, experiment="prune_rerun", sweep_name="s", sid="x",
@@ -100,7 +100,7 @@ def test_a_rerun_skips_pruned_trials_and_never_resumes_them(tmp_path, monkeypatc
     assert set(resumable) == {hashes[names.STATUS_PREEMPTED], hashes[names.STATUS_FAILED]}
 
 
-def test_two_jobs_that_train_one_config_stay_two_jobs(tmp_path, monkeypatch):
+def test_two_jobs_that_train_one_config_stay_two_jobs(tmp_path, mlflow_db, monkeypatch):
     """`cluster.max_failures=1,0` sweeps a field the config hash leaves out: both jobs have one hash.
     The one that failed must still count as failed in the sweep's answer, and a rerun must retry it
     rather than take the other's finished run as its own."""

@@ -77,6 +77,7 @@ def test_two_processes_making_the_same_new_sqlite_store_at_once_both_succeed(tmp
     script = ("import os, sys, time\n"
               "from trainlab.tracking.store import ensure_store\n"
               "import mlflow.store.tracking.sqlalchemy_store  # imported before the start line: a real race\n"
+              f"open({str(tmp_path)!r} + '/ready' + sys.argv[1], 'w').close()\n"
               f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
               f"ensure_store({uri!r})\n"
               "from mlflow.tracking import MlflowClient\n"
@@ -85,7 +86,10 @@ def test_two_processes_making_the_same_new_sqlite_store_at_once_both_succeed(tmp
     procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], env=env, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     import time
-    time.sleep(8)  # both imported and waiting
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):  # both imported and waiting
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "not both ready in 300 s"
+        time.sleep(0.05)
     go.touch()
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors

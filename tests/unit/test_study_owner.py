@@ -21,7 +21,7 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
-def test_a_second_driver_of_the_same_study_is_refused_until_the_first_releases(tmp_path):
+def test_a_second_driver_of_the_same_study_is_refused_until_the_first_releases(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     first = own_study(tracking_uri=uri, sid="abc", sweep_name="shootout")
     with pytest.raises(StudyHeld) as e:
@@ -36,7 +36,7 @@ def test_a_second_driver_of_the_same_study_is_refused_until_the_first_releases(t
     own_study(tracking_uri=uri, sid="abc", sweep_name="shootout").release()
 
 
-def test_a_killed_driver_holds_no_lock(tmp_path):
+def test_a_killed_driver_holds_no_lock(tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code = ("import sys, time; from trainlab.tracking.study_owner import own_study; "
             f"o = own_study(tracking_uri={uri!r}, sid='abc', sweep_name='s'); print('held', flush=True); time.sleep(600)")
