@@ -3,8 +3,8 @@
 Every process the tests start inherits RUN_MARK (set here, in pytest's first process, before
 pytest-xdist starts its workers). When the run ends, in that first process, the plugin waits up to
 SETTLE_S for the Ray processes carrying the mark (the GCS, raylets, dashboards and their agents,
-Ray's workers) to be gone, and for no new `ray_current_cluster` file in Ray's default temp
-folder (a `ray start` cluster's address, which `ray.init("auto")` would join later); what is left
+Ray's workers: launch.ray_reaper's test) to be gone, and for no new `ray_current_cluster` file
+where Ray's address="auto" reads it (launch.preflight.ray_address_file); what is left
 fails the run, with each process's pid and command line.
 """
 
@@ -12,30 +12,18 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from trainlab.launch.preflight import ray_address_file
+from trainlab.launch.ray_reaper import is_ray_process
+
 RUN_MARK = "TRAINLAB_TEST_RUN"
 SETTLE_S = 60.0
 """A cluster's last processes exit a few seconds after ray.shutdown(); on a loaded machine longer."""
-
-_RAY_SCRIPTS = ("dashboard/agent.py", "dashboard/dashboard.py", "_private/log_monitor.py",
-                "_private/monitor.py", "runtime_env/agent/main.py", "default_worker.py")
-
-
-def _ray_current_cluster() -> Path:
-    return Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
-
-
-def is_ray_process(proc: psutil.Process) -> bool:
-    """A process of a Ray cluster: its GCS, a raylet, a dashboard, an agent or a worker."""
-    name = proc.name()
-    if name in ("raylet", "gcs_server") or name.startswith("ray::"):
-        return True
-    args = " ".join(proc.cmdline())
-    return args.startswith("ray::") or any(script in args for script in _RAY_SCRIPTS)
+_BEFORE = pytest.StashKey[int | None]()
+"""The address file's mtime when the run began (None: there was none)."""
 
 
 def ray_processes_of(mark: str) -> list[str]:
@@ -43,7 +31,7 @@ def ray_processes_of(mark: str) -> list[str]:
     left = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and is_ray_process(proc) and proc.environ().get(RUN_MARK) == mark:
+            if proc.pid != os.getpid() and is_ray_process(proc.cmdline()) and proc.environ().get(RUN_MARK) == mark:
                 if proc.status() != psutil.STATUS_ZOMBIE:
                     left.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -55,11 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its first process checks
         return
     os.environ[RUN_MARK] = f"{os.getpid()}-{time.time_ns()}"
-    marker = _ray_current_cluster()
+    marker = ray_address_file()
     config.stash[_BEFORE] = marker.stat().st_mtime_ns if marker.exists() else None
-
-
-_BEFORE = pytest.StashKey[int | None]()
 
 
 def leftovers(config: pytest.Config, *, settle_s: float = SETTLE_S) -> list[str]:
@@ -67,7 +52,7 @@ def leftovers(config: pytest.Config, *, settle_s: float = SETTLE_S) -> list[str]
     mark, deadline = os.environ[RUN_MARK], time.monotonic() + settle_s
     while (left := ray_processes_of(mark)) and time.monotonic() < deadline:
         time.sleep(1)
-    marker = _ray_current_cluster()
+    marker = ray_address_file()
     if marker.exists() and marker.stat().st_mtime_ns != config.stash[_BEFORE]:
         left.append(f"{marker} (a `ray start` cluster's address, written during the run: a later "
                     "`ray.init('auto')` would join that cluster or fail on its stale address)")

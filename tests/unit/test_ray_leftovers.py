@@ -28,6 +28,8 @@ def test_a_ray_process_of_the_run_is_found_until_it_ends_and_another_runs_is_not
     try:
         _until(lambda: any(f"{ours.pid} ray::RayTrainWorker" in p for p in ray_processes_of("this-run")),
                "the run's Ray worker found")
+        _until(lambda: any(p.startswith(f"{theirs.pid} ") for p in ray_processes_of("another-run")),
+               "the other run's Ray worker renamed")  # so that not finding it below means something
         assert not [p for p in ray_processes_of("this-run") if p.startswith(f"{theirs.pid} ")]
         ours.kill()
         ours.wait(timeout=30)

@@ -52,7 +52,7 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
-def _is_ray(cmdline: list[str]) -> bool:
+def is_ray_process(cmdline: list[str]) -> bool:
     """A process of Ray's own: its renamed workers and agents (ray::..., ray-dashboard-...) or a
     program of the ray package; never a user's `tail -f` of one of the session's logs."""
     head = cmdline[0] if cmdline else ""
@@ -70,7 +70,7 @@ def session_processes(session_dir: str) -> list:
             if proc.pid == me or proc.info["uids"].real != uid or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmdline = proc.info["cmdline"] or []
-            if not _is_ray(cmdline):
+            if not is_ray_process(cmdline):
                 continue
             named = (arg.rpartition("=")[2] for arg in cmdline)  # --log_dir=PATH
             if any(_inside(p, session_dir) for p in named) or any(_inside(f.path, session_dir)
