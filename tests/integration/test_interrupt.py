@@ -283,10 +283,11 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     #0's old run stayed RUNNING for ever)."""
     trial = [o for o in TRIAL if not o.startswith(("train.max_steps=", "train.checkpoint_every="))]
     # checkpoint_every is not hashed (two trials differing only there would be one config to the
-    # sweep): it follows the seed, so #0 (seed 0) never saves and #1 (seed 3) saves every 3 steps
+    # sweep): it follows the seed, so #0 (seed 0) never saves and #1 (seed 20) saves every 20 steps
+    # (at every 3 steps #1 wrote ~330 checkpoints over the two commands, for nothing this test checks)
     # 1,000 steps, not 150: #0 must still run when #1's first checkpoint lands, and #1's gang may
     # start 20 s after #0's on a busy machine (CI, 2026-12-06: #0 had finished its 150 steps by then)
-    args = ["-m", *trial, "train.max_steps=1000", "train.checkpoint_every=${seed}", "seed=0,3",
+    args = ["-m", *trial, "train.max_steps=1000", "train.checkpoint_every=${seed}", "seed=0,20",
             "cluster.num_workers=1", "hydra.launcher.max_concurrent_trials=2", f"sweep_name={EXP}"]
     first = Driver(args, cwd=tmp_path, ray_tmp=ray_tmp)
     try:
@@ -318,7 +319,7 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     assert f"warning: run {cut_off.info.run_id} was left RUNNING: {note}; marked FAILED" in out, out[-4000:]
     assert out.count("was left RUNNING") == 1, out[-4000:]  # the parent and #1 go on: not ended
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"  # the same parent, continued
-    assert client.get_run(by_seed["3"].info.run_id).info.status == "FINISHED"  # #1 resumed in its run
+    assert client.get_run(by_seed["20"].info.run_id).info.status == "FINISHED"  # #1 resumed in its run
     fresh = [r for r in runs if r.info.run_id not in left]
     assert [(r.data.params["seed"], r.info.status) for r in fresh] == [("0", "FINISHED")]
     assert not _tmp_left(tmp_path)

@@ -5,12 +5,18 @@ time, and Ray records every such call as a FAILED task: a healthy trial polled t
 showed "Failed 85" of 167 tasks in the Ray dashboard. Here the driver's `take` waits up to its
 timeout and answers every event that arrived (an empty list when none did), and a full stream
 drops events rather than raising in the worker (training never waits on its driver).
+
+The same actor is the trial's stop flag (`raise_`, `get`): the driver raises it, rank 0 polls it
+(launch.interrupt.follow_stop_flag). One actor, one process, per fresh gang, not two (a process
+costs 1-2 s of a small machine's CPU while the gang starts).
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from trainlab.events import PREEMPT, PRUNE
 
 MAX_EVENTS = 10_000
 """Events held for the driver; past this (a driver that stopped reading) new ones are dropped."""
@@ -24,6 +30,8 @@ class EventStream:
         self._max = max_events
         self.dropped = 0
         self._changed = asyncio.Condition()
+        self.kind = ""
+        """The stop flag: "" (not raised), PRUNE or PREEMPT; PREEMPT is never weakened to PRUNE."""
 
     async def put(self, event: Any, final: bool = False) -> bool:
         """Add an event; False (and counted in `dropped`) when the stream is full, except for the
@@ -45,6 +53,16 @@ class EventStream:
                 pass  # an answer, not an error: the driver asks again
         events, self._events = self._events, []
         return events
+
+
+    async def raise_(self, kind: str = PREEMPT) -> None:
+        """Ask the trial to stop: PREEMPT (after a checkpoint) or PRUNE (at once)."""
+        if self.kind != PREEMPT:
+            self.kind = kind if kind in (PREEMPT, PRUNE) else PREEMPT
+
+    async def get(self) -> str:
+        """What the flag asks: "" (go on), PRUNE or PREEMPT."""
+        return self.kind
 
 
 def start_stream(**actor_options):

@@ -262,28 +262,6 @@ class StopRequest:
             self.reason = self.reason or reason or "stopped by the sweep"
 
 
-def stop_flag(**actor_options):
-    """A Ray actor the driver raises and rank 0 polls (num_cpus=0: it never waits for a core).
-    It holds why: "" (not raised), PRUNE, or PREEMPT; PREEMPT is never weakened to PRUNE."""
-    import ray
-
-    from trainlab.engine.preemption import PREEMPT, PRUNE
-
-    @ray.remote(num_cpus=0)
-    class StopFlag:
-        def __init__(self) -> None:
-            self.kind = ""
-
-        def raise_(self, kind: str = PREEMPT) -> None:
-            if self.kind != PREEMPT:
-                self.kind = kind if kind in (PREEMPT, PRUNE) else PREEMPT
-
-        def get(self) -> str:
-            return self.kind
-
-    return StopFlag.options(**actor_options).remote()
-
-
 class GangStop:
     """The driver's side of stopping one trial's gang, checked between progress events: a
     signal on the driver (PREEMPT) or the trial's StopRequest (PRUNE)."""

@@ -16,7 +16,7 @@ from typing import Callable
 
 from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
-from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, handling, rearm, stop_flag
+from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, handling, rearm
 from trainlab.launch.placement import accelerator_type, scaling
 from trainlab.launch.ray_reaper import start_reaper
 from trainlab.plan.trial_plan import TrialPlan
@@ -25,6 +25,10 @@ from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 _RAY_TRAIN_ENV = {
     # Ray Train's health checks poll every 2 s by default; a trial's end is noticed sooner
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    # Ray Train's PreemptionWatcher (an actor, a process, per gang start) reports cloud preemption
+    # notices to ray.train.get_preemption_info, which trainlab does not read: a stop signal reaches
+    # a trial through the driver (launch.interrupt) and engine.preemption's vote
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 }
 
 
@@ -218,8 +222,8 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     make_room(scaling(plan.gang))  # a free kept gang (an earlier sweep's) must not hold what this one needs
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    events = start_stream(scheduling_strategy=here)
-    stop = GangStop(stop_flag(scheduling_strategy=here), request=stop)  # signals, and the pruner's request
+    events = start_stream(scheduling_strategy=here)  # also the trial's stop flag
+    stop = GangStop(events, request=stop)  # signals, and the pruner's request
     payload = {"plan": plan, "events": events, "tracking": tracking, "stop": stop.flag}
     trainer = TorchTrainer(
         _worker,
@@ -254,8 +258,7 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     if stop.abandoned:  # the driver's release of the cluster ends the gang
         return result
     thread.join()
-    ray.kill(events)
-    ray.kill(stop.flag)
+    ray.kill(events)  # the stream and the stop flag
     if "error" in outcome:
         raise outcome["error"]
     return result
