@@ -17,9 +17,10 @@ SAVED = re.compile(r"^compute saved: (-?\d+\.\d)% of the tokens \((-?\d+\.\d)% o
 def test_bench_prune_prints_both_sweeps_and_the_compute_saved(ray_cluster, capsys):
     from trainlab.bench.prune_savings import main
 
-    # 2 learning rates far apart, so the pruned sweep finds the unpruned one's best (else exit 1)
+    # 2 learning rates far apart, so the pruned sweep finds the unpruned one's best (else exit 1); one
+    # at a time: each sweep starts one gang, not two (the margin rule compares with finished trials too)
     try:
-        main(["--precisions", "fp32", "--lrs", "1e-4,3e-2", "--concurrency", "2", "--rule", "margin",
+        main(["--precisions", "fp32", "--lrs", "1e-4,3e-2", "--concurrency", "1", "--rule", "margin",
               "train.max_steps=12", "train.eval_every=3", "train.seq_len=32"])
     except SystemExit as e:  # the bench's own verdict: a best configuration lost, or a trial failed
         pytest.fail(f"exit {e.code}:\n{capsys.readouterr().out[-3000:]}")
