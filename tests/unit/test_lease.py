@@ -163,7 +163,7 @@ def test_the_lifecycle_refuses_a_held_trial_before_writing_anything_of_it(tmp_pa
         held.release()
 
 
-def _race(root, start, out) -> None:
+def _race(root, start, decided, out) -> None:
     start.wait()
     try:
         held = acquire(root)
@@ -171,7 +171,9 @@ def _race(root, start, out) -> None:
         out.put("refused")
         return
     out.put("held")
-    time.sleep(0.5)  # still holding while the others decide
+    # held until every racer has answered: a racer a busy machine starts late must meet the lease, not
+    # find it let go (a fixed 0.5 s hold would let it through)
+    decided.wait(timeout=60)
     held.release()
 
 
@@ -179,13 +181,14 @@ def test_drivers_racing_for_one_trial_get_exactly_one_lease(tmp_path):
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # the imports are inherited: each racer costs a fork
-    start, out = ctx.Event(), ctx.Queue()
-    racers = [ctx.Process(target=_race, args=(tmp_path, start, out)) for _ in range(4)]
+    start, decided, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    racers = [ctx.Process(target=_race, args=(tmp_path, start, decided, out)) for _ in range(4)]
     for p in racers:
         p.start()
     start.set()
-    said = sorted(out.get(timeout=20) for _ in racers)
+    said = sorted(out.get(timeout=120) for _ in racers)
+    decided.set()
     for p in racers:
-        p.join(timeout=20)
+        p.join(timeout=60)
     assert said == ["held", "refused", "refused", "refused"]
     assert not (tmp_path / LEASE_FILE).exists()
