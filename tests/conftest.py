@@ -30,6 +30,17 @@ from trainlab.plan.here import plan_here
 
 REPO = Path(__file__).resolve().parents[1]
 
+SLOW_TIMEOUT_S = 1800
+"""pytest-timeout's limit for a `slow` test (pyproject's 600 s stays the gate's): a hang guard far
+above the typical time. The longest slow tests take 300 s in CI; beside 2 busy processes
+(`.ci/load`, 2026-12-07) the warm-gang sweep test passed 600 s and was killed mid-command."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
 
 @functools.cache
 def torch_import_cpu_s() -> float:
