@@ -26,6 +26,14 @@ PREEMPT, PRUNE = "preempt", "prune"
 """Why the driver stops a running trial: PREEMPT after a checkpoint (a signal), PRUNE without
 one (the sweep's pruner); a PRUNE never weakens a PREEMPT."""
 
+
+def stronger_stop(current: str, asked: str) -> str:
+    """Why a trial stops once `asked` (PREEMPT or PRUNE) comes on top of `current` ("" = not yet
+    asked): a PRUNE never weakens a PREEMPT (the trial must stay resumable), and a kind that is
+    neither reads as PREEMPT. The one rule for every place that holds a stop request."""
+    asked = asked if asked in (PREEMPT, PRUNE) else PREEMPT
+    return PREEMPT if current == PREEMPT else asked
+
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 """The signals that mean "stop after a checkpoint" (PREEMPT), on the driver (launch.interrupt)

@@ -27,7 +27,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from trainlab.events import PREEMPT, PRUNE, STOP_SIGNALS
+from trainlab.events import PREEMPT, PRUNE, STOP_SIGNALS, stronger_stop
 
 _KINDS = ("", PRUNE, PREEMPT)
 """Why the ranks stop, weakest first: the vote's all-reduce (MAX) of the index picks the strongest."""
@@ -52,8 +52,7 @@ def stop_from_outside(kind: str = PREEMPT) -> None:
     (status preempted), PRUNE without (status pruned); a PRUNE never weakens a PREEMPT."""
     global _outside_kind
     assert kind in _KINDS[1:], kind
-    if not _outside.is_set() or _KINDS.index(kind) > _KINDS.index(_outside_kind):
-        _outside_kind = kind
+    _outside_kind = stronger_stop(_outside_kind if _outside.is_set() else "", kind)
     _outside.set()
 
 

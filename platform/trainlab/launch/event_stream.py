@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from trainlab.events import PREEMPT, PRUNE
+from trainlab.events import PREEMPT, stronger_stop
 
 MAX_EVENTS = 10_000
 """Events held for the driver; past this (a driver that stopped reading) new ones are dropped."""
@@ -54,11 +54,9 @@ class EventStream:
         events, self._events = self._events, []
         return events
 
-
     async def raise_(self, kind: str = PREEMPT) -> None:
         """Ask the trial to stop: PREEMPT (after a checkpoint) or PRUNE (at once)."""
-        if self.kind != PREEMPT:
-            self.kind = kind if kind in (PREEMPT, PRUNE) else PREEMPT
+        self.kind = stronger_stop(self.kind, kind)
 
     async def get(self) -> str:
         """What the flag asks: "" (go on), PRUNE or PREEMPT."""

@@ -19,7 +19,7 @@ import asyncio
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from trainlab.events import PREEMPT
+from trainlab.events import stronger_stop
 
 WAIT = "wait"
 """What `next` answers when no trial came within its timeout: ask again."""
@@ -89,8 +89,7 @@ class GangQueue:
     def stop(self, key: str, kind: str) -> None:
         """Ask the trial to stop after its current step: PREEMPT (with a checkpoint) or PRUNE
         (without); a PRUNE never weakens a PREEMPT."""
-        if self._stops.get(key) != PREEMPT:
-            self._stops[key] = kind
+        self._stops[key] = stronger_stop(self._stops.get(key, ""), kind)
 
     async def take(self, key: str, timeout: float) -> tuple[list[dict], dict | None]:
         """(the trial's events since the last take, its outcome or None), waiting up to
