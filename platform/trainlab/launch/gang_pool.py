@@ -60,23 +60,12 @@ def gang_trainer(queue, *, name: str, device: str, scaling: dict, budget: int, s
     `budget` restarts of its worker group (FailureConfig), each failure's reason handed to the
     queue. `scaling`: launch.placement.scaling of the gang. Fitted by the driver (WarmGang) or
     by a keeper (launch.kept_gang)."""
-    from ray.train import FailureConfig, ScalingConfig
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchTrainer
-
-    from trainlab.distributed import backend_for
     from trainlab.launch.gang_queue import failure_callback
     from trainlab.launch.gang_worker import gang_loop
-    from trainlab.launch.rendezvous import BoundTorchConfig
+    from trainlab.launch.ray_train_run import gang_run
 
-    return TorchTrainer(
-        gang_loop,
-        train_loop_config={"queue": queue, "device": device},
-        torch_config=BoundTorchConfig(backend=backend_for(device)),
-        scaling_config=ScalingConfig(**scaling),
-        run_config=RayRunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=budget),
-                                callbacks=[failure_callback(queue)]),
-    )
+    return gang_run(gang_loop, {"queue": queue, "device": device}, device=device, scaling=scaling, name=name,
+                    storage_path=storage_path, max_failures=budget, callbacks=[failure_callback(queue)])
 
 
 class WarmGang:
@@ -164,7 +153,7 @@ class WarmGang:
         # unique across commands: a kept gang's queue holds the outcomes of an earlier owner's trials too
         key = f"{self._owner} gang {self.number}.{next(self._seq)}" if self._keeper is not None \
             else f"{self.number}.{next(self._seq)}"
-        payload = {"plan": plan, "tracking": tracking}
+        payload = [ray.put({"plan": plan, "tracking": tracking})]  # nested: the queue keeps the ref (Ticket)
         ray.get(self.queue.submit.remote(key, payload, plan.run.cluster.max_failures))
         # a signal on the driver (PREEMPT) or the pruner's request (PRUNE), through the queue
         stop = GangStop(None, request=stop, ask=lambda kind: self.queue.stop.remote(key, kind))

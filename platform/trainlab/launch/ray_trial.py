@@ -209,15 +209,11 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     run = plan.run
     connect(run)  # before Ray is imported (see launch.plan.plan_gang)
     import ray
-    from ray.train import FailureConfig, ScalingConfig
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchTrainer
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from trainlab.distributed import backend_for
     from trainlab.launch.event_stream import start_stream
     from trainlab.launch.kept_gang import make_room
-    from trainlab.launch.rendezvous import BoundTorchConfig
+    from trainlab.launch.ray_train_run import gang_run
 
     make_room(scaling(plan.gang))  # a free kept gang (an earlier sweep's) must not hold what this one needs
     # on the driver's node, as Ray Train's controller is: a lost worker node must not take it along
@@ -225,14 +221,8 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     events = start_stream(scheduling_strategy=here)  # also the trial's stop flag
     stop = GangStop(events, request=stop)  # signals, and the pruner's request
     payload = {"plan": plan, "events": events, "tracking": tracking, "stop": stop.flag}
-    trainer = TorchTrainer(
-        _worker,
-        train_loop_config=payload,
-        torch_config=BoundTorchConfig(backend=backend_for(plan.device)),  # listens on the node's IP only
-        scaling_config=ScalingConfig(**scaling(plan.gang)),
-        run_config=RayRunConfig(name=name, storage_path=plan.paths.ray_storage,
-                                failure_config=FailureConfig(max_failures=run.cluster.max_failures)),
-    )
+    trainer = gang_run(_worker, payload, device=plan.device, scaling=scaling(plan.gang), name=name,
+                       storage_path=plan.paths.ray_storage, max_failures=run.cluster.max_failures)
     outcome: dict = {}
 
     def fit() -> None:
