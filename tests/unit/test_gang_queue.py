@@ -19,10 +19,10 @@ def test_trials_come_in_order_and_an_ended_empty_queue_ends_the_gang():
     async def scenario():
         q = GangQueue()
         assert await q.next(0.01) == WAIT  # nothing yet: ask again
-        await q.submit("a", {"n": 1}, 0)
-        await q.submit("b", {"n": 2}, 0)
+        await q.submit("a", ["ref a"], 0)
+        await q.submit("b", ["ref b"], 0)
         first = await q.next(0.01)
-        assert (first["key"], first["payload"], first["attempt"]) == ("a", {"n": 1}, 0)
+        assert (first["key"], first["payload"], first["attempt"]) == ("a", ["ref a"], 0)
         await q.put_event("a", {"kind": "step", "step": 1})
         await q.finish("a", {"status": "finished"})
         assert await q.take("a", 0.01) == ([{"kind": "step", "step": 1}], {"result": {"status": "finished"}})

@@ -33,8 +33,10 @@ class Ticket:
     """One trial as the gang's workers receive it."""
 
     key: str
-    payload: dict
-    """The worker's payload (config, MLflow run, output folder), as ray_trial._worker takes it."""
+    payload: list
+    """[ObjectRef of the worker's payload] (plan, MLflow run), as the driver put it: the queue holds
+    it by reference and never unpickles it, so its process never imports torch or trainlab's
+    config (2.5 CPU-s on the CI machine); the gang's rank 0 gets it (launch.gang_worker)."""
     max_failures: int
     """Restarts of the gang this trial may use (its cluster.max_failures)."""
     failures: int = 0
@@ -69,7 +71,7 @@ class GangQueue:
                 pass
 
     # -- the driver ----------------------------------------------------------------------
-    async def submit(self, key: str, payload: dict, max_failures: int) -> None:
+    async def submit(self, key: str, payload: list, max_failures: int) -> None:
         self._pending.append(Ticket(key=key, payload=payload, max_failures=max_failures))
         await self._notify()
 

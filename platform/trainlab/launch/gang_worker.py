@@ -82,8 +82,10 @@ def _next_ticket(queue) -> dict | None:
 
     while True:
         ticket = ray.get(queue.next.remote(NEXT_TIMEOUT_S))
-        if ticket != WAIT:
-            return ticket
+        if ticket is None:
+            return None
+        if ticket != WAIT:  # the queue holds the payload by reference (gang_queue.Ticket): rank 0 gets it
+            return {**ticket, "payload": ray.get(ticket["payload"][0])}
 
 
 def _share(ticket: dict | None) -> dict | None:

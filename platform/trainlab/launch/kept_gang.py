@@ -116,7 +116,7 @@ class GangKeeper(GangQueue):
         await self.end()
         return True
 
-    async def submit(self, key: str, payload: dict, max_failures: int) -> None:
+    async def submit(self, key: str, payload: list, max_failures: int) -> None:
         self._renew_any()
         await super().submit(key, payload, max_failures)
 
