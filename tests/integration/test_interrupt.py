@@ -13,10 +13,12 @@ once it has written a checkpoint, so no timing decides what is checked.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import kill_what_ray_left
 from trainlab import names
+from trainlab.config.checkpoints import latest_checkpoint
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -151,6 +154,10 @@ def _assert_clean_exit(driver: Driver, code: int, sig: int) -> str:
 
 
 def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, mlflow_db, ray_tmp):
+    """Ctrl-C ends the run KILLED at its last step and gives the trial's lease back; the same command
+    resumes it in the same run, and while it holds the lease a third driver resuming the trial too is
+    refused in one `error:` line naming the holder (one owner per trial, issue 28; the claims of
+    test_trial_lease.py, merged here on 2026-12-07: the same interrupt and resume)."""
     first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
     first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
     code, seconds = first.stop(signal.SIGINT, group=True)
@@ -163,12 +170,29 @@ def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ml
     assert _steps(client, run.info.run_id) == list(range(1, stopped + 1))  # up to its last step, once each
     root = Path(run.data.tags[names.TAG_CHECKPOINT_DIR])
     assert _checkpoints(root)[-1] == stopped  # it saved the step it stopped at
+    assert not (root / "lease.json").exists()  # the lease given back on the way out
 
     # the same command: a new Hydra output folder, the trial found by its config hash
     again = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
+    lease = again.wait_for(lambda: _lease(root), "the resumed driver's lease")
+    assert lease["pid"] == again.proc.pid and lease["host"] == socket.gethostname(), lease
+    # the same command a third time, while the second holds the trial: refused, the holder named
+    other_tmp = Path(tempfile.mkdtemp(prefix="rtl", dir="/tmp"))  # its own Ray temp root, were Ray started
+    try:
+        third = Driver(TRIAL, cwd=tmp_path, ray_tmp=other_tmp)
+        assert third.proc.wait(timeout=300) == 2, third.output()[-4000:]
+    finally:
+        shutil.rmtree(other_tmp, ignore_errors=True)
+    said = third.output()
+    errors = [line for line in said.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in said, said[-4000:]
+    assert f"host {socket.gethostname()}, pid {again.proc.pid}, since " in errors[0], errors[0]
+    assert again.proc.poll() is None, "the owner ended before the third driver was refused: nothing was raced"
+
     again.wait_for(lambda: [s for s in _checkpoints(root) if s > stopped + 5], "checkpoint after the resume")
     code, _ = again.stop(signal.SIGINT, group=True)
     out = _assert_clean_exit(again, code, signal.SIGINT)
+    assert not (root / "lease.json").exists()
     assert (f"resuming trial tiny-fp32-ddp2-s0 from step {stopped} of its run {run.info.run_id} "
             f"(checkpoint {root})") in out, out[-4000:]
     second_stop = _stopped_at(out, "SIGINT")
@@ -200,6 +224,14 @@ def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, m
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 5
     assert _checkpoints(Path(child.data.tags[names.TAG_CHECKPOINT_DIR]))[-1] == steps[-1]
     print(f"SIGTERM: sweep exited {seconds:.1f} s after the signal, trial #0 at step {steps[-1]}")
+
+
+def _lease(root: Path) -> dict | None:
+    """The trial's lease record (launch.lease), None while there is none (or it is being written)."""
+    try:
+        return json.loads((root / "lease.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # issue 28: signals -------------------------------------------------------------------------
@@ -278,9 +310,11 @@ def test_sigterm_while_ray_starts_ends_the_command_in_its_line(tmp_path, mlflow_
 def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_path, mlflow_db, ray_tmp):
     """SIGKILL, which no handler sees, to the sweep's whole process group once trial #1 has a
     complete checkpoint while #0 (checkpoint_every=0) has none: the parent and both trials stay
-    RUNNING. The same command again goes on in the parent, resumes #1 in its run, ends #0's old
-    run FAILED with a note (one warning line) and runs #0 afresh: no run is left RUNNING (before,
-    #0's old run stayed RUNNING for ever)."""
+    RUNNING. The same command again goes on in the parent, resumes #1 in its run from the newest
+    checkpoint the kill left whole (every step logged once), ends #0's old run FAILED with a note
+    (one warning line) and runs #0 afresh: no run is left RUNNING (before, #0's old run stayed
+    RUNNING for ever). (It also keeps the claims of test_faults' killed-sweep rerun, merged here
+    on 2026-12-07: the same kill and rerun, one sweep fewer in the slow tier.)"""
     trial = [o for o in TRIAL if not o.startswith(("train.max_steps=", "train.checkpoint_every="))]
     # checkpoint_every is not hashed (two trials differing only there would be one config to the
     # sweep): it follows the seed, so #0 (seed 0) never saves and #1 (seed 20) saves every 20 steps
@@ -305,6 +339,11 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     (parent,) = [r for r in left.values() if r.data.tags.get(names.TAG_ROLE) == names.ROLE_SWEEP]
     by_seed = {r.data.params["seed"]: r for r in left.values() if r is not parent}
     cut_off = by_seed["0"]
+    (root,) = tmp_path.glob("multirun/*/*/1/checkpoints")
+    kept = latest_checkpoint(root)  # the newest one the kill left whole: the rerun must start there
+    assert kept is not None and 0 < kept.step < 1000, kept
+    logged = sorted(m.step for m in client.get_metric_history(by_seed["20"].info.run_id, names.LOSS))
+    assert logged == list(range(1, len(logged) + 1)), logged[-5:]  # what the kill left: steps 1..k, no gap
 
     again = Driver(args, cwd=tmp_path, ray_tmp=ray_tmp)
     code = again.proc.wait(timeout=400)
@@ -319,7 +358,13 @@ def test_a_rerun_of_a_sigkilled_sweep_ends_the_runs_its_driver_left_running(tmp_
     assert f"warning: run {cut_off.info.run_id} was left RUNNING: {note}; marked FAILED" in out, out[-4000:]
     assert out.count("was left RUNNING") == 1, out[-4000:]  # the parent and #1 go on: not ended
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"  # the same parent, continued
-    assert client.get_run(by_seed["20"].info.run_id).info.status == "FINISHED"  # #1 resumed in its run
+    resumed = client.get_run(by_seed["20"].info.run_id)
+    assert resumed.info.status == "FINISHED"  # #1 resumed in its run
+    assert "1 unfinished trials resume from their checkpoints: #1" in out, out[-4000:]
+    assert resumed.data.tags[names.TAG_RESUMED_FROM] == str(kept.path)  # not a fresh start from step 0
+    assert f"resumed from {kept.path} at step {kept.step}" in out, out[-4000:]
+    steps = sorted(m.step for m in client.get_metric_history(resumed.info.run_id, names.LOSS))
+    assert steps == list(range(1, 1001)), steps[:5]  # every step once: none lost at the kill, none twice
     fresh = [r for r in runs if r.info.run_id not in left]
     assert [(r.data.params["seed"], r.info.status) for r in fresh] == [("0", "FINISHED")]
     assert not _tmp_left(tmp_path)
