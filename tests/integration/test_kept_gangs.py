@@ -76,25 +76,25 @@ def test_a_second_sweep_runs_on_the_gang_the_first_kept_which_ends_once_idle(tmp
         assert first["1"][0].startswith("warm #2 on gang 1"), first
         assert len(_probe(head)["kept"]) == 1  # the command ended, its gang did not
 
-        _sweep(head, tmp_path, "second", "2,0", f"hydra.launcher.keep_warm_s={IDLE_S}")
+        _sweep(head, tmp_path, "second", "2,0")
         second = _trials(tmp_path, "second")
         # no gang started: the one the first command kept, its 3rd and 4th trial
         assert second["2"][0] == "warm #3 on gang 1 (kept from an earlier command)", second
         assert second["0"][0] == "warm #4 on gang 1", second
         # after three trials in the same processes, seed 0 gives the bits it gave first on a fresh gang
         assert second["0"][1] == first["0"][1], (first, second)
+        assert len(_probe(head)["kept"]) == 1  # kept again, for KEEP_S
 
-        # idle past the releasing command's keep_warm_s, the gang ends and its CPU is free again
+        # a gang of 2 workers on the 2-CPU cluster, while the free kept gang of 1 worker holds a CPU
+        # for KEEP_S more: it runs, so that gang was ended to make room
+        _sweep(head, tmp_path, "wide", "4", "cluster.num_workers=2", "train.micro_batch_size=2",
+               f"hydra.launcher.keep_warm_s={IDLE_S}")
+        wide = _trials(tmp_path, "wide")
+        assert wide["4"][0].startswith("fresh: "), wide
+
+        # idle past the releasing command's keep_warm_s, its gang ends and every CPU is free again
+        # (gang 1, kept for KEEP_S, would still hold one had the wide trial not ended it)
         deadline = time.monotonic() + IDLE_S + 90
         while (state := _probe(head))["kept"] and time.monotonic() < deadline:
             time.sleep(3)
         assert state == {"kept": [], "cpus": 2.0}, state
-
-        # a kept gang again (1 CPU, warm for KEEP_S), then a gang of 2 workers on the 2-CPU cluster
-        _sweep(head, tmp_path, "third", "3")
-        assert len(_probe(head)["kept"]) == 1
-        _sweep(head, tmp_path, "wide", "4", "cluster.num_workers=2", "train.micro_batch_size=2")
-        wide = _trials(tmp_path, "wide")
-        assert wide["4"][0].startswith("fresh: "), wide  # it ran: the idle gang of 1 worker made room
-        assert len(_probe(head)["kept"]) == 1  # only its own gang is kept now
-

@@ -39,6 +39,8 @@ class Invocation:
     proc: subprocess.CompletedProcess
     timing: dict
     """Its sweep_timing.json."""
+    ray_train_runs: int
+    """Ray Train runs (gangs) it started."""
 
     @property
     def shown(self) -> str:
@@ -63,12 +65,19 @@ def sweeps(tmp_path_factory, store_template) -> Sweeps:
     sweep_dir = root / "multirun"  # one folder for the three: a rerun must not resume a trial's last checkpoint
 
     def run(*launcher: str) -> Invocation:
+        before = _ray_train_runs(sweep_dir)
         proc = subprocess.run(trainlab_cmd("train", "-m", *SWEEP, f"hydra.sweep.dir={sweep_dir}", *launcher),
                               cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        return Invocation(proc, json.loads((sweep_dir / "sweep_timing.json").read_text()))
+        return Invocation(proc, json.loads((sweep_dir / "sweep_timing.json").read_text()),
+                          _ray_train_runs(sweep_dir) - before)
 
     return Sweeps(uri=uri, first=run("hydra.launcher.max_concurrent_trials=2"), again=run(),
                   rerun=run("hydra.launcher.rerun=true", "hydra.launcher.max_concurrent_trials=1"))
+
+
+def _ray_train_runs(folder) -> int:
+    """Ray Train runs started under `folder`: each fit() validates its storage with a marker."""
+    return len(list(folder.rglob(".validate_storage_marker")))
 
 
 def _lr(run) -> str:
@@ -92,6 +101,8 @@ def test_two_trials_train_at_once_and_sweep_timing_json_has_each(sweeps):
     assert sorted(runs) == sorted(LRS), first.shown
     assert [runs[lr].data.tags[names.TAG_STATUS] for lr in LRS] == [names.STATUS_FINISHED] * 2 + [
         names.STATUS_DIVERGED]
+    # on_divergence=stop (the default) ends it at the step it diverged, on record
+    assert int(runs["1000"].data.tags[names.TAG_DIVERGED_STEP]) >= 1, runs["1000"].data.tags
 
     # ---- max_concurrent_trials=2: the trials' training overlaps, two at a time at most ----
     windows = {lr: training_window(client, runs[lr].info.run_id) for lr in LRS}
@@ -153,3 +164,10 @@ def test_rerun_true_runs_every_trial_again_from_step_one_one_at_a_time(sweeps):
     assert most_at_once(windows) == 1, windows
     assert rerun.timing["concurrency"] == 1
     assert [r["skipped"] for r in rerun.timing["trials"]] == [False] * 3
+    # ... on ONE warm gang: one Ray Train run for the three, each trial's gang on record in its run
+    # (test_warm_gangs.py's first sweep held this until 2026-12-07: the same three trials, one at a time)
+    gangs = [r["gang"] for r in rerun.timing["trials"]]
+    assert gangs == ["fresh: no warm gang of its shape (gang 1)", "warm #2 on gang 1", "warm #3 on gang 1"], gangs
+    assert rerun.ray_train_runs == 1, rerun.ray_train_runs
+    assert [new[lr].data.tags[names.TAG_GANG] for lr in LRS] == gangs
+    assert all(r["start_latency_s"] > 0 for r in rerun.timing["trials"]), rerun.timing["trials"]

@@ -1,6 +1,5 @@
-"""Warm gangs on a real local Ray cluster: a sweep's trials of one gang shape run one after
-another in ONE Ray Train run (counted by the run folders Ray Train itself makes), each in its
-own MLflow run; a trial that raises is failed and the gang goes on with the next; a trial
+"""Warm gangs on a real local Ray cluster (a sweep's trials of one gang shape one after another in
+ONE Ray Train run, each in its own MLflow run: test_ray_launcher.py's rerun sweep): a trial that raises is failed and the gang goes on with the next; a trial
 stopped alone through its handle ends with a checkpoint and the gang goes on; the same trial
 gives bit-identical checksums on a fresh gang and after other trials on a warm one; and
 hydra.launcher.reuse_gangs=false still gives every trial a gang of its own."""
@@ -17,13 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
 
 from conftest import trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.launch.sweep import Trial, execute_sweep
-from trial_windows import window_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -50,38 +47,19 @@ def _cli(args: list[str], *, cwd: Path, uri: str) -> subprocess.CompletedProcess
     return subprocess.run(trainlab_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_a_sweep_runs_on_one_warm_gang_and_reuse_gangs_false_gives_each_trial_its_own(tmp_path, mlflow_db):
+def test_reuse_gangs_false_gives_each_trial_a_ray_train_run_of_its_own(tmp_path, mlflow_db):
+    """hydra.launcher.reuse_gangs=false: a fresh gang per trial. (A sweep's trials one after another
+    on ONE warm gang, one Ray Train run, each trial's gang in its run: test_ray_launcher.py's
+    rerun=true sweep, since 2026-12-07; this test ran that sweep too.)"""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    warm_dir, cold_dir = tmp_path / "warm", tmp_path / "cold"
-    proc = _cli(["train", "-m", *TINY, "train.max_steps=4", "seed=0,1,2", "hydra.launcher.max_concurrent_trials=1",
-                 "tracking.experiment=warm", f"hydra.sweep.dir={warm_dir}"], cwd=tmp_path, uri=uri)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    timing = json.loads((warm_dir / "sweep_timing.json").read_text())["trials"]
-    assert [t["gang"] for t in timing] == ["fresh: no warm gang of its shape (gang 1)", "warm #2 on gang 1",
-                                           "warm #3 on gang 1"]
-    assert all(t["status"] == names.STATUS_FINISHED and t["start_latency_s"] > 0 for t in timing), timing
-    assert _ray_train_runs(warm_dir) == 1  # three trials, one Ray Train run
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("warm").experiment_id],
-                              filter_string=f"tags.`{names.TAG_ROLE}` = '{names.ROLE_TRIAL}'")
-    by_seed = {r.data.params["seed"]: r for r in runs}
-    assert sorted(by_seed) == ["0", "1", "2"]  # each trial its own run, every step in it once
-    spans = []  # (first, last) time a loss was logged, in the order the trials were queued
-    for seed, gang in zip("012", [t["gang"] for t in timing]):
-        r = by_seed[seed]
-        assert r.data.tags[names.TAG_GANG] == gang and r.info.status == "FINISHED"
-        history = client.get_metric_history(r.info.run_id, names.LOSS)
-        assert sorted(m.step for m in history) == [1, 2, 3, 4]
-        spans.append(window_of(history))
-    # one after another on the one gang: each trial's first step logged after the previous one's last
-    assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:])), spans
-
+    cold_dir = tmp_path / "cold"
     proc = _cli(["train", "-m", *TINY, "train.max_steps=4", "seed=0,1", "hydra.launcher.max_concurrent_trials=1",
                  "hydra.launcher.reuse_gangs=false", "tracking.experiment=cold", f"hydra.sweep.dir={cold_dir}"],
                 cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     timing = json.loads((cold_dir / "sweep_timing.json").read_text())["trials"]
     assert [t["gang"] for t in timing] == ["fresh: reuse_gangs=false"] * 2
+    assert all(t["status"] == names.STATUS_FINISHED for t in timing), timing
     assert _ray_train_runs(cold_dir) == 2  # a Ray Train run per trial
 
 
