@@ -45,8 +45,8 @@ FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.
                    "os.execv(sys.executable, [sys.executable, '-m', 'trainlab.cli', *sys.argv[1:]])")
 """`python -m trainlab.cli ARGS` with SIGHUP at its default, as a shell in a terminal starts it: a
 test run started under nohup (or by a runner that ignores SIGHUP) passes SIGHUP on ignored, and
-the driver keeps an ignored SIGHUP ignored (tests/unit/test_signals.py), so the terminal-closing
-test would wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup)."""
+the driver keeps an ignored SIGHUP ignored (tests/unit/test_signals.py), so the Ctrl-C test's
+terminal closing would wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup)."""
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def _assert_clean_exit(driver: Driver, code: int, sig: int) -> str:
 
 def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, mlflow_db, ray_tmp):
     """Ctrl-C ends the run KILLED at its last step and gives the trial's lease back; the same command
-    resumes it in the same run, and while it holds the lease a third driver resuming the trial too is
+    resumes it in the same run, and ends the same way when its terminal closes (SIGHUP); while it holds the lease a third driver resuming the trial too is
     refused in one `error:` line naming the holder (one owner per trial, issue 28; the claims of
     test_trial_lease.py, merged here on 2026-12-07: the same interrupt and resume)."""
     first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
@@ -189,18 +189,26 @@ def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ml
     assert f"host {socket.gethostname()}, pid {again.proc.pid}, since " in errors[0], errors[0]
     assert again.proc.poll() is None, "the owner ended before the third driver was refused: nothing was raced"
 
+    # the resumed command's terminal closes: SIGHUP to its whole process group, treated as SIGTERM is
+    # (before, the driver died at once: no line, no checkpoint, the run left RUNNING, a step_N.tmp
+    # behind, Ray's processes orphaned; the terminal-closing test's claims, merged here on 2026-12-07)
     again.wait_for(lambda: [s for s in _checkpoints(root) if s > stopped + 5], "checkpoint after the resume")
-    code, _ = again.stop(signal.SIGINT, group=True)
-    out = _assert_clean_exit(again, code, signal.SIGINT)
+    code, hup_s = again.stop(signal.SIGHUP, group=True)
+    out = _assert_clean_exit(again, code, signal.SIGHUP)
+    assert "SIGHUP: stopping each running trial after a checkpoint" in out, out[-4000:]
     assert not (root / "lease.json").exists()
     assert (f"resuming trial tiny-fp32-ddp2-s0 from step {stopped} of its run {run.info.run_id} "
             f"(checkpoint {root})") in out, out[-4000:]
-    second_stop = _stopped_at(out, "SIGINT")
+    second_stop = _stopped_at(out, "SIGHUP")
     assert second_stop > stopped
+    assert _checkpoints(root)[-1] == second_stop  # the final checkpoint: the step it stopped at
+    assert not _tmp_left(tmp_path)
     (resumed,) = _runs(client)  # the same run, continued: no new one
     assert resumed.info.run_id == run.info.run_id and resumed.info.status == "KILLED"
+    assert resumed.data.tags[names.TAG_STATUS] == names.STATUS_PREEMPTED
     assert _steps(client, run.info.run_id) == list(range(1, second_stop + 1))  # each step once
-    print(f"SIGINT: stopped at step {stopped}, exit {seconds:.1f} s after the signal; resumed to {second_stop}")
+    print(f"SIGINT: stopped at step {stopped}, exit {seconds:.1f} s after the signal; resumed to {second_stop}, "
+          f"SIGHUP: exit {hup_s:.1f} s after the signal")
 
 
 def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, mlflow_db, ray_tmp):
@@ -238,26 +246,6 @@ def _lease(root: Path) -> dict | None:
 def _tmp_left(root: Path) -> list[str]:
     """Half-written checkpoints (engine.checkpoint writes step_N.tmp, then renames it)."""
     return [str(p) for p in root.rglob("step_*.tmp")]
-
-
-def test_the_terminal_closing_ends_the_run_killed_after_a_checkpoint(tmp_path, mlflow_db, ray_tmp):
-    """SIGHUP to the command's whole process group, as a terminal that closes sends it: treated as
-    SIGTERM is (before, the driver died at once: no line, no checkpoint, the run left RUNNING, a
-    step_N.tmp behind, Ray's processes orphaned)."""
-    first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
-    first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
-    code, seconds = first.stop(signal.SIGHUP, group=True)
-    out = _assert_clean_exit(first, code, signal.SIGHUP)
-    assert "SIGHUP: stopping each running trial after a checkpoint" in out, out[-4000:]
-    stopped = _stopped_at(out, "SIGHUP")
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = _runs(client)
-    assert run.info.status == "KILLED" and run.data.tags[names.TAG_STATUS] == names.STATUS_PREEMPTED
-    root = Path(run.data.tags[names.TAG_CHECKPOINT_DIR])
-    assert _checkpoints(root)[-1] == stopped  # the final checkpoint: the step it stopped at
-    assert not _tmp_left(tmp_path)
-    print(f"SIGHUP: stopped at step {stopped}, exit {seconds:.1f} s after the signal")
 
 
 def test_ctrl_c_twice_on_a_sweep_says_what_was_stopped_and_how_to_resume(tmp_path, mlflow_db, ray_tmp):

@@ -68,16 +68,17 @@ def sweeps(tmp_path_factory, store_template) -> Sweeps:
         before = _ray_train_runs(sweep_dir)
         proc = subprocess.run(trainlab_cmd("train", "-m", *SWEEP, f"hydra.sweep.dir={sweep_dir}", *launcher),
                               cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        return Invocation(proc, json.loads((sweep_dir / "sweep_timing.json").read_text()),
-                          _ray_train_runs(sweep_dir) - before)
+        started = set(_ray_train_runs(sweep_dir).items()) - set(before.items())  # new, or written again
+        return Invocation(proc, json.loads((sweep_dir / "sweep_timing.json").read_text()), len(started))
 
     return Sweeps(uri=uri, first=run("hydra.launcher.max_concurrent_trials=2"), again=run(),
                   rerun=run("hydra.launcher.rerun=true", "hydra.launcher.max_concurrent_trials=1"))
 
 
-def _ray_train_runs(folder) -> int:
-    """Ray Train runs started under `folder`: each fit() validates its storage with a marker."""
-    return len(list(folder.rglob(".validate_storage_marker")))
+def _ray_train_runs(folder) -> dict:
+    """The Ray Train runs started under `folder`: each fit() validates its storage by writing a
+    marker (a later command's gang of the same name writes the same one again), with its mtime."""
+    return {p: p.stat().st_mtime_ns for p in folder.rglob(".validate_storage_marker")}
 
 
 def _lr(run) -> str:
