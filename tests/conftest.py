@@ -30,6 +30,15 @@ from trainlab.plan.here import plan_here
 
 REPO = Path(__file__).resolve().parents[1]
 
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # A test run started in the background of a shell without job control (`cmd &` in a script)
+    # inherits SIGINT ignored (POSIX), and so would every command a test starts, which keeps an
+    # ignored stop signal ignored (as after nohup): the tests that press Ctrl-C on a command waited
+    # for one that rightly went on (a local CI run of 2026-12-07: 7 failed, and one such command
+    # trained on for 25 minutes beside the tier). Python's handler here is reset to the default
+    # in every command it execs, as a terminal starts a command.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 SLOW_TIMEOUT_S = 1800
 """pytest-timeout's limit for a `slow` test (pyproject's 600 s stays the gate's): a hang guard far
 above the typical time. The longest slow tests take 300 s in CI; beside 2 busy processes

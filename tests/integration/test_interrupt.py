@@ -42,11 +42,14 @@ TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_
 
 
 FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                   "signal.signal(signal.SIGINT, signal.SIG_DFL); "
                    "os.execv(sys.executable, [sys.executable, '-m', 'trainlab.cli', *sys.argv[1:]])")
-"""`python -m trainlab.cli ARGS` with SIGHUP at its default, as a shell in a terminal starts it: a
-test run started under nohup (or by a runner that ignores SIGHUP) passes SIGHUP on ignored, and
-the driver keeps an ignored SIGHUP ignored (tests/unit/test_signals.py), so the Ctrl-C test's
-terminal closing would wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup)."""
+"""`python -m trainlab.cli ARGS` with SIGHUP and SIGINT at their defaults, as a shell in a terminal
+starts it: a test run started under nohup passes SIGHUP on ignored, one started in the background
+of a shell without job control (`cmd &` in a script) passes SIGINT on ignored (POSIX), and the
+driver keeps an ignored stop signal ignored (tests/unit/test_signals.py), so the Ctrl-C tests would
+wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup; one of
+2026-12-07 started with `(nohup bash -c ... &)`: 4 Ctrl-C tests failed)."""
 
 
 @pytest.fixture
@@ -58,12 +61,31 @@ def ray_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+_started: list[Driver] = []
+"""Every Driver of the running test (_no_driver_outlives_its_test ends those still running)."""
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_outlives_its_test():
+    """A test that fails while its command runs leaves nothing running: a driver that ignored its
+    signal went on training a 100,000-step trial for 25 minutes beside the rest of a CI tier."""
+    yield
+    while _started:
+        driver = _started.pop()
+        if driver.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(driver.proc.pid, signal.SIGKILL)
+            driver.proc.wait(timeout=60)
+        kill_what_ray_left(driver.ray_tmp)
+
+
 class Driver:
     """`python -m trainlab.cli train ARGS` in its own session (as a shell runs a command), so
-    every process it starts, Ray's included, carries the session id; SIGHUP at its default
-    (FROM_A_TERMINAL); output to a file."""
+    every process it starts, Ray's included, carries the session id; SIGHUP and SIGINT at their
+    defaults (FROM_A_TERMINAL); output to a file."""
 
     def __init__(self, args: list[str], *, cwd: Path, ray_tmp: Path):
+        _started.append(self)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "HYDRA_"))}
         env.update(PYTHONUNBUFFERED="1", COLUMNS="200", RAY_TMPDIR=str(ray_tmp))
         self.ray_tmp = ray_tmp
