@@ -406,6 +406,12 @@ def ray_head(num_cpus: int):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def ray_train_runs(folder: Path) -> dict[Path, int]:
+    """The Ray Train runs started under `folder`, each by the marker its fit() writes to validate
+    its storage, with the marker's mtime (a later command's gang of the same name writes it again)."""
+    return {p: p.stat().st_mtime_ns for p in Path(folder).rglob(".validate_storage_marker")}
+
+
 def trainlab_cmd(*args: str) -> list[str]:
     """The installed console script, next to this interpreter."""
     return [str(Path(sys.executable).parent / "trainlab"), *args]

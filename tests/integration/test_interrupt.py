@@ -42,14 +42,13 @@ TRIAL = ["model=tiny", "data=markov", "train.global_batch_size=8", "train.micro_
 
 
 FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-                   "signal.signal(signal.SIGINT, signal.SIG_DFL); "
                    "os.execv(sys.executable, [sys.executable, '-m', 'trainlab.cli', *sys.argv[1:]])")
-"""`python -m trainlab.cli ARGS` with SIGHUP and SIGINT at their defaults, as a shell in a terminal
-starts it: a test run started under nohup passes SIGHUP on ignored, one started in the background
-of a shell without job control (`cmd &` in a script) passes SIGINT on ignored (POSIX), and the
-driver keeps an ignored stop signal ignored (tests/unit/test_signals.py), so the Ctrl-C tests would
-wait for a command that rightly goes on (two local CI runs of 2026-12-06 under nohup; one of
-2026-12-07 started with `(nohup bash -c ... &)`: 4 Ctrl-C tests failed)."""
+"""`python -m trainlab.cli ARGS` with SIGHUP at its default, as a shell in a terminal starts it: a
+test run started under nohup passes SIGHUP on ignored, and the driver keeps an ignored SIGHUP
+ignored (tests/unit/test_signals.py), so the Ctrl-C test's terminal closing would wait for a
+command that rightly goes on (two local CI runs of 2026-12-06 under nohup). SIGINT ignored the
+same way (a run started with `cmd &` in a script) is given its default back by tests/conftest.py,
+for every command a test starts."""
 
 
 @pytest.fixture
@@ -81,8 +80,8 @@ def _no_driver_outlives_its_test():
 
 class Driver:
     """`python -m trainlab.cli train ARGS` in its own session (as a shell runs a command), so
-    every process it starts, Ray's included, carries the session id; SIGHUP and SIGINT at their
-    defaults (FROM_A_TERMINAL); output to a file."""
+    every process it starts, Ray's included, carries the session id; SIGHUP at its default
+    (FROM_A_TERMINAL); output to a file."""
 
     def __init__(self, args: list[str], *, cwd: Path, ray_tmp: Path):
         _started.append(self)
@@ -177,9 +176,10 @@ def _assert_clean_exit(driver: Driver, code: int, sig: int) -> str:
 
 def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, mlflow_db, ray_tmp):
     """Ctrl-C ends the run KILLED at its last step and gives the trial's lease back; the same command
-    resumes it in the same run, and ends the same way when its terminal closes (SIGHUP); while it holds the lease a third driver resuming the trial too is
-    refused in one `error:` line naming the holder (one owner per trial, issue 28; the claims of
-    test_trial_lease.py, merged here on 2026-12-07: the same interrupt and resume)."""
+    resumes it in the same run, and ends the same way when its terminal closes (SIGHUP); while it
+    holds the lease a third driver resuming the trial too is refused in one `error:` line naming the
+    holder (one owner per trial, issue 28; the claims of test_trial_lease.py, merged here on
+    2026-12-07: the same interrupt and resume)."""
     first = Driver(TRIAL, cwd=tmp_path, ray_tmp=ray_tmp)
     first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
     code, seconds = first.stop(signal.SIGINT, group=True)

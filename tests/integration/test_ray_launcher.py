@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import trainlab_cmd
+from conftest import ray_train_runs, trainlab_cmd
 from trainlab import names
 from trial_windows import most_at_once, training_window
 
@@ -65,20 +65,14 @@ def sweeps(tmp_path_factory, store_template) -> Sweeps:
     sweep_dir = root / "multirun"  # one folder for the three: a rerun must not resume a trial's last checkpoint
 
     def run(*launcher: str) -> Invocation:
-        before = _ray_train_runs(sweep_dir)
+        before = ray_train_runs(sweep_dir)
         proc = subprocess.run(trainlab_cmd("train", "-m", *SWEEP, f"hydra.sweep.dir={sweep_dir}", *launcher),
                               cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        started = set(_ray_train_runs(sweep_dir).items()) - set(before.items())  # new, or written again
+        started = set(ray_train_runs(sweep_dir).items()) - set(before.items())  # new, or written again
         return Invocation(proc, json.loads((sweep_dir / "sweep_timing.json").read_text()), len(started))
 
     return Sweeps(uri=uri, first=run("hydra.launcher.max_concurrent_trials=2"), again=run(),
                   rerun=run("hydra.launcher.rerun=true", "hydra.launcher.max_concurrent_trials=1"))
-
-
-def _ray_train_runs(folder) -> dict:
-    """The Ray Train runs started under `folder`: each fit() validates its storage by writing a
-    marker (a later command's gang of the same name writes the same one again), with its mtime."""
-    return {p: p.stat().st_mtime_ns for p in folder.rglob(".validate_storage_marker")}
 
 
 def _lr(run) -> str:

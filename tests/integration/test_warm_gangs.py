@@ -1,6 +1,6 @@
 """Warm gangs on a real local Ray cluster (a sweep's trials of one gang shape one after another in
-ONE Ray Train run, each in its own MLflow run: test_ray_launcher.py's rerun sweep): a trial that raises is failed and the gang goes on with the next; a trial
-stopped alone through its handle ends with a checkpoint and the gang goes on; the same trial
+ONE Ray Train run, each in its own MLflow run: test_ray_launcher.py's rerun sweep): a trial that
+raises is failed and the gang goes on with the next; a trial stopped alone through its handle ends with a checkpoint and the gang goes on; the same trial
 gives bit-identical checksums on a fresh gang and after other trials on a warm one; and
 hydra.launcher.reuse_gangs=false still gives every trial a gang of its own."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import trainlab_cmd
+from conftest import ray_train_runs, trainlab_cmd
 from trainlab import names
 from trainlab.config import compose_run_config
 from trainlab.launch.sweep import Trial, execute_sweep
@@ -26,11 +26,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TINY = ["model=tiny", "train.global_batch_size=8", "train.micro_batch_size=8", "train.seq_len=32",
         "train.eval_every=0", "train.numerics_every=0", "cluster.num_workers=1", "tracking.system_metrics=false"]
-
-
-def _ray_train_runs(folder: Path) -> int:
-    """Ray Train runs started under `folder`: each fit() validates its storage with a marker."""
-    return len(list(folder.rglob(".validate_storage_marker")))
 
 
 def _trials(tmp_path: Path, jobs: list[list[str]], *, common: list[str]) -> list[Trial]:
@@ -60,7 +55,7 @@ def test_reuse_gangs_false_gives_each_trial_a_ray_train_run_of_its_own(tmp_path,
     timing = json.loads((cold_dir / "sweep_timing.json").read_text())["trials"]
     assert [t["gang"] for t in timing] == ["fresh: reuse_gangs=false"] * 2
     assert all(t["status"] == names.STATUS_FINISHED for t in timing), timing
-    assert _ray_train_runs(cold_dir) == 2  # a Ray Train run per trial
+    assert len(ray_train_runs(cold_dir)) == 2  # a Ray Train run per trial
 
 
 def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, tmp_path, monkeypatch):
@@ -84,7 +79,7 @@ def test_a_raising_trial_fails_and_the_next_runs_on_the_same_gang(ray_cluster, t
     assert bad.status == names.STATUS_FAILED and "vocab_size" in bad.error, bad.error
     assert good.status == names.STATUS_FINISHED and good.result.steps == 3, good.error
     assert [bad.gang, good.gang] == ["fresh: no warm gang of its shape (gang 1)", "warm #2 on gang 1"]
-    assert _ray_train_runs(tmp_path / "sweep") == 1  # the failure restarted the gang's workers, not the run
+    assert len(ray_train_runs(tmp_path / "sweep")) == 1  # the failure restarted the gang's workers, not the run
 
 
 def test_a_trial_stopped_alone_ends_pruned_and_the_gang_goes_on(ray_cluster, tmp_path):
