@@ -75,6 +75,9 @@ def test_bench_overhead_stops_on_a_signal_and_its_writer_yields_to_training(sig,
     assert took < STOP_WITHIN_S
     print(f"stopped {took:.1f} s after {sig.name}")
     assert f"overhead: stopped by {sig.name}; no ratio" in out
-    assert "round 2:" not in out and "ratio:" not in out
+    # stopped mid-run: a busy machine may finish round 2 between the writer's start and the signal
+    # (a race on a count of rounds), but never the 50 rounds, nor the ratio of whole ones
+    rounds = [line for line in out.splitlines() if line.startswith("round ")]
+    assert len(rounds) < 50 and "ratio:" not in out, out
     assert "Traceback" not in out, out  # neither the bench nor its writer died mid-write
     assert _group(proc.pid) == []  # no writer, no busy process left running

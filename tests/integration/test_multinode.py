@@ -59,7 +59,7 @@ def loopback_cluster(tmp_path_factory):
     gcs, dashboard = free_port(), free_port()
     swap = {"6391": str(gcs), "8265": str(dashboard), "/tmp/rh": dirs[0], "/tmp/rn": dirs[1]}
     token = subprocess.run([RAY, *without_redirect(find(commands, "ray", "get-auth-token"))[1:]],
-                           env=env, capture_output=True, text=True, timeout=60)
+                           env=env, capture_output=True, text=True, timeout=120)
     assert token.returncode == 0 and (home / ".ray" / "auth_token").is_file(), token.stderr[-2000:]
     try:
         _ray_start(env, substitute(find(commands, "ray", "start", "--head"), swap),
@@ -198,7 +198,7 @@ def test_readme_ray_job_submit_works_as_printed(loopback_cluster, tmp_path, mlfl
     assert len(parents) == 1 and parents[0].info.run_name.endswith(f"(job {sid})"), parents[0].info.run_name
     assert {r.data.tags.get("ray_job") for r in runs} == {sid}
 
-    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), timeout=60)
+    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), timeout=120)
     assert listed.returncode == 0 and sid in listed.stdout + listed.stderr, listed.stderr[-2000:]
 
 
@@ -251,8 +251,8 @@ def test_trainlab_stop_as_printed_stops_a_job(loopback_cluster, tmp_path, mlflow
     stop = _run(loopback_cluster, _readme(loopback_cluster, "trainlab", "stop", raysubmit_XYZ=sid), timeout=120)
     assert stop.returncode == 0 and f"job {sid}: stop requested" in stop.stdout, stop.stdout + stop.stderr
     status_cmd = _readme(loopback_cluster, "trainlab", "status", raysubmit_XYZ=sid)
-    deadline = time.monotonic() + 120
-    while "STOPPED" not in (status := _run(loopback_cluster, status_cmd, timeout=60)).stdout:
+    deadline = time.monotonic() + 240  # a job stops in seconds; each status command is a Python start
+    while "STOPPED" not in (status := _run(loopback_cluster, status_cmd, timeout=120)).stdout:
         assert time.monotonic() < deadline, status.stdout + status.stderr
         time.sleep(2)
 
@@ -271,7 +271,7 @@ def test_the_dashboard_opens_with_the_token(loopback_cluster, browser, tmp_path)
     """The dashboard asks for the token (the page: paste what `ray get-auth-token` prints), and
     with it the browser may read the cluster's jobs."""
     printed = subprocess.run([RAY, "get-auth-token"], env=loopback_cluster.env, capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=120)
     assert printed.returncode == 0 and printed.stdout.strip() == loopback_cluster.token
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.goto(loopback_cluster.jobs_url + "/#/jobs")
@@ -297,7 +297,7 @@ def test_pack_and_spread_land_so_and_a_refused_trial_stops_no_other_without_expo
 
     env = {k: v for k, v in loopback_cluster.env.items() if k != "RAY_AUTH_MODE"}
     env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1", "COLUMNS": "250"}
-    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), env=env, timeout=60)
+    listed = _run(loopback_cluster, _readme(loopback_cluster, "ray", "job", "list"), env=env, timeout=120)
     assert listed.returncode != 0 and "Missing authentication token" in listed.stdout + listed.stderr, \
         listed.stdout[-2000:] + listed.stderr[-2000:]
 

@@ -104,10 +104,12 @@ def test_cpu_peak_probe_reads_the_running_rate_of_a_process_that_is_descheduled(
     """A gang's ranks probe the CPU peak while Ray and the other ranks start, so the probing
     process is descheduled part of the time: the probe must read the core's rate while it runs,
     not what is left of it, or MFU (achieved / peak) reads over 100 %. Descheduling is made
-    exact here (SIGSTOP for 6 ms of every 12, half the time) rather than with busy processes: on a
-    host whose 2 CPUs are hyperthreads of one core a busy sibling really halves the core's rate
-    (CI read 0.52-1.0 of the idle rate beside 3 busy processes, 2026-12-02), which no probe can
-    see past."""
+    exact here (SIGSTOP for 18 ms of every 24, three quarters of the time) rather than with busy
+    processes: on a host whose 2 CPUs are hyperthreads of one core a busy sibling really halves the
+    core's rate (CI read 0.52-1.0 of the idle rate beside 3 busy processes, 2026-12-02), which no
+    probe can see past. So the bound sits between that noise and what a wall-clock reading gives
+    here (at most a quarter of the idle rate): a probe reading what is left of the core fails it
+    on any machine, one reading the running rate passes it on a loaded one."""
     import signal
     import subprocess
     import sys
@@ -125,7 +127,7 @@ def test_cpu_peak_probe_reads_the_running_rate_of_a_process_that_is_descheduled(
             while not done.is_set():
                 child.send_signal(signal.SIGSTOP)
                 t = time.perf_counter()
-                time.sleep(0.006)
+                time.sleep(0.018)
                 child.send_signal(signal.SIGCONT)
                 stopped[0] += time.perf_counter() - t
                 time.sleep(0.006)
@@ -142,5 +144,7 @@ def test_cpu_peak_probe_reads_the_running_rate_of_a_process_that_is_descheduled(
     finally:
         child.kill()
         child.wait()
-    assert stopped[0] > 0.3 * wall, (stopped[0], wall)  # the probes really ran half stopped
-    assert cut > 0.8 * idle, (idle, cut)
+    assert stopped[0] > 0.6 * wall, (stopped[0], wall)  # the probes really ran mostly stopped
+    # a wall-clock rate reads at most 1 - 0.6 = 0.4 of idle (0.25 as stopped here); the running
+    # rate reads 1.0 alone and no less than 0.52 beside busy siblings
+    assert cut > 0.46 * idle, (idle, cut, stopped[0] / wall)
