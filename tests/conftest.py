@@ -268,15 +268,14 @@ def ray_cluster():
     """One local Ray cluster for every test that needs one, started as `trainlab train` starts
     its own (launch.ray_trial.start_local_cluster: on loopback, so a trial's group listens and
     connects there too; never a `ray start` cluster nor a crashed one's ray_current_cluster)."""
-    from trainlab.launch.ray_trial import start_local_cluster
+    from trainlab.launch.ray_trial import start_local_cluster, trial_runtime_env
 
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     # with the dashboard, as trainlab starts Ray: it serves the state API, where Ray Train v2's
     # PlacementGroupCleaner asks whether a run's controller is alive; without it the answers fail
     # and a "not found" reads as dead, and the cleaner removed a live warm gang's placement group
-    # mid-trial (CI, 2026-12-06: WorkerHealthCheckFailedError in test_warm_gangs)
-    start_local_cluster(num_cpus=4, include_dashboard=True,
-                        runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}})
+    # mid-trial (CI, 2026-12-06: WorkerHealthCheckFailedError in test_warm_gangs); and with the
+    # runtime env trainlab gives its jobs (its workers' priority among them)
+    start_local_cluster(num_cpus=4, include_dashboard=True, runtime_env=trial_runtime_env())
     import ray
 
     yield ray

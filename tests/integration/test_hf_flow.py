@@ -36,7 +36,7 @@ def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db):
     # fewer steps than shown (each trial still evaluates and exports); the store in tmp_path
     args = [a for a in sweep[1:] if not a.startswith("train.max_steps")]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = _run(trainlab_cmd(*args, "train.max_steps=8", "train.eval_every=4", f"tracking.uri={uri}"),
+    proc = _run(trainlab_cmd(*args, "train.max_steps=4", "train.eval_every=2", f"tracking.uri={uri}"),
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("exported the trained model to") == 4

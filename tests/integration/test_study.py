@@ -77,7 +77,8 @@ def test_the_second_batch_starts_on_the_first_batchs_warm_gangs(study):
     gangs = [row["gang"] for row in timing["trials"]]
     assert sum(not g.startswith("warm") for g in gangs) == 2, gangs  # the concurrency, not one per trial
     assert all(g.startswith("warm") for g in gangs[2:]), gangs
-    assert all(row["start_latency_s"] < 10 for row in timing["trials"][2:]), timing["trials"]
+    # a warm start is seconds (0.3-4.5 s in a whole slow tier here, 2026-12-07), a fresh gang's 20-130 s
+    assert all(row["start_latency_s"] < 15 for row in timing["trials"][2:]), timing["trials"]
 
 
 def test_optuna_gets_both_objectives_and_each_trial_run_keeps_what_it_got(study):

@@ -29,7 +29,23 @@ _RAY_TRAIN_ENV = {
     # notices to ray.train.get_preemption_info, which trainlab does not read: a stop signal reaches
     # a trial through the driver (launch.interrupt) and engine.preemption's vote
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Ray starts its workers 15 nicer than its raylet, to yield to the GCS and raylet: a trial's
+    # workers then yield to every other process of the machine too (a data job, a trial under
+    # torchrun, another test), starved to a few per cent of a core beside busy ones (a 3-step trial
+    # waited 5 min for its gang beside 3). Here they keep the raylet's priority (the command's, or
+    # `ray start`'s on a joined cluster), as torchrun's ranks keep theirs; Ray's job supervisor does
+    # the same for a job's driver
+    "RAY_worker_niceness": "0",
 }
+
+
+def trial_runtime_env() -> dict:
+    """The runtime env of every Ray process a trainlab command starts (its job's, given to
+    ray.init): _RAY_TRAIN_ENV, each value as this process's environment already has it, else
+    trainlab's. Also what the tests' own cluster (tests/conftest.ray_cluster) is started with."""
+    for k, v in _RAY_TRAIN_ENV.items():
+        os.environ.setdefault(k, v)
+    return {"env_vars": {k: os.environ[k] for k in _RAY_TRAIN_ENV}}
 
 
 # Ray reads this when it is imported; "0" switches multi-node clusters off, as on macOS
@@ -113,9 +129,7 @@ def connect(run: RunConfig) -> None:
 
     if ray.is_initialized():
         return
-    for k, v in _RAY_TRAIN_ENV.items():
-        os.environ.setdefault(k, v)
-    runtime_env = {"env_vars": {k: os.environ[k] for k in _RAY_TRAIN_ENV}}
+    runtime_env = trial_runtime_env()
     # worker stdout is Ray's internal chatter; what a person needs (progress, warnings,
     # errors with tracebacks) comes back through the event queue and Ray Train's exception
     if run.cluster.address:
