@@ -328,11 +328,10 @@ def assert_refused(proc: subprocess.CompletedProcess, says, *, sessions, context
     assert not sessions, f"a Ray session was started: {sessions}"
 
 
-def kill_what_ray_left(ray_tmp: Path, *, timeout: float = 60) -> None:
-    """SIGKILL every process of the Ray cluster a killed driver started under `ray_tmp`, and wait
-    until they are gone. Ray renames its workers' command lines (`ray::RayTrainWorker`), so they
-    are found by the RAY_TMPDIR they inherited, not by `pkill -f`: a worker that outlived the kill
-    went on writing checkpoints (step 21 after the newest was step 3 at the kill)."""
+def ray_processes(ray_tmp: Path) -> list[psutil.Process]:
+    """Every process of the Ray cluster a command started under `ray_tmp` (its RAY_TMPDIR). Ray
+    renames its workers' command lines (`ray::RayTrainWorker`), so they are found by the
+    RAY_TMPDIR they inherited, the GCS and raylet by the folder on their command lines."""
     mine = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
@@ -342,6 +341,14 @@ def kill_what_ray_left(ray_tmp: Path, *, timeout: float = 60) -> None:
                 mine.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+    return mine
+
+
+def kill_what_ray_left(ray_tmp: Path, *, timeout: float = 60) -> None:
+    """SIGKILL every process of the Ray cluster a killed driver started under `ray_tmp`, and wait
+    until they are gone (not by `pkill -f`, which misses Ray's renamed workers: a worker that
+    outlived the kill went on writing checkpoints, step 21 after the newest was step 3 at the kill)."""
+    mine = ray_processes(ray_tmp)
     for proc in mine:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()

@@ -29,7 +29,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import kill_what_ray_left
+from conftest import kill_what_ray_left, ray_processes
 from trainlab import names
 from trainlab.config.checkpoints import latest_checkpoint
 
@@ -184,7 +184,7 @@ def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ml
     first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
     # its workers train at the command's priority: at Ray's default (15 nicer) a trial's gang beside
     # busy processes waited minutes to start, its workers starved to a few per cent of a core
-    workers = _ray_processes(ray_tmp, "ray::RayTrainWorker")
+    workers = [p for p in ray_processes(ray_tmp) if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::RayTrainWorker")]
     assert len(workers) == 2 and {w.nice() for w in workers} == {psutil.Process(first.proc.pid).nice()}, \
         [(w.pid, w.nice()) for w in workers]
     code, seconds = first.stop(signal.SIGINT, group=True)
@@ -259,20 +259,6 @@ def test_sigterm_on_a_sweep_ends_its_running_trial_and_parent_killed(tmp_path, m
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 5
     assert _checkpoints(Path(child.data.tags[names.TAG_CHECKPOINT_DIR]))[-1] == steps[-1]
     print(f"SIGTERM: sweep exited {seconds:.1f} s after the signal, trial #0 at step {steps[-1]}")
-
-
-def _ray_processes(ray_tmp: Path, name: str) -> list[psutil.Process]:
-    """The live processes of the command's Ray cluster (found by the RAY_TMPDIR they inherit) whose
-    command line starts with `name` (Ray renames its workers: ray::RayTrainWorker)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.cmdline()[:1] and proc.cmdline()[0].startswith(name) and \
-                    proc.environ().get("RAY_TMPDIR") == str(ray_tmp):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def _lease(root: Path) -> dict | None:

@@ -1,8 +1,9 @@
 """Warm gangs on a real local Ray cluster (a sweep's trials of one gang shape one after another in
 ONE Ray Train run, each in its own MLflow run: test_ray_launcher.py's rerun sweep): a trial that
-raises is failed and the gang goes on with the next; a trial stopped alone through its handle ends with a checkpoint and the gang goes on; the same trial
-gives bit-identical checksums on a fresh gang and after other trials on a warm one; and
-hydra.launcher.reuse_gangs=false still gives every trial a gang of its own."""
+raises is failed and the gang goes on with the next; a trial stopped alone through its handle ends
+with a checkpoint and the gang goes on; the same trial gives bit-identical checksums on a fresh
+gang and after other trials on a warm one; and hydra.launcher.reuse_gangs=false still gives every
+trial a gang of its own."""
 
 from __future__ import annotations
 
