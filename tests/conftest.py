@@ -328,16 +328,19 @@ def assert_refused(proc: subprocess.CompletedProcess, says, *, sessions, context
     assert not sessions, f"a Ray session was started: {sessions}"
 
 
-def ray_processes(ray_tmp: Path) -> list[psutil.Process]:
-    """Every process of the Ray cluster a command started under `ray_tmp` (its RAY_TMPDIR). Ray
-    renames its workers' command lines (`ray::RayTrainWorker`), so they are found by the
-    RAY_TMPDIR they inherited, the GCS and raylet by the folder on their command lines."""
+def ray_processes(ray_tmp: Path, *, named: str = "") -> list[psutil.Process]:
+    """Every process of the Ray cluster a command started under `ray_tmp` (its RAY_TMPDIR), or only
+    those whose command line starts with `named`. Ray renames its workers' command lines
+    (`ray::RayTrainWorker`), so they are found by the RAY_TMPDIR they inherited, the GCS and raylet
+    by the folder on their command lines."""
     mine = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get("RAY_TMPDIR") == str(ray_tmp) or str(ray_tmp) in " ".join(proc.cmdline()):
+            cmdline = proc.cmdline()
+            if (proc.environ().get("RAY_TMPDIR") == str(ray_tmp) or str(ray_tmp) in " ".join(cmdline)) \
+                    and (not named or cmdline[:1] and cmdline[0].startswith(named)):
                 mine.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

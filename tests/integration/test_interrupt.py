@@ -184,7 +184,7 @@ def test_ctrl_c_ends_the_run_killed_and_the_same_command_resumes_it(tmp_path, ml
     first.wait_for(lambda: [r for r in tmp_path.glob("outputs/*/*/checkpoints") if _checkpoints(r)], "checkpoint")
     # its workers train at the command's priority: at Ray's default (15 nicer) a trial's gang beside
     # busy processes waited minutes to start, its workers starved to a few per cent of a core
-    workers = [p for p in ray_processes(ray_tmp) if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::RayTrainWorker")]
+    workers = ray_processes(ray_tmp, named="ray::RayTrainWorker")
     assert len(workers) == 2 and {w.nice() for w in workers} == {psutil.Process(first.proc.pid).nice()}, \
         [(w.pid, w.nice()) for w in workers]
     code, seconds = first.stop(signal.SIGINT, group=True)
