@@ -3,7 +3,8 @@ user runs two sweeps one after the other against `ray start --head` on loopback:
 sweep's trials run on the gang the first left, a trial gives the same bits there as first on a
 fresh gang (the warm gangs' isolation proof, across commands), a kept gang ends once it has
 been idle keep_warm_s, giving its CPUs back, and a trial that needs the CPUs a free kept gang of
-another shape holds ends that gang rather than waiting behind it."""
+another shape holds ends that gang rather than waiting behind it; and a free kept gang ends for
+a placement group left waiting for what it holds (in-process, on the test worker's cluster)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,30 @@ def test_a_second_sweep_runs_on_the_gang_the_first_kept_which_ends_once_idle(tmp
         while (state := _probe(head))["kept"] and time.monotonic() < deadline:
             time.sleep(3)
         assert state == {"kept": [], "cpus": 2.0}, state
+
+
+def test_a_free_kept_gang_ends_for_a_placement_group_that_waits_for_its_cpus(ray_cluster, tmp_path):
+    """The race make_room cannot see: two gangs of one sweep starting at once each found room for
+    itself beside a free kept gang, and the second waited behind it for its keep_warm_s (600 s in
+    a CI run of 2026-12-07's tests on one cluster per worker). A free kept gang yields to any
+    placement group left waiting for what it holds, whoever asked."""
+    from trainlab.launch.kept_gang import kept_gangs, start_keeper
+
+    ray = ray_cluster
+    total = int(ray.cluster_resources()["CPU"])
+    spec = {"name": "yield", "device": "cpu", "budget": 1, "storage_path": str(tmp_path / "ray"),
+            "scaling": {"num_workers": 1, "use_gpu": False, "resources_per_worker": {"CPU": 1},
+                        "placement_strategy": "PACK"}}
+    keeper = start_keeper(key="yield-test", device="cpu", spec=spec, keep_warm_s=KEEP_S, owner="me")
+    deadline = time.monotonic() + 180
+    while ray.available_resources().get("CPU", 0) > total - 1:  # its worker holds a CPU
+        assert time.monotonic() < deadline, "the kept gang's worker took no CPU in 180 s"
+        time.sleep(0.5)
+    ray.get(keeper.release.remote("me", [], KEEP_S))  # free, warm for KEEP_S
+
+    whole = ray.util.placement_group([{"CPU": 1}] * total, strategy="PACK")  # every CPU, one held by the gang
+    try:
+        assert whole.wait(timeout_seconds=120), f"a placement group of {total} CPUs still waited after 120 s"
+        assert kept_gangs() == []  # it ended, long before its KEEP_S
+    finally:
+        ray.util.remove_placement_group(whole)

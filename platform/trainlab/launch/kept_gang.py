@@ -14,7 +14,8 @@ second or so a later trial of a warm gang takes.
 
 One owner at a time: a driver claims a keeper (an atomic call of the actor) and holds it while
 it calls it (every call renews the claim); released, or unrenewed for CLAIM_LAPSE_S (a driver
-SIGKILLed), it is free again, and after keep_warm_s free it ends its gang and itself. Isolation
+SIGKILLed), it is free again, and after keep_warm_s free it ends its gang and itself; free, it
+also ends them for any placement group that waits for what its gang holds (a cache, not a reservation). Isolation
 is the warm gang's (engine.isolation): the keeper holds the runs its gang ran, the claiming
 driver lets a trial follow them only where fresh_gang_reason allows it, and every worker puts
 its process back after each trial as it does on any warm gang.
@@ -38,6 +39,9 @@ CLAIM_LAPSE_S = 60.0
 node). A live driver calls its gangs at least every few seconds (GangPool renews idle ones)."""
 WATCH_S = 1.0
 """How often a keeper looks at its claim and its idle time."""
+YIELD_CHECKS = 2
+"""A free kept gang ends once the same placement group has waited this many watches in a row for
+a resource the gang holds (one wait is every new group's first moment, not a shortage)."""
 
 
 def driver_id() -> str:
@@ -65,6 +69,10 @@ class GangKeeper(GangQueue):
         self._fit: threading.Thread | None = None
         self._fit_error = ""
         self._watch: asyncio.Task | None = None
+        self._holds: set[str] = set()
+        """The resources its gang's workers hold (a waiting placement group needing one ends it, free)."""
+        self._waiting: dict[str, int] = {}
+        """Placement groups seen waiting for what it holds: id -> watches in a row."""
 
     async def start(self, spec: dict) -> None:
         """Build and fit the gang's Ray Train run (launch.gang_pool.gang_trainer) on this actor's
@@ -74,6 +82,7 @@ class GangKeeper(GangQueue):
         from trainlab.launch.gang_pool import gang_trainer
 
         trainer = gang_trainer(ray.get_runtime_context().current_actor, **spec)
+        self._holds = {k for k, v in spec["scaling"]["resources_per_worker"].items() if v}
 
         def fit() -> None:
             try:
@@ -132,6 +141,18 @@ class GangKeeper(GangQueue):
         if self._owner:
             self._touched = time.monotonic()
 
+    def _wanted(self) -> bool:
+        """Whether a placement group has waited YIELD_CHECKS watches in a row for a resource this
+        free gang holds: a gang whose start lost the race for the CPUs make_room freed (two
+        gangs of one sweep starting at once each saw room for itself), a run that started without
+        asking for room, another Ray application's."""
+        import ray
+
+        waiting = {pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] == "PENDING"
+                   and any(self._holds & {k for k, v in b.items() if v} for b in pg["bundles"].values())}
+        self._waiting = {pg_id: self._waiting.get(pg_id, 0) + 1 for pg_id in waiting}
+        return any(n >= YIELD_CHECKS for n in self._waiting.values())
+
     async def _watch_loop(self) -> None:
         import ray
 
@@ -142,6 +163,8 @@ class GangKeeper(GangQueue):
                 self._owner, self._idle_since = "", now  # its driver is gone
             if not self._owner and now - self._idle_since > self._keep_warm_s and not self._ended:
                 await self.end()
+            if not self._owner and not self._ended and await asyncio.to_thread(self._wanted):
+                await self.end()  # a cache, not a reservation: another gang waits for what it holds
             if self._ended and (self._fit is None or not self._fit.is_alive()):
                 # its gang has ended: the keeper goes too (exit_actor ends only a method's call)
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
