@@ -264,10 +264,11 @@ def recording_tracker() -> RecordingTracker:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster for every test that needs one, started as `trainlab train` starts
-    its own (launch.ray_trial.start_local_cluster: on loopback, so a trial's group listens and
-    connects there too; never a `ray start` cluster nor a crashed one's ray_current_cluster)."""
+def ray_session():
+    """One local Ray cluster per test worker, started as `trainlab train` starts its own
+    (launch.ray_trial.start_local_cluster: on loopback, so a trial's group listens and connects
+    there too; never a `ray start` cluster nor a crashed one's ray_current_cluster). Tests reach it
+    through `ray_cluster` (in this process) or `joined_cluster` (a `trainlab` command joining it)."""
     from trainlab.launch.ray_trial import start_local_cluster, trial_runtime_env
 
     # with the dashboard, as trainlab starts Ray: it serves the state API, where Ray Train v2's
@@ -280,6 +281,40 @@ def ray_cluster():
 
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(ray_session):
+    """The test worker's cluster (ray_session), every CPU of it free: the gangs `trainlab`
+    commands of earlier tests kept warm there (joined_cluster) are ended first, as a command
+    needing their CPUs would end them (launch.kept_gang.make_room), so no trial this test starts
+    waits behind an idle one."""
+    from trainlab.launch.kept_gang import end_kept_gangs
+
+    if end_kept_gangs():
+        total = ray_session.cluster_resources().get("CPU", 0)
+        deadline = time.monotonic() + 120
+        while (free := ray_session.available_resources().get("CPU", 0)) < total:
+            assert time.monotonic() < deadline, f"{free:g} of {total:g} CPUs free 120 s after the kept gangs ended"
+            time.sleep(0.5)
+    return ray_session
+
+
+@pytest.fixture
+def joined_cluster(ray_session) -> SimpleNamespace:
+    """What a `trainlab` command needs to join the test worker's cluster (ray_session) instead of
+    starting its own, as a user joins a running one: `run` for a single run (cluster.address),
+    `sweep` for a multirun, whose gangs are also kept warm for the next command (keep_warm_s)
+    and which runs as many trials at once as a cluster of its own would (one per CPU here).
+    For the tests that test neither Ray's start or shutdown, a gang's start, signals nor faults:
+    each command saves its cluster's start (~10 s, 13 CPU-s on 2 cores) and, where an earlier
+    test kept a gang of its trials' shape, that gang's start (~16 s, 21 CPU-s; measurements page,
+    2026-12-07)."""
+    address = ray_session.get_runtime_context().gcs_address
+    run = [f"cluster.address={address}"]
+    return SimpleNamespace(address=address, run=run,
+                           sweep=[*run, "hydra.launcher.keep_warm_s=600",
+                                  f"hydra.launcher.max_concurrent_trials={os.cpu_count() or 1}"])
 
 
 @pytest.fixture(scope="session")

@@ -70,13 +70,13 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_ray_and_left_as_it_was(wor
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_chat_fine_tuning_on_answers_trains_on_ray(work):
+def test_chat_fine_tuning_on_answers_trains_on_ray(work, joined_cluster):
     """Relative paths, tokenized once by the driver (its progress line), read from the cache by the
     worker, 3 steps with finite losses."""
     cache = work / "cache"
     proc, _ = _train(work, *SMALL, "data=hf", "data.path=data/chat.jsonl", "data.tokenizer=tok",
                      "data.format=chat", "data.loss_on=answer", f"data.cache_dir={cache}", "train.max_steps=3",
-                     "output_dir=out")
+                     "output_dir=out", *joined_cluster.run)
     shown = f"\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, shown
     assert "finished" in proc.stdout, shown

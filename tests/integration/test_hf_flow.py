@@ -26,7 +26,7 @@ def _run(args: list[str], *, cwd, timeout=900) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db):
+def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db, joined_cluster):
     commands = section_commands(HF[1], page=HF[0])  # the README's three, as shown
     assert commands == section_commands(HF_PAGE[1], page=HF_PAGE[0])  # and the docs page's
     made = _run(trainlab_cmd(*find(commands, "trainlab", "hf-demo")[1:]), cwd=tmp_path)
@@ -36,8 +36,8 @@ def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db):
     # fewer steps than shown (each trial still evaluates and exports); the store in tmp_path
     args = [a for a in sweep[1:] if not a.startswith("train.max_steps")]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = _run(trainlab_cmd(*args, "train.max_steps=4", "train.eval_every=2", f"tracking.uri={uri}"),
-                cwd=tmp_path)
+    proc = _run(trainlab_cmd(*args, "train.max_steps=4", "train.eval_every=2", f"tracking.uri={uri}",
+                               *joined_cluster.sweep), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("exported the trained model to") == 4
 

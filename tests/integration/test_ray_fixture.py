@@ -27,7 +27,7 @@ PROBE = """
 import sys
 sys.path.insert(0, {tests!r})
 import conftest
-fixture = conftest.ray_cluster._get_wrapped_function()()
+fixture = conftest.ray_session._get_wrapped_function()()
 ray = next(fixture)
 address = ray.get_runtime_context().gcs_address
 print("started", address)

@@ -40,9 +40,9 @@ def _rest(uri, path, body):
         return json.loads(r.read())
 
 
-def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, request):
+def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, request, joined_cluster):
     uri = mlflow_server.uri
-    proc = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
+    proc = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep], cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # ---- the server's REST API lists one parent and four children with their params ----
@@ -65,7 +65,7 @@ def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, reques
     assert "sweep/trials.md" in [a.path for a in client.list_artifacts(parent_id, "sweep")]
 
     # ---- the same sweep again: nothing new runs, no second parent ----
-    again = _trainlab(["train", "-m", *SWEEP], cwd=tmp_path, uri=uri)
+    again = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep], cwd=tmp_path, uri=uri)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 trials already finished" in again.stdout
     runs = client.search_runs([exp_id])
