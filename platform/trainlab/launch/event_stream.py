@@ -68,3 +68,15 @@ def start_stream(**actor_options):
     import ray
 
     return ray.remote(num_cpus=0)(EventStream).options(**actor_options).remote()
+
+
+def end_gracefully(actor) -> None:
+    """End a trial's stream (or a warm gang's queue) once the calls already sent to it have run.
+
+    Not `ray.kill`: a killed actor's worker loses the task events it has not yet reported (Ray
+    reports them each second), and Ray's state API then shows its last calls FAILED with
+    WORKER_DIED (CI saw `EventStream.put` so, in a trial that had finished). Ray's documented
+    graceful end, `__ray_terminate__`, runs after the queued calls and reports them first.
+    """
+    actor.__ray_terminate__.remote()
+

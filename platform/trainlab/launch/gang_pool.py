@@ -194,12 +194,12 @@ class WarmGang:
     def join(self) -> None:
         """Wait for the Ray Train run to end and remove the queue (not after an interrupt let a
         trial go: Ray's shutdown ends it; a kept gang's keeper ends its run and itself)."""
-        import ray
+        from trainlab.launch.event_stream import end_gracefully
 
         if self.abandoned or self._keeper is not None:
             return
         self._thread.join()
-        ray.kill(self.queue)
+        end_gracefully(self.queue)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -225,7 +225,7 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from trainlab.launch.event_stream import start_stream
+    from trainlab.launch.event_stream import end_gracefully, start_stream
     from trainlab.launch.kept_gang import make_room
     from trainlab.launch.ray_train_run import gang_run
 
@@ -262,7 +262,7 @@ def run_on_ray(plan: TrialPlan, *, name: str, tracking: TrackingTarget,
     if stop.abandoned:  # the driver's release of the cluster ends the gang
         return result
     thread.join()
-    ray.kill(events)  # the stream and the stop flag
+    end_gracefully(events)  # the stream and the stop flag
     if "error" in outcome:
         raise outcome["error"]
     return result
