@@ -304,19 +304,25 @@ def ray_cluster(ray_session):
 def joined_cluster(ray_session) -> SimpleNamespace:
     """What a `trainlab` command needs to join the test worker's cluster (ray_session) instead of
     starting its own, as a user joins a running one: `run` for a single run (cluster.address),
-    `sweep` for a multirun, whose gangs are also kept warm for the next command (keep_warm_s)
-    and which runs at most one trial per CPU of this machine (as a 1-worker sweep on a cluster of
-    its own would; the 4-CPU session cluster runs two 2-worker trials at once, where a 2-CPU
-    cluster of its own ran one). A test setting its own max_concurrent_trials puts it after these
-    (Hydra keeps the last value).
+    `sweep(workers)` for a multirun, whose gangs are also kept warm for the next command
+    (keep_warm_s) and which runs at most (CPUs of this machine // `workers`) trials at once.
+    Trials that compute pass their worker count, as a cluster of their own would run them (the
+    Hugging Face flow's 2-worker sweep alone on this 2-core machine: 105 s one at a time, 115 s
+    two at once; 177-188 s two at once beside CI's other test worker); the parallel grid's
+    10-step trials, bound by their gangs' start, run two at once (64-68 s in CI; 130 s one at a
+    time on a cluster of its own). A test setting its own
+    max_concurrent_trials puts it after these (Hydra keeps the last value).
     For the tests that test neither Ray's start or shutdown, a gang's start, signals nor faults:
     each command saves its cluster's start (~10 s, 13 CPU-s on 2 cores) and, where an earlier
     test kept a gang of its trials' shape, that gang's start (~16 s, 21 CPU-s; measurements page,
     2026-12-07)."""
     run = [f"cluster.address={ray_session.get_runtime_context().gcs_address}"]
-    return SimpleNamespace(run=run,
-                           sweep=[*run, "hydra.launcher.keep_warm_s=600",
-                                  f"hydra.launcher.max_concurrent_trials={os.cpu_count() or 1}"])
+
+    def sweep(workers: int = 1) -> list[str]:
+        at_once = max(1, (os.cpu_count() or 1) // workers)
+        return [*run, "hydra.launcher.keep_warm_s=600", f"hydra.launcher.max_concurrent_trials={at_once}"]
+
+    return SimpleNamespace(run=run, sweep=sweep)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def test_sweep_your_model_compare_and_load_the_winner(tmp_path, mlflow_db, joine
     args = [a for a in sweep[1:] if not a.startswith("train.max_steps")]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _run(trainlab_cmd(*args, "train.max_steps=4", "train.eval_every=2", f"tracking.uri={uri}",
-                               *joined_cluster.sweep), cwd=tmp_path)
+                               *joined_cluster.sweep(workers=2)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.count("exported the trained model to") == 4
 

@@ -29,7 +29,7 @@ def test_parallel_grid_sweep_and_compare(tmp_path, mlflow_db, joined_cluster):
                                       "model=tiny",
                                       "train.max_steps=10", "train.seq_len=32", "train.global_batch_size=8",
                                       "train.micro_batch_size=2", "train.eval_every=5",
-                                      "tracking.system_metrics=false", f"tracking.uri={uri}", *joined_cluster.sweep),
+                                      "tracking.system_metrics=false", f"tracking.uri={uri}", *joined_cluster.sweep()),
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     cmp = subprocess.run(trainlab_cmd("compare", "--sweep", "parallel_grid", "--baseline", "parallel=ddp",

@@ -45,7 +45,7 @@ def _trainlab(args, *, cwd, uri):
 def test_precision_shootout_sweep_and_compare(tmp_path, mlflow_db, joined_cluster):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _trainlab(["train", "-m", "+sweep=precision_shootout", f"precision={','.join(MODES)}",
-                      *TRIAL, *joined_cluster.sweep], cwd=tmp_path, uri=uri)
+                      *TRIAL, *joined_cluster.sweep()], cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     cmp = _trainlab(["compare", "--sweep", "precision_shootout", "--out", str(tmp_path / "cmp")],

@@ -65,7 +65,7 @@ def test_a_hopeless_trial_is_pruned_recorded_skipped_by_a_rerun_and_compared(tmp
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sweep = ["train", "-m", *TRIAL, *joined_cluster.sweep, "train.max_steps=200", "train.eval_every=10", "train.global_batch_size=16",
+    sweep = ["train", "-m", *TRIAL, *joined_cluster.sweep(), "train.max_steps=200", "train.eval_every=10", "train.global_batch_size=16",
              "train.micro_batch_size=16", "train.seq_len=128", "optim.lr=1e-2,1e-5", "hydra.launcher.prune=margin",
              "hydra.launcher.prune_grace_tokens=2048", "hydra.launcher.max_concurrent_trials=1",
              "sweep_name=itest_prune", "tracking.experiment=itest_prune"]

@@ -42,7 +42,7 @@ def _rest(uri, path, body):
 
 def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, request, joined_cluster):
     uri = mlflow_server.uri
-    proc = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep], cwd=tmp_path, uri=uri)
+    proc = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep()], cwd=tmp_path, uri=uri)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # ---- the server's REST API lists one parent and four children with their params ----
@@ -65,7 +65,7 @@ def test_sweep_parent_children_rerun_and_compare(mlflow_server, tmp_path, reques
     assert "sweep/trials.md" in [a.path for a in client.list_artifacts(parent_id, "sweep")]
 
     # ---- the same sweep again: nothing new runs, no second parent ----
-    again = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep], cwd=tmp_path, uri=uri)
+    again = _trainlab(["train", "-m", *SWEEP, *joined_cluster.sweep()], cwd=tmp_path, uri=uri)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 trials already finished" in again.stdout
     runs = client.search_runs([exp_id])
@@ -114,9 +114,9 @@ def test_invalid_job_refuses_the_whole_sweep(tmp_path):
     assert not (tmp_path / "m.db").exists()
 
 
-def test_hydra_basic_launcher_still_runs_trials_one_after_another(tmp_path):
+def test_hydra_basic_launcher_still_runs_trials_one_after_another(tmp_path, joined_cluster):
     proc = _trainlab(["train", "-m", "hydra/launcher=basic", *TRIAL, "train.max_steps=3", "train.eval_every=0",
-                      "seed=0,1", "tracking=none", f"hydra.sweep.dir={tmp_path / 'multi'}"],
+                      "seed=0,1", "tracking=none", f"hydra.sweep.dir={tmp_path / 'multi'}", *joined_cluster.run],
                      cwd=tmp_path, uri=f"sqlite:///{tmp_path / 'unused.db'}", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     spans = []  # (first, last) time a loss was logged, per job
