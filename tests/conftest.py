@@ -20,9 +20,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-import psutil
-import pytest
-import torch
+# Every Ray cluster of these tests listens on loopback. ray.init swaps 127.0.0.1 for the machine's
+# routable IP unless multi-node clusters are off when Ray is first imported (ray_constants reads the
+# variable then); trainlab sets it just before its own first import (launch.ray_trial.local_node_options),
+# too late in a test worker where an earlier test imported Ray: CI's session clusters listened on
+# the machine's 192.0.2.2 (2026-12-07). The commands that start multi-node clusters strip RAY_*.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from ray_leftovers import pytest_configure, pytest_sessionfinish  # noqa: F401 - hooks: Ray never outlives the tests
 from trainlab.distributed import close_distributed
@@ -276,7 +283,8 @@ def ray_session():
     # and a "not found" reads as dead, and the cleaner removed a live warm gang's placement group
     # mid-trial (CI, 2026-12-06: WorkerHealthCheckFailedError in test_warm_gangs); and with the
     # runtime env trainlab gives its jobs (its workers' priority among them)
-    start_local_cluster(num_cpus=4, include_dashboard=True, runtime_env=trial_runtime_env())
+    context = start_local_cluster(num_cpus=4, include_dashboard=True, runtime_env=trial_runtime_env())
+    assert context.address_info["gcs_address"].startswith("127.0.0.1:"), context.address_info  # loopback only
     import ray
 
     yield ray
@@ -352,8 +360,10 @@ def mlflow_db(tmp_path, store_template) -> Path:
 
 @pytest.fixture
 def cli_env(tmp_path):
-    """Environment for running the real `trainlab` CLI in a subprocess, in tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    """Environment for running the real `trainlab` CLI in a subprocess, in tmp_path: without the
+    multi-node switch this module sets for the tests' own Ray (a user's shell has none; that a
+    command keeps its cluster on loopback by itself is what test_loopback proves)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") and k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

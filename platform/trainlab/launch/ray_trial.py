@@ -12,13 +12,14 @@ import contextlib
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Callable
 
 from trainlab.config import RunConfig
 from trainlab.events import ProgressEvent, TrialFinished, TrialResult
 from trainlab.launch.interrupt import GangStop, StopRequest, follow_stop_flag, handling, rearm
 from trainlab.launch.placement import accelerator_type, scaling
-from trainlab.launch.ray_reaper import start_reaper
+from trainlab.launch.ray_reaper import reap, start_reaper
 from trainlab.plan.trial_plan import TrialPlan
 from trainlab.tracking.trial_tracking import TrackingTarget, rank0_tracker
 
@@ -85,13 +86,42 @@ def start_local_cluster(*, num_cpus: int, host: str = "127.0.0.1", include_dashb
     hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, hangup)
     try:
-        with driver_keeps_sigterm():
-            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
-                               runtime_env=runtime_env, log_to_driver=False, **node)
+        for attempt in range(1, LOCAL_STARTS + 1):
+            ours = _own_sessions()
+            try:
+                with driver_keeps_sigterm():
+                    context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard,
+                                       runtime_env=runtime_env, log_to_driver=False, **node)
+                break
+            except Exception as e:  # Ray raises a bare Exception for it
+                if RAY_START_TIMED_OUT not in str(e) or attempt == LOCAL_STARTS:
+                    raise
+                for session in _own_sessions() - ours:  # the GCS, raylet and dashboard it left
+                    reap(str(session))
+                from trainlab.console import warn
+
+                warn(f"Ray's local cluster did not start in its 30 s (a busy machine?): starting it again "
+                     f"(try {attempt + 1} of {LOCAL_STARTS})")
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     start_reaper(context.address_info["session_dir"])  # ends what a SIGKILLed driver leaves of it
     return context
+
+
+LOCAL_STARTS = 2
+"""Tries at starting a local cluster. Ray waits a fixed 30 s for its raylet to register with the
+GCS (ray 2.60, ray._private.node.Node: not configurable) and then fails the start; on a busy
+2-core machine it did not make it once in a CI run (2026-12-07, a sweep's second command)."""
+RAY_START_TIMED_OUT = "timed out during startup"
+"""In the message of Ray's exception for it."""
+
+
+def _own_sessions() -> set[Path]:
+    """The session folders of local clusters this process started (Ray names them
+    session_<time>_<pid> in its temp folder): never another process's."""
+    from trainlab.launch.preflight import ray_address_file
+
+    return set(ray_address_file().parent.glob(f"session_*_{os.getpid()}"))
 
 
 @contextlib.contextmanager
