@@ -79,4 +79,3 @@ def end_gracefully(actor) -> None:
     graceful end, `__ray_terminate__`, runs after the queued calls and reports them first.
     """
     actor.__ray_terminate__.remote()
-
